@@ -1,0 +1,233 @@
+// Package bucket implements a continuous-time token bucket with lazy refill
+// as pure functions over a small State value.
+//
+// A bucket holds up to Limit.Burst tokens and gains Limit.Rate tokens per
+// second, continuously; a request of cost c is allowed when the bucket holds
+// at least c tokens, and then c tokens are taken. Nothing runs in the
+// background: the refill is computed from the time elapsed since State.Last
+// whenever the bucket is used.
+//
+// Time is always an argument, in seconds since the Unix epoch as a float64,
+// so the functions are deterministic and can be recomputed on every round of
+// a compare-and-swap loop. Every function returns a new State and changes
+// nothing in place; none allocates.
+//
+// The functions never panic and never return NaN or infinite token counts,
+// whatever their inputs; the doc comments of Limit, State and Refill say how
+// invalid values are treated.
+package bucket
+
+import "math"
+
+// MaxClockSkew is how far, in seconds, now may lie before State.Last and
+// still be treated as clock skew between workers rather than as the clock
+// being stepped back. See Limit.Refill.
+const MaxClockSkew = 1.0
+
+// Limit is the configuration of a bucket.
+//
+// A valid Limit has a finite Rate > 0 and a finite Burst > 0 (see Valid).
+// Other values never cause a panic or a NaN:
+//   - a Rate of +Inf refills the bucket to Burst on every call;
+//   - any other invalid Rate (NaN, <= 0, -Inf) is treated as 0: the bucket
+//     never refills and a rejected Take has RetryAfter +Inf;
+//   - an invalid Burst (NaN, <= 0, ±Inf) is treated as 0: the bucket is
+//     always empty and every Take of positive cost is rejected with
+//     RetryAfter +Inf.
+type Limit struct {
+	Rate  float64 // tokens per second, > 0
+	Burst float64 // capacity in tokens, > 0
+}
+
+// State is the stored state of one bucket.
+//
+// Tokens outside [0, Burst] are clamped into it when the state is used, so
+// a Burst reconfigured to a smaller value takes effect at once. A State with
+// NaN or infinite Tokens, or a Last that is not finite, is treated as a full
+// bucket anchored at now.
+type State struct {
+	Tokens float64 // tokens in the bucket at Last
+	Last   float64 // seconds since the Unix epoch of the last refill
+}
+
+// Result is the decision of Limit.Take.
+type Result struct {
+	// Allowed reports whether the bucket held at least cost tokens.
+	Allowed bool
+	// Tokens is the number of tokens in the bucket after the decision:
+	// after the refill, minus cost if allowed.
+	Tokens float64
+	// RetryAfter is the number of seconds until cost tokens will be
+	// available, assuming nothing else takes from the bucket: 0 if allowed,
+	// always > 0 if rejected, and +Inf if they never will be (cost > Burst,
+	// or a Limit that does not refill). Callers that need whole seconds take
+	// math.Ceil.
+	RetryAfter float64
+}
+
+// Valid reports whether l has a finite Rate > 0 and a finite Burst > 0.
+func (l Limit) Valid() bool {
+	return l.Rate > 0 && l.Rate <= math.MaxFloat64 && l.Burst > 0 && l.Burst <= math.MaxFloat64
+}
+
+// rate returns the effective rate: Rate if it is > 0 (including +Inf), else 0.
+func (l Limit) rate() float64 {
+	if l.Rate > 0 {
+		return l.Rate
+	}
+	return 0
+}
+
+// burst returns the effective capacity: Burst if it is finite and > 0, else 0.
+func (l Limit) burst() float64 {
+	if l.Burst > 0 && l.Burst <= math.MaxFloat64 {
+		return l.Burst
+	}
+	return 0
+}
+
+// finite reports whether x is neither NaN nor ±Inf.
+func finite(x float64) bool {
+	return x-x == 0
+}
+
+// Full returns the state of a bucket never seen before: full at now.
+//
+// If now is not finite, the returned Last is not finite either; Refill
+// treats such a state as a full bucket, so it is still safe to use.
+func (l Limit) Full(now float64) State {
+	return State{Tokens: l.burst(), Last: now}
+}
+
+// FillTime returns the number of seconds a bucket takes to refill from empty
+// to full: Burst/Rate. It is 0 for a Rate of +Inf or an invalid Burst, and
+// +Inf for an invalid Rate with a valid Burst.
+func (l Limit) FillTime() float64 {
+	return l.ResetAfter(0)
+}
+
+// ResetAfter returns the number of seconds until a bucket holding tokens is
+// full again, assuming nothing takes from it: (Burst-tokens)/Rate, never
+// negative. Tokens outside [0, Burst] are clamped, and NaN or infinite tokens
+// count as a full bucket (0). It is 0 when the bucket is full or the Rate is
+// +Inf, and +Inf when the bucket is not full and the Rate is invalid.
+func (l Limit) ResetAfter(tokens float64) float64 {
+	burst := l.burst()
+	if !finite(tokens) || tokens >= burst {
+		return 0
+	}
+	if tokens < 0 {
+		tokens = 0
+	}
+	return (burst - tokens) / l.rate() // x/0 = +Inf, x/+Inf = 0 for x > 0
+}
+
+// Refill returns s advanced to now: the tokens gained since s.Last, capped at
+// Burst.
+//
+// Edge cases:
+//   - Tokens are first clamped to [0, Burst]; a state with NaN or infinite
+//     Tokens, or a non-finite Last, is a full bucket anchored at now.
+//   - If now is NaN or infinite, nothing is refilled and Last is unchanged.
+//   - If now >= s.Last, elapsed*Rate tokens are added (at most up to Burst,
+//     however large the gap) and Last becomes now.
+//   - If now < s.Last the clock went backwards and nothing is refilled. When
+//     the gap is at most MaxClockSkew, Last is kept, so that a worker whose
+//     clock read slightly earlier than another's does not count the same
+//     interval twice; when it is larger, the clock was stepped back and Last
+//     becomes now, so that the bucket does not freeze until the clock
+//     catches up.
+//   - A Rate of +Inf makes the bucket full whatever the elapsed time.
+func (l Limit) Refill(s State, now float64) State {
+	burst := l.burst()
+	if !finite(s.Tokens) || !finite(s.Last) {
+		if finite(now) {
+			return State{Tokens: burst, Last: now}
+		}
+		return State{Tokens: burst, Last: s.Last}
+	}
+	tokens := s.Tokens
+	if tokens > burst {
+		tokens = burst
+	} else if tokens < 0 {
+		tokens = 0
+	}
+	rate := l.rate()
+	if math.IsInf(rate, 1) {
+		tokens = burst
+	}
+	switch {
+	case !finite(now):
+		return State{Tokens: tokens, Last: s.Last}
+	case now < s.Last:
+		if s.Last-now > MaxClockSkew {
+			return State{Tokens: tokens, Last: now}
+		}
+		return State{Tokens: tokens, Last: s.Last}
+	}
+	// now >= s.Last; elapsed may be +Inf if both are huge and of opposite
+	// signs, and elapsed*rate may overflow to +Inf: the comparison below
+	// caps either at burst without producing NaN.
+	if elapsed := now - s.Last; elapsed > 0 && tokens < burst {
+		if add := elapsed * rate; add >= burst-tokens {
+			tokens = burst
+		} else if add > 0 {
+			tokens += add
+			if tokens > burst { // rounding
+				tokens = burst
+			}
+		}
+	}
+	return State{Tokens: tokens, Last: now}
+}
+
+// Take refills s to now and takes cost tokens if the bucket holds at least
+// that many. It returns the new state and the decision.
+//
+// On rejection the returned State is the refilled one: nothing is taken, but
+// storing it is harmless. A cost below 0 is treated as 0 (always allowed,
+// takes nothing); a NaN or infinite cost, or a cost above Burst, is never
+// allowed (RetryAfter +Inf). Take does not allocate.
+func (l Limit) Take(s State, now, cost float64) (State, Result) {
+	s = l.Refill(s, now)
+	if cost < 0 {
+		cost = 0
+	}
+	if s.Tokens >= cost { // false for a NaN cost
+		s.Tokens -= cost // never negative: rounding is monotonic
+		return s, Result{Allowed: true, Tokens: s.Tokens}
+	}
+	return s, Result{Tokens: s.Tokens, RetryAfter: l.retryAfter(s.Tokens, cost)}
+}
+
+// retryAfter returns the seconds until tokens grow to cost > tokens: always
+// > 0, +Inf if never.
+func (l Limit) retryAfter(tokens, cost float64) float64 {
+	rate := l.rate()
+	if !(cost <= l.burst()) || rate == 0 {
+		return math.Inf(1)
+	}
+	d := (cost - tokens) / rate
+	if d <= 0 { // underflow with tiny shortfalls and huge rates
+		return math.SmallestNonzeroFloat64
+	}
+	return d
+}
+
+// Refund refills s to now and gives cost tokens back, capped at Burst. It
+// compensates for a Take whose effect had to be undone, for example when a
+// later bucket of an all-or-nothing update failed to commit. A cost that is
+// not > 0 (including NaN) changes nothing but the refill; +Inf fills the
+// bucket.
+func (l Limit) Refund(s State, now, cost float64) State {
+	s = l.Refill(s, now)
+	if cost > 0 {
+		burst := l.burst()
+		if cost >= burst-s.Tokens {
+			s.Tokens = burst
+		} else {
+			s.Tokens += cost
+		}
+	}
+	return s
+}
