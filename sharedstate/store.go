@@ -1,0 +1,203 @@
+// Package sharedstate keeps token-bucket state in a proxy-wasm host's shared
+// data: the Store interface over proxy_get_shared_data/proxy_set_shared_data,
+// the "tokens:last_refill" codec, composite keys, and the bounded
+// get → compute → compare-and-swap loop that updates one or several buckets.
+// See Updater for that algorithm: how missing keys are seeded safely on both
+// Envoy and Kong, how corrupt values are repaired, and what happens when the
+// store fails or the loop's bound is reached.
+//
+// Nothing in this package reads the clock; time is always an argument.
+package sharedstate
+
+import (
+	"errors"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Errors a Store returns. Any other error means the store failed and the
+// caller fails open.
+var (
+	// ErrNotFound reports that the key does not exist (Status NOT_FOUND).
+	ErrNotFound = errors.New("shared data: not found")
+	// ErrCASMismatch reports that the compare-and-swap value was stale
+	// (Status CAS_MISMATCH).
+	ErrCASMismatch = errors.New("shared data: cas mismatch")
+)
+
+// Store is a host's shared-data key-value store.
+//
+// Get returns the value and its compare-and-swap (CAS) token, or ErrNotFound.
+// Set writes value if cas is accepted by the host, or returns ErrCASMismatch.
+// What cas 0 and a missing key mean differs between hosts; see Semantics.
+type Store interface {
+	Get(key string) (value []byte, cas uint32, err error)
+	Set(key string, value []byte, cas uint32) error
+}
+
+// Semantics selects how a MemStore treats cas values, mirroring a real host.
+type Semantics int
+
+const (
+	// Envoy is proxy-wasm-cpp-host: one global CAS counter (never 0);
+	// Set with cas 0 writes unconditionally; a non-zero cas must equal the
+	// key's current cas; a missing key is created whatever the cas.
+	Envoy Semantics = iota
+	// Kong is ngx_wasm_module's shm_kv: cas 0 means "the key must be absent"
+	// and a non-zero cas must equal the key's current cas; so Set on a missing
+	// key with a non-zero cas is a CAS mismatch.
+	Kong
+)
+
+// String returns "envoy" or "kong".
+func (s Semantics) String() string {
+	if s == Kong {
+		return "kong"
+	}
+	return "envoy"
+}
+
+type entry struct {
+	value []byte
+	cas   uint32
+}
+
+// MemStore is an in-memory Store with a real host's CAS semantics. It is safe
+// for concurrent use, like the host store shared by Envoy's worker threads.
+// The zero value is not usable; call NewMemStore.
+type MemStore struct {
+	sem Semantics
+
+	mu      sync.Mutex
+	nextCAS uint32
+	data    map[string]entry
+}
+
+// NewMemStore returns an empty store with the given semantics.
+func NewMemStore(sem Semantics) *MemStore {
+	return &MemStore{sem: sem, nextCAS: 1, data: make(map[string]entry)}
+}
+
+// Semantics returns the CAS semantics the store was created with.
+func (m *MemStore) Semantics() Semantics { return m.sem }
+
+// Get implements Store. It returns a copy of the value, as Envoy does.
+func (m *MemStore) Get(key string) ([]byte, uint32, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.data[key]
+	if !ok {
+		return nil, 0, ErrNotFound
+	}
+	return append([]byte(nil), e.value...), e.cas, nil
+}
+
+// Set implements Store.
+func (m *MemStore) Set(key string, value []byte, cas uint32) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.data[key]
+	switch m.sem {
+	case Kong:
+		if (!ok && cas != 0) || (ok && cas != e.cas) {
+			return ErrCASMismatch
+		}
+	default:
+		if ok && cas != 0 && cas != e.cas {
+			return ErrCASMismatch
+		}
+	}
+	m.data[key] = entry{value: append([]byte(nil), value...), cas: m.takeCAS()}
+	return nil
+}
+
+// takeCAS returns the next value of the global CAS counter, skipping 0 as
+// proxy-wasm-cpp-host does. m.mu must be held.
+func (m *MemStore) takeCAS() uint32 {
+	c := m.nextCAS
+	m.nextCAS++
+	if m.nextCAS == 0 {
+		m.nextCAS = 1
+	}
+	return c
+}
+
+// Delete removes key, as Kong's zone does when it evicts an entry. Envoy has
+// no delete; tests use this to model eviction.
+func (m *MemStore) Delete(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.data, key)
+}
+
+// Len returns the number of keys.
+func (m *MemStore) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.data)
+}
+
+// Bytes returns the total size of all keys and values, a lower bound on the
+// memory the store holds.
+func (m *MemStore) Bytes() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for k, e := range m.data {
+		n += len(k) + len(e.value)
+	}
+	return n
+}
+
+// Entry is one key of a Snapshot.
+type Entry struct {
+	Key   string
+	Value string
+	CAS   uint32
+}
+
+// Snapshot returns every entry whose key has the given prefix, sorted by key.
+func (m *MemStore) Snapshot(prefix string) []Entry {
+	m.mu.Lock()
+	out := make([]Entry, 0, len(m.data))
+	for k, e := range m.data {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, Entry{Key: k, Value: string(e.value), CAS: e.cas})
+		}
+	}
+	m.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// FaultStore wraps a Store and injects failures, for tests. A nil hook
+// passes the call through. Hooks may be called concurrently.
+type FaultStore struct {
+	Store
+	// GetErr, when it returns non-nil, makes Get fail with that error.
+	GetErr func(key string) error
+	// SetErr, when it returns non-nil, makes Set fail with that error
+	// without writing.
+	SetErr func(key string, value []byte, cas uint32) error
+}
+
+// Get implements Store.
+func (f *FaultStore) Get(key string) ([]byte, uint32, error) {
+	if f.GetErr != nil {
+		if err := f.GetErr(key); err != nil {
+			return nil, 0, err
+		}
+	}
+	return f.Store.Get(key)
+}
+
+// Set implements Store.
+func (f *FaultStore) Set(key string, value []byte, cas uint32) error {
+	if f.SetErr != nil {
+		if err := f.SetErr(key, value, cas); err != nil {
+			return err
+		}
+	}
+	return f.Store.Set(key, value, cas)
+}

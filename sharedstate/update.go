@@ -1,0 +1,364 @@
+package sharedstate
+
+import (
+	"errors"
+	"math"
+
+	"github.com/tokengate/tokengate/bucket"
+)
+
+// SeedCAS is the cas with which Updater creates a missing key.
+//
+// On Envoy a missing key is created whatever the cas, and cas 0 is an
+// unconditional write; a non-zero cas, however, fails with a CAS mismatch if
+// another worker created the key in the meantime, so seeding with SeedCAS
+// never overwrites a bucket someone else has just consumed from. Envoy's
+// global counter only hands out MaxUint32 once every 2^32-1 writes; the
+// residual risk is that a key whose current cas is exactly MaxUint32 and
+// which is seeded at that moment by a worker that saw it missing (a worker
+// that read NOT_FOUND just before the key was created) is reset to full.
+//
+// On Kong a non-zero cas on a missing key is a CAS mismatch, so Updater
+// seeds there in two steps; see Updater.
+const SeedCAS = math.MaxUint32
+
+// DefaultMaxAttempts is the bound on read-decide-write rounds used when
+// Updater.MaxAttempts is <= 0.
+const DefaultMaxAttempts = 64
+
+// DefaultMaxFuture is the value, in seconds, used when Updater.MaxFuture is
+// not > 0.
+const DefaultMaxFuture = 86400.0
+
+// ErrContention is Outcome.Err when every attempt of Updater.TakeAll (or a
+// bounded refund or seeding loop within it) lost its compare-and-swap race.
+// The caller fails open.
+var ErrContention = errors.New("sharedstate: too much contention: attempts exhausted")
+
+var (
+	errBadNow       = errors.New("sharedstate: now must be a finite time > 0 in seconds since the Unix epoch")
+	errDuplicateKey = errors.New("sharedstate: the same key appears twice in one update")
+)
+
+// Request asks Updater.TakeAll to take Cost tokens from the bucket stored
+// under Key, which refills according to Limit.
+type Request struct {
+	Key   string       // shared-data key, see AppendKey
+	Limit bucket.Limit // the bucket's rate and burst
+	Cost  float64      // tokens to take
+}
+
+// Outcome is the result of Updater.TakeAll.
+type Outcome struct {
+	// Allowed reports whether every bucket had enough tokens and every new
+	// state was written.
+	Allowed bool
+	// Rejected is the index of the first request whose bucket lacked
+	// tokens, or -1 if none did (also when Err is set).
+	Rejected int
+	// Results holds one result per request, from the last attempt; they are
+	// meaningful when Err is nil. In a rejected outcome nothing was taken
+	// from any bucket: a request whose bucket had enough tokens has
+	// Allowed true but Tokens equal to the refilled, untouched count.
+	Results []bucket.Result
+	// Attempts is the number of read-decide-write rounds made; 1 means no
+	// contention.
+	Attempts int
+	// CASRetries is the number of CAS mismatches seen, including those while
+	// seeding missing keys (on Kong every new key costs one) and refunding.
+	CASRetries int
+	// Corrupt is the number of stored values read that did not parse or had
+	// a last_refill more than MaxFuture after now. Each was treated as a full
+	// bucket and overwritten with a valid state. A value read corrupt on two
+	// attempts counts twice.
+	Corrupt int
+	// Err is non-nil when the store failed with something other than a CAS
+	// mismatch, when attempts ran out (ErrContention), or when the inputs
+	// were unusable (now not a finite time > 0, a key repeated). The caller
+	// fails open. The buckets are left as they were: a partial commit has
+	// been refunded, unless the refund itself failed, in which case tokens
+	// were taken for a request that was not admitted (never the reverse).
+	Err error
+}
+
+// Updater takes tokens from one or several buckets in a host's shared data,
+// all or nothing, with a bounded get → decide → compare-and-swap loop.
+//
+// An Updater keeps scratch buffers so that TakeAll does not allocate; use it
+// from one goroutine at a time (a proxy-wasm VM is single-threaded: keep one
+// per plugin context). Store.Set must not keep the value slice after it
+// returns (hosts copy it).
+//
+// # Algorithm
+//
+// now is first floored to the microsecond (Quantize). Each attempt:
+//
+//  1. Read every key. A missing key is seeded with a full bucket (below) and
+//     read again. A value that does not parse, or whose last_refill is more
+//     than MaxFuture after now, is corrupt and treated as a full bucket.
+//  2. Decide each request with bucket.Limit.Take on the value read.
+//  3. If any bucket lacks tokens, write nothing except the full-bucket
+//     repair of corrupt values (with the cas read; a failure is ignored) and
+//     return Rejected = the first such index.
+//  4. Otherwise Set each new state with the cas read for it. If the k-th
+//     Set is a CAS mismatch, refund the k buckets already written and start
+//     a new attempt; if it fails otherwise, refund them and return the
+//     error.
+//
+// After MaxAttempts attempts the outcome is ErrContention. A refund is its
+// own bounded loop per key: get, bucket.Limit.Refund, Set with that cas,
+// retried on mismatch; a key that has vanished or turned corrupt is left
+// alone (both read as a full bucket). A Get error other than NOT_FOUND
+// returns at once, with nothing written in that attempt.
+//
+// # Seeding
+//
+// A missing key is created holding a full bucket at now, with cas SeedCAS:
+// on Envoy that creates it, and fails if another worker created it first
+// (where cas 0 would overwrite that worker's consumption). On a mismatch the
+// key is read again: if it exists, another worker created it and it is used
+// as read; if it is still missing, the host does not create keys with a
+// non-zero cas (Kong, where cas 0 means "must be absent"), and the key is
+// created with cas 0. Seeding only writes a full bucket and takes nothing,
+// so losing any of these races costs a retry, never an over-admission.
+//
+// # Notes
+//
+// Stored tokens are floored to 6 decimals, so a refund restores a bucket to
+// within 1e-6 tokens of its state, always downwards.
+type Updater struct {
+	// Store is the host's shared data.
+	Store Store
+	// MaxAttempts bounds the read-decide-write rounds of one TakeAll, and
+	// each refund and seeding loop within it; DefaultMaxAttempts (64) when
+	// <= 0.
+	MaxAttempts int
+	// MaxFuture is how far, in seconds, a stored last_refill may lie after
+	// now before the value is treated as corrupt; DefaultMaxFuture (one day)
+	// when not > 0. Smaller clock differences between workers are handled by
+	// bucket.Limit.Refill.
+	MaxFuture float64
+	// Backoff, if set, is called after a CAS mismatch, before the next
+	// attempt, with the number of attempts made so far. Without it
+	// contenders retry in lockstep and a hot key shared by many workers
+	// exhausts MaxAttempts far more often; see SpinBackoff.
+	Backoff func(attempt int)
+
+	buf  []byte    // encoding scratch
+	pend []pending // per-request scratch
+}
+
+// pending is what one attempt read and decided for one request.
+type pending struct {
+	read    bucket.State // as read (full at now if missing or corrupt)
+	next    bucket.State // after Take
+	cas     uint32
+	corrupt bool
+}
+
+func (u *Updater) maxAttempts() int {
+	if u.MaxAttempts > 0 {
+		return u.MaxAttempts
+	}
+	return DefaultMaxAttempts
+}
+
+func (u *Updater) maxFuture() float64 {
+	if u.MaxFuture > 0 {
+		return u.MaxFuture
+	}
+	return DefaultMaxFuture
+}
+
+// TakeAll takes each request's cost from its bucket if every bucket has
+// enough tokens, and from none otherwise; see Updater for the algorithm.
+//
+// now is in seconds since the Unix epoch. res is scratch for the results,
+// returned as Outcome.Results: pass a slice of len(reqs) to avoid an
+// allocation (a shorter one is replaced). Keys must be distinct. With no
+// requests the outcome is allowed after 0 attempts.
+func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outcome {
+	out := Outcome{Rejected: -1}
+	if len(res) < len(reqs) {
+		res = make([]bucket.Result, len(reqs))
+	}
+	res = res[:len(reqs)]
+	out.Results = res
+	now = Quantize(now)
+	if !(now > 0) || math.IsInf(now, 1) {
+		out.Err = errBadNow
+		return out
+	}
+	for i := range reqs {
+		for j := i + 1; j < len(reqs); j++ {
+			if reqs[i].Key == reqs[j].Key {
+				out.Err = errDuplicateKey
+				return out
+			}
+		}
+	}
+	if len(reqs) == 0 {
+		out.Allowed = true
+		return out
+	}
+	if cap(u.pend) < len(reqs) {
+		u.pend = make([]pending, len(reqs))
+	}
+	pend := u.pend[:len(reqs)]
+
+	for out.Attempts < u.maxAttempts() {
+		out.Attempts++
+		rejected := -1
+		for i := range reqs {
+			p := &pend[i]
+			var err error
+			p.read, p.cas, p.corrupt, err = u.read(&reqs[i], now, &out)
+			if err != nil {
+				out.Err = err
+				return out
+			}
+			p.next, res[i] = reqs[i].Limit.Take(p.read, now, reqs[i].Cost)
+			if !res[i].Allowed && rejected < 0 {
+				rejected = i
+			}
+		}
+		if rejected >= 0 {
+			u.reject(reqs, pend, now, &out)
+			out.Rejected = rejected
+			return out
+		}
+		k, err := u.commit(reqs, pend)
+		if err == nil {
+			out.Allowed = true
+			return out
+		}
+		if rerr := u.refund(reqs[:k], now, &out); rerr != nil {
+			out.Err = rerr
+			return out
+		}
+		if !errors.Is(err, ErrCASMismatch) {
+			out.Err = err
+			return out
+		}
+		out.CASRetries++
+		if u.Backoff != nil {
+			u.Backoff(out.Attempts)
+		}
+	}
+	out.Err = ErrContention
+	return out
+}
+
+// read returns the state stored for r, seeding a missing key, with the cas to
+// write it back and whether the stored value was corrupt.
+func (u *Updater) read(r *Request, now float64, out *Outcome) (bucket.State, uint32, bool, error) {
+	for seeds := 0; ; seeds++ {
+		v, cas, err := u.Store.Get(r.Key)
+		if err == nil {
+			s, perr := ParseState(v)
+			if perr != nil || s.Last > now+u.maxFuture() {
+				out.Corrupt++
+				return r.Limit.Full(now), cas, true, nil
+			}
+			return s, cas, false, nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return bucket.State{}, 0, false, err
+		}
+		if seeds == u.maxAttempts() { // the key keeps vanishing
+			return bucket.State{}, 0, false, ErrContention
+		}
+		if err := u.seed(r, now, out); err != nil {
+			return bucket.State{}, 0, false, err
+		}
+	}
+}
+
+// seed creates r's missing key holding a full bucket, without ever
+// overwriting a value another worker wrote; see Updater. A nil error means
+// the key now exists (or vanished again) and must be read.
+func (u *Updater) seed(r *Request, now float64, out *Outcome) error {
+	u.buf = AppendState(u.buf[:0], r.Limit.Full(now))
+	err := u.Store.Set(r.Key, u.buf, SeedCAS)
+	if !errors.Is(err, ErrCASMismatch) {
+		return err // nil: created
+	}
+	out.CASRetries++
+	if _, _, err = u.Store.Get(r.Key); !errors.Is(err, ErrNotFound) {
+		return err // nil: another worker created it
+	}
+	// Still missing: a host where a non-zero cas never creates a key, and
+	// cas 0 means "create if absent".
+	err = u.Store.Set(r.Key, u.buf, 0)
+	if errors.Is(err, ErrCASMismatch) {
+		out.CASRetries++
+		return nil // another worker created it
+	}
+	return err
+}
+
+// reject finishes a rejected attempt: it reports untouched token counts and
+// repairs corrupt values.
+func (u *Updater) reject(reqs []Request, pend []pending, now float64, out *Outcome) {
+	for i := range reqs {
+		p := &pend[i]
+		refilled := reqs[i].Limit.Refill(p.read, now)
+		out.Results[i].Tokens = refilled.Tokens
+		if !p.corrupt {
+			continue
+		}
+		u.buf = AppendState(u.buf[:0], refilled)
+		// The decision stands whatever happens to the repair: on a mismatch
+		// another worker has already replaced the value, and any other
+		// failure leaves the corrupt value to be repaired next time.
+		if err := u.Store.Set(reqs[i].Key, u.buf, p.cas); errors.Is(err, ErrCASMismatch) {
+			out.CASRetries++
+		}
+	}
+}
+
+// commit writes each pending state with its cas, in order, and returns how
+// many were written before the first error.
+func (u *Updater) commit(reqs []Request, pend []pending) (int, error) {
+	for k := range reqs {
+		u.buf = AppendState(u.buf[:0], pend[k].next)
+		if err := u.Store.Set(reqs[k].Key, u.buf, pend[k].cas); err != nil {
+			return k, err
+		}
+	}
+	return len(reqs), nil
+}
+
+// refund gives back the cost of each request, already committed, each with
+// its own bounded get → Refund → compare-and-swap loop.
+func (u *Updater) refund(reqs []Request, now float64, out *Outcome) error {
+	for i := range reqs {
+		r := &reqs[i]
+		for tries := 0; ; tries++ {
+			if tries == u.maxAttempts() {
+				return ErrContention
+			}
+			v, cas, err := u.Store.Get(r.Key)
+			if errors.Is(err, ErrNotFound) {
+				break // evicted: it reads as a full bucket
+			}
+			if err != nil {
+				return err
+			}
+			s, perr := ParseState(v)
+			if perr != nil || s.Last > now+u.maxFuture() {
+				break // overwritten with garbage: it reads as a full bucket
+			}
+			u.buf = AppendState(u.buf[:0], r.Limit.Refund(s, now, r.Cost))
+			err = u.Store.Set(r.Key, u.buf, cas)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrCASMismatch) {
+				return err
+			}
+			out.CASRetries++
+		}
+	}
+	return nil
+}
