@@ -1,0 +1,130 @@
+//go:build wasip1
+
+package abi
+
+import "github.com/tokengate/tokengate/filter"
+
+// The context table: root contexts (one per plugin) and HTTP contexts (one
+// per request), by id. This is the only mutable package-level state besides
+// the pinned buffers; a VM runs one callback at a time.
+var (
+	roots   = map[uint32]*filter.Plugin{}
+	streams = map[uint32]*filter.Stream{}
+)
+
+//go:wasmexport proxy_abi_version_0_2_1
+func proxyABIVersion() {}
+
+//go:wasmexport proxy_on_vm_start
+func proxyOnVMStart(rootID, vmConfigSize uint32) (ok bool) {
+	defer guard("proxy_on_vm_start", func() { ok = false })
+	cfg, err := bufferBytes(bufferVMConfiguration, vmConfigSize)
+	if err != nil {
+		host{}.Log(filter.LogError, "tokengate: cannot read the VM configuration: "+err.Error())
+		return false
+	}
+	return root(rootID).OnVMStart(cfg)
+}
+
+//go:wasmexport proxy_on_context_create
+func proxyOnContextCreate(id, parent uint32) {
+	defer guard("proxy_on_context_create", nil)
+	if parent == 0 {
+		root(id)
+		return
+	}
+	if p, ok := roots[parent]; ok {
+		streams[id] = p.NewStream()
+	}
+}
+
+// root returns the plugin of a root context, creating it on first use:
+// APISIX never calls proxy_on_vm_start, and Envoy may create the root
+// context after it.
+func root(id uint32) *filter.Plugin {
+	p, ok := roots[id]
+	if !ok {
+		p = filter.NewPlugin(host{})
+		roots[id] = p
+	}
+	return p
+}
+
+//go:wasmexport proxy_on_configure
+func proxyOnConfigure(rootID, size uint32) (ok bool) {
+	defer guard("proxy_on_configure", func() { ok = false })
+	cfg, err := bufferBytes(bufferPluginConfiguration, size)
+	if err != nil {
+		host{}.Log(filter.LogError, "tokengate: cannot read the plugin configuration: "+err.Error())
+		return false
+	}
+	return root(rootID).OnConfigure(cfg)
+}
+
+//go:wasmexport proxy_on_request_headers
+func proxyOnRequestHeaders(id, numHeaders, endOfStream uint32) (act uint32) {
+	defer guard("proxy_on_request_headers", func() { act = uint32(filter.Continue) })
+	s, ok := streams[id]
+	if !ok {
+		return uint32(filter.Continue)
+	}
+	return uint32(s.OnRequestHeaders(int(numHeaders), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_response_headers
+func proxyOnResponseHeaders(id, numHeaders, endOfStream uint32) (act uint32) {
+	defer guard("proxy_on_response_headers", func() { act = uint32(filter.Continue) })
+	s, ok := streams[id]
+	if !ok {
+		return uint32(filter.Continue)
+	}
+	return uint32(s.OnResponseHeaders(int(numHeaders), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_request_body
+func proxyOnRequestBody(id, size, endOfStream uint32) uint32 { return uint32(filter.Continue) }
+
+//go:wasmexport proxy_on_request_trailers
+func proxyOnRequestTrailers(id, n uint32) uint32 { return uint32(filter.Continue) }
+
+//go:wasmexport proxy_on_response_body
+func proxyOnResponseBody(id, size, endOfStream uint32) uint32 { return uint32(filter.Continue) }
+
+//go:wasmexport proxy_on_response_trailers
+func proxyOnResponseTrailers(id, n uint32) uint32 { return uint32(filter.Continue) }
+
+//go:wasmexport proxy_on_log
+func proxyOnLog(id uint32) {}
+
+//go:wasmexport proxy_on_done
+func proxyOnDone(id uint32) bool { return true }
+
+//go:wasmexport proxy_on_delete
+func proxyOnDelete(id uint32) {
+	delete(streams, id)
+	delete(roots, id)
+}
+
+//go:wasmexport proxy_on_tick
+func proxyOnTick(rootID uint32) {}
+
+//go:wasmexport proxy_on_queue_ready
+func proxyOnQueueReady(rootID, queueID uint32) {}
+
+//go:wasmexport proxy_on_http_call_response
+func proxyOnHTTPCallResponse(rootID, callID, numHeaders, bodySize, numTrailers uint32) {}
+
+// guard is the last line of defence: the filter recovers its own panics,
+// this catches any in the binding itself. fail sets the fail-open result.
+func guard(callback string, fail func()) {
+	if v := recover(); v != nil {
+		if fail != nil {
+			fail()
+		}
+		msg := "tokengate: recovered panic in " + callback + ", failing open"
+		if s, ok := v.(string); ok {
+			msg += ": " + s
+		}
+		proxyLog(uint32(filter.LogCritical), ptr(msg), uint32(len(msg)))
+	}
+}

@@ -1,0 +1,56 @@
+//go:build wasip1
+
+package abi
+
+import "unsafe"
+
+// Host functions, module "env". Every one returns a proxy-wasm Status.
+// Return slots are *uint32: the host writes a 32-bit guest address or size.
+
+//go:wasmimport env proxy_log
+func proxyLog(level uint32, msg unsafe.Pointer, size uint32) uint32
+
+//go:wasmimport env proxy_get_buffer_bytes
+func proxyGetBufferBytes(typ, start, max uint32, retData, retSize *uint32) uint32
+
+//go:wasmimport env proxy_get_header_map_value
+func proxyGetHeaderMapValue(mapType uint32, key unsafe.Pointer, keySize uint32, retData, retSize *uint32) uint32
+
+//go:wasmimport env proxy_replace_header_map_value
+func proxyReplaceHeaderMapValue(mapType uint32, key unsafe.Pointer, keySize uint32, value unsafe.Pointer, valueSize uint32) uint32
+
+//go:wasmimport env proxy_send_local_response
+func proxySendLocalResponse(status uint32, details unsafe.Pointer, detailsSize uint32, body unsafe.Pointer, bodySize uint32, headers unsafe.Pointer, headersSize uint32, grpcStatus int32) uint32
+
+//go:wasmimport env proxy_get_shared_data
+func proxyGetSharedData(key unsafe.Pointer, keySize uint32, retData, retSize, retCAS *uint32) uint32
+
+//go:wasmimport env proxy_set_shared_data
+func proxySetSharedData(key unsafe.Pointer, keySize uint32, value unsafe.Pointer, valueSize uint32, cas uint32) uint32
+
+//go:wasmimport env proxy_get_property
+func proxyGetProperty(path unsafe.Pointer, pathSize uint32, retData, retSize *uint32) uint32
+
+//go:wasmimport env proxy_define_metric
+func proxyDefineMetric(metricType uint32, name unsafe.Pointer, nameSize uint32, retID *uint32) uint32
+
+//go:wasmimport env proxy_increment_metric
+func proxyIncrementMetric(id uint32, delta int64) uint32
+
+// Status values of the proxy-wasm ABI.
+const (
+	statusOK          = 0
+	statusNotFound    = 1
+	statusCASMismatch = 8
+)
+
+// Enum values of the proxy-wasm ABI.
+const (
+	mapRequestHeaders  = 0
+	mapResponseHeaders = 2
+
+	bufferVMConfiguration     = 6
+	bufferPluginConfiguration = 7
+
+	metricCounter = 0
+)

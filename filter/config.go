@@ -1,0 +1,715 @@
+package filter
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+// Config is a parsed, validated plugin configuration. It is built once per
+// proxy_on_configure and then only read, by every stream of the plugin.
+type Config struct {
+	// Policies in configuration order. Shapes 1 and 2 give one enforce-mode
+	// policy with id "default" that matches every request.
+	Policies []*Policy
+	// Settings are the plugin-wide options.
+	Settings Settings
+
+	rules []*Rule // every rule, fallbacks included, in configuration order
+}
+
+// Rules returns every rule of every policy, fallback limits included.
+func (c *Config) Rules() []*Rule { return c.rules }
+
+// Settings are plugin-wide options ("settings" in shapes 2 and 3).
+type Settings struct {
+	// MaxAttempts bounds the read → decide → compare-and-swap rounds per
+	// request ("cas_max_attempts", default 64). Between rounds the worker
+	// spins a short random time (sharedstate.SpinBackoff). When they run out
+	// the request fails open and fail_open is counted.
+	MaxAttempts int
+	// XFFTrustedHops is how many proxies in front of this one append the
+	// address they saw to x-forwarded-for ("xff_trusted_hops", default 0).
+	// With N > 0 the client IP is the N-th address from the right of
+	// x-forwarded-for; with 0, or when that entry is missing or not an IP
+	// address, it is the connection's source.address and x-forwarded-for is
+	// ignored, so a client cannot spoof it.
+	XFFTrustedHops int
+}
+
+// Policy is a group of rules that apply to the requests its selector matches.
+type Policy struct {
+	ID       string
+	Selector Selector
+	// Shadow reports whether the policy only observes: its buckets live
+	// under the "shadow:" key prefix, it never rejects and adds no headers.
+	Shadow bool
+	Rules  []*Rule
+	// Fallback applies when no rule of the policy applies; nil if none.
+	Fallback *Rule
+}
+
+// Selector chooses the requests a policy applies to. An empty field matches
+// everything.
+type Selector struct {
+	// PathPrefix matches the request path without the query string.
+	PathPrefix string
+	// Methods are upper-case HTTP methods.
+	Methods []string
+	// Hosts are lower-case host names without port; "*.example.com" matches
+	// any subdomain of example.com.
+	Hosts []string
+}
+
+// Rule is one token-bucket limit.
+type Rule struct {
+	Name string
+	// Keys are the descriptors whose values identify a bucket; none means one
+	// bucket for every request the rule applies to.
+	Keys []Descriptor
+	// Limit is the bucket's refill rate and capacity.
+	Limit bucket.Limit
+	// Cost says how many tokens a request takes.
+	Cost CostSource
+	// Match lists descriptor values that must all hold for the rule to apply.
+	Match []MatchCond
+	// DenyOnStoreError reports whether a shared-data failure rejects the
+	// request ("on_store_error": "deny") instead of failing open.
+	DenyOnStoreError bool
+
+	shadow  bool
+	metrics ruleMetrics
+}
+
+// MatchCond is one entry of a rule's "match" object.
+type MatchCond struct {
+	Descriptor Descriptor
+	Value      string
+}
+
+// CostKind is where a request's cost comes from.
+type CostKind int
+
+// Cost sources.
+const (
+	CostFixed CostKind = iota
+	CostHeader
+	CostQuery
+)
+
+// CostSource says how many tokens a request takes.
+type CostSource struct {
+	Kind CostKind
+	// Name is the lower-case header or the query parameter name.
+	Name string
+	// Fixed is the cost for CostFixed ("fixed_cost", default 1).
+	Fixed float64
+	// Default is the cost when the header or parameter is absent or not a
+	// positive finite number ("default_cost", default 1).
+	Default float64
+}
+
+const (
+	defaultMaxAttempts = sharedstate.DefaultMaxAttempts
+	maxMaxAttempts     = 1000
+	maxXFFHops         = 10
+	maxNameLen         = 64
+	maxLimitKeys       = 8
+	// maxRate and maxBurst keep the "tokens:last_refill" value short and
+	// exact at 6 decimals.
+	maxRate  = 1e9
+	maxBurst = 1e12
+)
+
+// ConfigError is a configuration problem at a JSON path such as
+// "policies[0].spec.rules[1].algorithm_config.burst".
+type ConfigError struct {
+	Path string
+	Msg  string
+}
+
+// Error returns "path: message".
+func (e *ConfigError) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+func errAt(path, msg string) error { return &ConfigError{Path: path, Msg: msg} }
+
+// ParseConfig parses and validates a plugin configuration in any of its three
+// shapes: one rule, {"rules": [...]}, or a policy bundle
+// {"bundle_version": 1, "policies": [...]}. It is strict: unknown fields,
+// wrong types and out-of-range values are errors naming the field's path.
+func ParseConfig(data []byte) (*Config, error) {
+	if len(strings.TrimSpace(string(data))) == 0 {
+		return nil, errAt("", "configuration is empty")
+	}
+	if !gjson.ValidBytes(data) {
+		return nil, errAt("", "configuration is not valid JSON")
+	}
+	root := gjson.ParseBytes(data)
+	if !root.IsObject() {
+		return nil, errAt("", "configuration must be a JSON object, got "+typeName(root))
+	}
+	p := parser{names: map[string]string{}}
+	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts}}
+	var err error
+	switch {
+	case root.Get("policies").Exists() || root.Get("bundle_version").Exists():
+		err = p.bundle(cfg, root)
+	case root.Get("rules").Exists():
+		err = p.rulesShape(cfg, root)
+	default:
+		var r *Rule
+		r, err = p.rule("", root, false)
+		if err == nil {
+			cfg.Policies = []*Policy{{ID: "default", Rules: []*Rule{r}}}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, pol := range cfg.Policies {
+		for _, r := range pol.Rules {
+			r.shadow = pol.Shadow
+			cfg.rules = append(cfg.rules, r)
+		}
+		if pol.Fallback != nil {
+			pol.Fallback.shadow = pol.Shadow
+			cfg.rules = append(cfg.rules, pol.Fallback)
+		}
+	}
+	if len(cfg.rules) == 0 {
+		return nil, errAt("", "configuration has no rules")
+	}
+	return cfg, nil
+}
+
+type parser struct {
+	names map[string]string // rule name → path where it was defined
+}
+
+func (p *parser) rulesShape(cfg *Config, root gjson.Result) error {
+	if err := onlyFields("", root, "rules", "settings"); err != nil {
+		return err
+	}
+	rules, err := p.ruleList("rules", root.Get("rules"))
+	if err != nil {
+		return err
+	}
+	cfg.Policies = []*Policy{{ID: "default", Rules: rules}}
+	return p.settings(cfg, root.Get("settings"))
+}
+
+func (p *parser) bundle(cfg *Config, root gjson.Result) error {
+	if err := onlyFields("", root, "bundle_version", "policies", "settings"); err != nil {
+		return err
+	}
+	v := root.Get("bundle_version")
+	if !v.Exists() {
+		return errAt("bundle_version", "is required in a policy bundle")
+	}
+	if v.Type != gjson.Number || v.Raw != "1" {
+		return errAt("bundle_version", "must be 1, got "+short(v.Raw))
+	}
+	pols := root.Get("policies")
+	if !pols.IsArray() {
+		return errAt("policies", "must be an array, got "+typeName(pols))
+	}
+	ids := map[string]bool{}
+	var err error
+	pols.ForEach(func(k, pv gjson.Result) bool {
+		path := "policies[" + k.String() + "]"
+		var pol *Policy
+		pol, err = p.policy(path, pv)
+		if err != nil {
+			return false
+		}
+		if ids[pol.ID] {
+			err = errAt(path+".id", "duplicate policy id "+strconv.Quote(pol.ID))
+			return false
+		}
+		ids[pol.ID] = true
+		cfg.Policies = append(cfg.Policies, pol)
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	if len(cfg.Policies) == 0 {
+		return errAt("policies", "must not be empty")
+	}
+	return p.settings(cfg, root.Get("settings"))
+}
+
+func (p *parser) policy(path string, v gjson.Result) (*Policy, error) {
+	if !v.IsObject() {
+		return nil, errAt(path, "must be an object, got "+typeName(v))
+	}
+	if err := onlyFields(path, v, "id", "spec"); err != nil {
+		return nil, err
+	}
+	id, err := requiredName(path+".id", v.Get("id"))
+	if err != nil {
+		return nil, err
+	}
+	pol := &Policy{ID: id}
+	spath := path + ".spec"
+	spec := v.Get("spec")
+	if !spec.IsObject() {
+		return nil, errAt(spath, "must be an object, got "+typeName(spec))
+	}
+	if err := onlyFields(spath, spec, "selector", "mode", "rules", "fallback_limit"); err != nil {
+		return nil, err
+	}
+	if pol.Selector, err = selector(spath+".selector", spec.Get("selector")); err != nil {
+		return nil, err
+	}
+	switch mode := spec.Get("mode"); {
+	case !mode.Exists():
+	case mode.Type != gjson.String:
+		return nil, errAt(spath+".mode", "must be a string, got "+typeName(mode))
+	case mode.Str == "enforce":
+	case mode.Str == "shadow":
+		pol.Shadow = true
+	default:
+		return nil, errAt(spath+".mode", `must be "enforce" or "shadow", got `+strconv.Quote(mode.Str))
+	}
+	if rules := spec.Get("rules"); rules.Exists() {
+		if pol.Rules, err = p.ruleList(spath+".rules", rules); err != nil {
+			return nil, err
+		}
+	}
+	if fb := spec.Get("fallback_limit"); fb.Exists() {
+		if pol.Fallback, err = p.rule(spath+".fallback_limit", fb, true); err != nil {
+			return nil, err
+		}
+		if pol.Fallback.Name == "" {
+			pol.Fallback.Name = id + "-fallback"
+			if err := p.claim(spath+".fallback_limit", pol.Fallback.Name); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(pol.Rules) == 0 && pol.Fallback == nil {
+		return nil, errAt(spath, "needs rules or a fallback_limit")
+	}
+	return pol, nil
+}
+
+func selector(path string, v gjson.Result) (Selector, error) {
+	var s Selector
+	if !v.Exists() {
+		return s, nil
+	}
+	if !v.IsObject() {
+		return s, errAt(path, "must be an object, got "+typeName(v))
+	}
+	if err := onlyFields(path, v, "pathPrefix", "methods", "hosts"); err != nil {
+		return s, err
+	}
+	if pp := v.Get("pathPrefix"); pp.Exists() {
+		if pp.Type != gjson.String || !strings.HasPrefix(pp.Str, "/") {
+			return s, errAt(path+".pathPrefix", `must be a string starting with "/", got `+short(pp.Raw))
+		}
+		s.PathPrefix = pp.Str
+	}
+	var err error
+	if s.Methods, err = stringList(path+".methods", v.Get("methods"), func(m string) (string, bool) {
+		return strings.ToUpper(m), isToken(m)
+	}); err != nil {
+		return s, err
+	}
+	s.Hosts, err = stringList(path+".hosts", v.Get("hosts"), func(h string) (string, bool) {
+		return strings.ToLower(h), h != "" && !strings.ContainsAny(h, " /:\t")
+	})
+	return s, err
+}
+
+func stringList(path string, v gjson.Result, norm func(string) (string, bool)) ([]string, error) {
+	if !v.Exists() {
+		return nil, nil
+	}
+	if !v.IsArray() {
+		return nil, errAt(path, "must be an array of strings, got "+typeName(v))
+	}
+	var out []string
+	var err error
+	v.ForEach(func(k, e gjson.Result) bool {
+		n, ok := norm(e.Str)
+		if e.Type != gjson.String || !ok {
+			err = errAt(path+"["+k.String()+"]", "invalid value "+short(e.Raw))
+			return false
+		}
+		out = append(out, n)
+		return true
+	})
+	return out, err
+}
+
+func (p *parser) ruleList(path string, v gjson.Result) ([]*Rule, error) {
+	if !v.IsArray() {
+		return nil, errAt(path, "must be an array, got "+typeName(v))
+	}
+	var out []*Rule
+	var err error
+	v.ForEach(func(k, rv gjson.Result) bool {
+		var r *Rule
+		r, err = p.rule(path+"["+k.String()+"]", rv, false)
+		out = append(out, r)
+		return err == nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, errAt(path, "must not be empty")
+	}
+	return out, nil
+}
+
+// rule parses one rule. A fallback limit may omit its name and has no match.
+func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error) {
+	if !v.IsObject() {
+		return nil, errAt(path, "must be an object, got "+typeName(v))
+	}
+	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error"}
+	if !fallback {
+		fields = append(fields, "match")
+	}
+	if err := onlyFields(path, v, fields...); err != nil {
+		return nil, err
+	}
+	r := &Rule{}
+	if n := v.Get("name"); n.Exists() || !fallback {
+		name, err := requiredName(join(path, "name"), n)
+		if err != nil {
+			return nil, err
+		}
+		if err := p.claim(join(path, "name"), name); err != nil {
+			return nil, err
+		}
+		r.Name = name
+	}
+	if a := v.Get("algorithm"); a.Exists() {
+		if a.Type != gjson.String || a.Str != "token_bucket" {
+			return nil, errAt(join(path, "algorithm"), `unknown algorithm `+short(a.Raw)+`, want "token_bucket"`)
+		}
+	}
+	if keys := v.Get("limit_keys"); keys.Exists() {
+		kpath := join(path, "limit_keys")
+		if !keys.IsArray() {
+			return nil, errAt(kpath, "must be an array of descriptors, got "+typeName(keys))
+		}
+		var err error
+		keys.ForEach(func(k, e gjson.Result) bool {
+			epath := kpath + "[" + k.String() + "]"
+			if e.Type != gjson.String {
+				err = errAt(epath, "must be a string, got "+typeName(e))
+				return false
+			}
+			var d Descriptor
+			if d, err = ParseDescriptor(e.Str); err != nil {
+				err = errAt(epath, err.Error())
+				return false
+			}
+			r.Keys = append(r.Keys, d)
+			return true
+		})
+		if err != nil {
+			return nil, err
+		}
+		if len(r.Keys) > maxLimitKeys {
+			return nil, errAt(kpath, "at most "+strconv.Itoa(maxLimitKeys)+" descriptors")
+		}
+	}
+	if err := algorithmConfig(join(path, "algorithm_config"), v.Get("algorithm_config"), r); err != nil {
+		return nil, err
+	}
+	if m := v.Get("match"); m.Exists() {
+		mpath := join(path, "match")
+		if !m.IsObject() {
+			return nil, errAt(mpath, "must be an object of descriptor → value, got "+typeName(m))
+		}
+		var err error
+		m.ForEach(func(k, e gjson.Result) bool {
+			epath := mpath + "." + k.Str
+			var d Descriptor
+			if d, err = ParseDescriptor(k.Str); err != nil {
+				err = errAt(epath, err.Error())
+				return false
+			}
+			if e.Type != gjson.String {
+				err = errAt(epath, "expected value must be a string, got "+typeName(e))
+				return false
+			}
+			r.Match = append(r.Match, MatchCond{Descriptor: d, Value: e.Str})
+			return true
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	switch ose := v.Get("on_store_error"); {
+	case !ose.Exists():
+	case ose.Type == gjson.String && ose.Str == "allow":
+	case ose.Type == gjson.String && ose.Str == "deny":
+		r.DenyOnStoreError = true
+	default:
+		return nil, errAt(join(path, "on_store_error"), `must be "allow" or "deny", got `+short(ose.Raw))
+	}
+	return r, nil
+}
+
+func algorithmConfig(path string, v gjson.Result, r *Rule) error {
+	if !v.Exists() {
+		return errAt(path, "is required")
+	}
+	if !v.IsObject() {
+		return errAt(path, "must be an object, got "+typeName(v))
+	}
+	if err := onlyFields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost"); err != nil {
+		return err
+	}
+	tps, rps := v.Get("tokens_per_second"), v.Get("rps")
+	rateField := "tokens_per_second"
+	switch {
+	case tps.Exists() && rps.Exists():
+		return errAt(path, "set tokens_per_second or its alias rps, not both")
+	case rps.Exists():
+		tps, rateField = rps, "rps"
+	case !tps.Exists():
+		return errAt(path, "needs tokens_per_second (or its alias rps)")
+	}
+	rate, err := positive(path+"."+rateField, tps, maxRate)
+	if err != nil {
+		return err
+	}
+	b := v.Get("burst")
+	if !b.Exists() {
+		return errAt(path+".burst", "is required")
+	}
+	burst, err := positive(path+".burst", b, maxBurst)
+	if err != nil {
+		return err
+	}
+	if burst < rate {
+		return errAt(path+".burst", "must be >= "+rateField+" ("+num(rate)+"), got "+num(burst))
+	}
+	r.Limit = bucket.Limit{Rate: rate, Burst: burst}
+	r.Cost = CostSource{Kind: CostFixed, Fixed: 1, Default: 1}
+	if fc := v.Get("fixed_cost"); fc.Exists() {
+		if r.Cost.Fixed, err = positive(path+".fixed_cost", fc, maxBurst); err != nil {
+			return err
+		}
+	}
+	if dc := v.Get("default_cost"); dc.Exists() {
+		if r.Cost.Default, err = positive(path+".default_cost", dc, maxBurst); err != nil {
+			return err
+		}
+	}
+	if cs := v.Get("cost_source"); cs.Exists() {
+		if cs.Type != gjson.String {
+			return errAt(path+".cost_source", "must be a string, got "+typeName(cs))
+		}
+		kind, name, ok := parseCostSource(cs.Str)
+		if !ok {
+			return errAt(path+".cost_source", `must be "fixed", "header:<name>" or "query:<name>", got `+strconv.Quote(clip(cs.Str)))
+		}
+		r.Cost.Kind, r.Cost.Name = kind, name
+	}
+	return nil
+}
+
+func parseCostSource(s string) (CostKind, string, bool) {
+	if s == "fixed" {
+		return CostFixed, "", true
+	}
+	kind, name, ok := strings.Cut(s, ":")
+	if !ok || !validName(name) {
+		return 0, "", false
+	}
+	switch kind {
+	case "header":
+		return CostHeader, strings.ToLower(name), true
+	case "query":
+		return CostQuery, name, true
+	}
+	return 0, "", false
+}
+
+func (p *parser) settings(cfg *Config, v gjson.Result) error {
+	if !v.Exists() {
+		return nil
+	}
+	if !v.IsObject() {
+		return errAt("settings", "must be an object, got "+typeName(v))
+	}
+	if err := onlyFields("settings", v, "cas_max_attempts", "xff_trusted_hops"); err != nil {
+		return err
+	}
+	if h := v.Get("xff_trusted_hops"); h.Exists() {
+		n, ok := integer(h)
+		if !ok || n < 0 || n > maxXFFHops {
+			return errAt("settings.xff_trusted_hops", "must be an integer from 0 to "+strconv.Itoa(maxXFFHops)+", got "+short(h.Raw))
+		}
+		cfg.Settings.XFFTrustedHops = int(n)
+	}
+	if a := v.Get("cas_max_attempts"); a.Exists() {
+		n, ok := integer(a)
+		if !ok || n < 1 || n > maxMaxAttempts {
+			return errAt("settings.cas_max_attempts", "must be an integer from 1 to "+strconv.Itoa(maxMaxAttempts)+", got "+short(a.Raw))
+		}
+		cfg.Settings.MaxAttempts = int(n)
+	}
+	return nil
+}
+
+// claim records a rule name, rejecting duplicates: names are part of the
+// shared-data keys and metric names, so they must be unique.
+func (p *parser) claim(path, name string) error {
+	if prev, ok := p.names[name]; ok {
+		return errAt(path, "duplicate rule name "+strconv.Quote(name)+" (first used at "+prev+")")
+	}
+	p.names[name] = path
+	return nil
+}
+
+func requiredName(path string, v gjson.Result) (string, error) {
+	if !v.Exists() {
+		return "", errAt(path, "is required")
+	}
+	if v.Type != gjson.String {
+		return "", errAt(path, "must be a string, got "+typeName(v))
+	}
+	if !validName(v.Str) {
+		return "", errAt(path, "must be 1 to 64 characters from [A-Za-z0-9_-], got "+strconv.Quote(clip(v.Str)))
+	}
+	return v.Str, nil
+}
+
+// validName reports whether s is 1 to 64 characters from [A-Za-z0-9_-].
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > maxNameLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// positive returns v as a finite number in (0, max].
+func positive(path string, v gjson.Result, max float64) (float64, error) {
+	if v.Type != gjson.Number {
+		return 0, errAt(path, "must be a number, got "+typeName(v))
+	}
+	f, err := strconv.ParseFloat(v.Raw, 64)
+	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+		return 0, errAt(path, "must be a finite number, got "+short(v.Raw))
+	}
+	if f <= 0 {
+		return 0, errAt(path, "must be > 0, got "+num(f))
+	}
+	if f > max {
+		return 0, errAt(path, "must be <= "+num(max)+", got "+num(f))
+	}
+	return f, nil
+}
+
+func integer(v gjson.Result) (int64, bool) {
+	if v.Type != gjson.Number {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v.Raw, 10, 64)
+	return n, err == nil
+}
+
+// onlyFields rejects any key of obj not in allowed.
+func onlyFields(path string, obj gjson.Result, allowed ...string) error {
+	var err error
+	seen := map[string]bool{}
+	obj.ForEach(func(k, _ gjson.Result) bool {
+		if seen[k.Str] {
+			err = errAt(join(path, k.Str), "duplicate field")
+			return false
+		}
+		seen[k.Str] = true
+		for _, a := range allowed {
+			if k.Str == a {
+				return true
+			}
+		}
+		err = errAt(join(path, k.Str), "unknown field (allowed: "+strings.Join(allowed, ", ")+")")
+		return false
+	})
+	return err
+}
+
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}
+
+func typeName(v gjson.Result) string {
+	switch {
+	case !v.Exists():
+		return "nothing"
+	case v.IsArray():
+		return "an array"
+	case v.IsObject():
+		return "an object"
+	}
+	switch v.Type {
+	case gjson.String:
+		return "a string"
+	case gjson.Number:
+		return "a number"
+	case gjson.True, gjson.False:
+		return "a boolean"
+	case gjson.Null:
+		return "null"
+	}
+	return "an unknown value"
+}
+
+func num(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+// clip shortens s for an error message.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// short is clip for raw JSON.
+func short(raw string) string { return clip(raw) }
+
+var errEmptyDescriptor = errors.New("descriptor is empty")

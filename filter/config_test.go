@@ -1,0 +1,225 @@
+package filter
+
+import (
+	"testing"
+
+	"github.com/tokengate/tokengate/bucket"
+)
+
+func TestParseConfigShapes(t *testing.T) {
+	tests := []struct {
+		name         string
+		config       string
+		wantPolicies []string // "id:mode:rule,rule[+fallback]"
+		wantLimit    bucket.Limit
+	}{
+		{
+			name:         "one rule",
+			config:       `{"name":"global-rps","limit_keys":["ip:address"],"algorithm":"token_bucket","algorithm_config":{"rps":5,"burst":10}}`,
+			wantPolicies: []string{"default:enforce:global-rps"},
+			wantLimit:    bucket.Limit{Rate: 5, Burst: 10},
+		},
+		{
+			name: "rules",
+			config: `{"rules":[
+				{"name":"enterprise","limit_keys":["header:x-api-key"],"algorithm":"token_bucket","algorithm_config":{"rps":1000,"burst":2000},"match":{"jwt:plan":"enterprise"}},
+				{"name":"free","limit_keys":["header:x-api-key"],"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":10,"burst":20}}]}`,
+			wantPolicies: []string{"default:enforce:enterprise,free"},
+			wantLimit:    bucket.Limit{Rate: 1000, Burst: 2000},
+		},
+		{
+			name: "bundle",
+			config: `{"bundle_version":1,"policies":[
+				{"id":"api","spec":{"selector":{"pathPrefix":"/api/","methods":["GET","post"],"hosts":["Example.com"]},"mode":"enforce",
+				 "rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm":"token_bucket","algorithm_config":{"rps":0.5,"burst":2}}],
+				 "fallback_limit":{"algorithm":"token_bucket","algorithm_config":{"rps":1,"burst":1}}}},
+				{"id":"watch","spec":{"mode":"shadow","rules":[{"name":"watch-path","limit_keys":["path"],"algorithm_config":{"rps":1,"burst":1}}]}}],
+				"settings":{"cas_max_attempts":4}}`,
+			wantPolicies: []string{"api:enforce:per-ip+api-fallback", "watch:shadow:watch-path"},
+			wantLimit:    bucket.Limit{Rate: 0.5, Burst: 2},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := ParseConfig([]byte(tc.config))
+			if err != nil {
+				t.Fatalf("ParseConfig: %v", err)
+			}
+			var got []string
+			for _, p := range cfg.Policies {
+				mode := "enforce"
+				if p.Shadow {
+					mode = "shadow"
+				}
+				s := p.ID + ":" + mode + ":"
+				for i, r := range p.Rules {
+					if i > 0 {
+						s += ","
+					}
+					s += r.Name
+				}
+				if p.Fallback != nil {
+					s += "+" + p.Fallback.Name
+				}
+				got = append(got, s)
+			}
+			if len(got) != len(tc.wantPolicies) {
+				t.Fatalf("policies: got %q, want %q", got, tc.wantPolicies)
+			}
+			for i := range got {
+				if got[i] != tc.wantPolicies[i] {
+					t.Errorf("policy %d: got %q, want %q", i, got[i], tc.wantPolicies[i])
+				}
+			}
+			if l := cfg.Policies[0].Rules[0].Limit; l != tc.wantLimit {
+				t.Errorf("first rule limit: got %+v, want %+v", l, tc.wantLimit)
+			}
+		})
+	}
+}
+
+func TestParseConfigDetails(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"bundle_version":1,"policies":[{"id":"api","spec":{
+		"selector":{"pathPrefix":"/api/","methods":["get"],"hosts":["API.example.com","*.example.org"]},
+		"rules":[{"name":"r","limit_keys":["ip:address","header:X-Api-Key","query:tenant","jwt:sub","path","method","host"],
+		  "algorithm_config":{"rps":1,"burst":3,"cost_source":"header:X-Weight","default_cost":2,"fixed_cost":1.5},
+		  "match":{"jwt:plan":"pro"},"on_store_error":"deny"}]}}],"settings":{"cas_max_attempts":3}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := cfg.Policies[0]
+	if got, want := pol.Selector.Methods[0], "GET"; got != want {
+		t.Errorf("method: got %q, want %q", got, want)
+	}
+	if got, want := pol.Selector.Hosts[0], "api.example.com"; got != want {
+		t.Errorf("host: got %q, want %q", got, want)
+	}
+	r := pol.Rules[0]
+	var keys []string
+	for _, k := range r.Keys {
+		keys = append(keys, k.String())
+	}
+	want := []string{"ip:address", "header:x-api-key", "query:tenant", "jwt:sub", "path", "method", "host"}
+	for i := range want {
+		if keys[i] != want[i] {
+			t.Errorf("key %d: got %q, want %q", i, keys[i], want[i])
+		}
+	}
+	if r.Cost != (CostSource{Kind: CostHeader, Name: "x-weight", Fixed: 1.5, Default: 2}) {
+		t.Errorf("cost: got %+v", r.Cost)
+	}
+	if len(r.Match) != 1 || r.Match[0].Descriptor.String() != "jwt:plan" || r.Match[0].Value != "pro" {
+		t.Errorf("match: got %+v", r.Match)
+	}
+	if !r.DenyOnStoreError {
+		t.Error("on_store_error deny not parsed")
+	}
+	if cfg.Settings.MaxAttempts != 3 {
+		t.Errorf("cas_max_attempts: got %d, want 3", cfg.Settings.MaxAttempts)
+	}
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	const rule = `"algorithm":"token_bucket","algorithm_config":{"rps":5,"burst":10}`
+	tests := []struct {
+		name, config, expectedErr string
+	}{
+		{"empty", ``, `configuration is empty`},
+		{"blank", " \n\t", `configuration is empty`},
+		{"not json", `{"name":`, `configuration is not valid JSON`},
+		{"not an object", `[1,2]`, `configuration must be a JSON object, got an array`},
+		{"no name", `{` + rule + `}`, `name: is required`},
+		{"name type", `{"name":5,` + rule + `}`, `name: must be a string, got a number`},
+		{"bad name", `{"name":"a b",` + rule + `}`, `name: must be 1 to 64 characters from [A-Za-z0-9_-], got "a b"`},
+		{"unknown algorithm", `{"name":"a","algorithm":"leaky_bucket","algorithm_config":{"rps":5,"burst":10}}`,
+			`algorithm: unknown algorithm "leaky_bucket", want "token_bucket"`},
+		{"no algorithm_config", `{"name":"a","algorithm":"token_bucket"}`, `algorithm_config: is required`},
+		{"no rate", `{"name":"a","algorithm_config":{"burst":10}}`, `algorithm_config: needs tokens_per_second (or its alias rps)`},
+		{"both rates", `{"name":"a","algorithm_config":{"rps":1,"tokens_per_second":1,"burst":10}}`,
+			`algorithm_config: set tokens_per_second or its alias rps, not both`},
+		{"zero rate", `{"name":"a","algorithm_config":{"rps":0,"burst":10}}`, `algorithm_config.rps: must be > 0, got 0`},
+		{"negative rate", `{"name":"a","algorithm_config":{"tokens_per_second":-1,"burst":10}}`,
+			`algorithm_config.tokens_per_second: must be > 0, got -1`},
+		{"infinite rate", `{"name":"a","algorithm_config":{"rps":1e999,"burst":10}}`,
+			`algorithm_config.rps: must be a finite number, got 1e999`},
+		{"string rate", `{"name":"a","algorithm_config":{"rps":"5","burst":10}}`,
+			`algorithm_config.rps: must be a number, got a string`},
+		{"no burst", `{"name":"a","algorithm_config":{"rps":5}}`, `algorithm_config.burst: is required`},
+		{"burst below rate", `{"name":"a","algorithm_config":{"tokens_per_second":100,"burst":50}}`,
+			`algorithm_config.burst: must be >= tokens_per_second (100), got 50`},
+		{"burst too large", `{"name":"a","algorithm_config":{"rps":1,"burst":1e13}}`,
+			`algorithm_config.burst: must be <= 1e+12, got 1e+13`},
+		{"zero fixed cost", `{"name":"a","algorithm_config":{"rps":1,"burst":1,"fixed_cost":0}}`,
+			`algorithm_config.fixed_cost: must be > 0, got 0`},
+		{"negative default cost", `{"name":"a","algorithm_config":{"rps":1,"burst":1,"default_cost":-2}}`,
+			`algorithm_config.default_cost: must be > 0, got -2`},
+		{"bad cost source", `{"name":"a","algorithm_config":{"rps":1,"burst":1,"cost_source":"body:x"}}`,
+			`algorithm_config.cost_source: must be "fixed", "header:<name>" or "query:<name>", got "body:x"`},
+		{"cost source bad name", `{"name":"a","algorithm_config":{"rps":1,"burst":1,"cost_source":"header:a b"}}`,
+			`algorithm_config.cost_source: must be "fixed", "header:<name>" or "query:<name>", got "header:a b"`},
+		{"unknown algorithm_config field", `{"name":"a","algorithm_config":{"rps":1,"burst":1,"burts":2}}`,
+			`algorithm_config.burts: unknown field (allowed: tokens_per_second, rps, burst, cost_source, fixed_cost, default_cost)`},
+		{"unknown rule field", `{"name":"a","limits":[],` + rule + `}`,
+			`limits: unknown field (allowed: name, limit_keys, algorithm, algorithm_config, on_store_error, match)`},
+		{"bad descriptor", `{"name":"a","limit_keys":["cookie:x"],` + rule + `}`,
+			`limit_keys[0]: invalid descriptor "cookie:x" (want ip:address, header:<name>, query:<name>, jwt:<claim>, path, method or host; names match [A-Za-z0-9_-]+)`},
+		{"descriptor bad name", `{"name":"a","limit_keys":["header:x.y"],` + rule + `}`,
+			`limit_keys[0]: invalid descriptor "header:x.y" (want ip:address, header:<name>, query:<name>, jwt:<claim>, path, method or host; names match [A-Za-z0-9_-]+)`},
+		{"descriptor not string", `{"name":"a","limit_keys":[1],` + rule + `}`, `limit_keys[0]: must be a string, got a number`},
+		{"limit_keys not array", `{"name":"a","limit_keys":"ip:address",` + rule + `}`,
+			`limit_keys: must be an array of descriptors, got a string`},
+		{"match not object", `{"name":"a","match":["x"],` + rule + `}`, `match: must be an object of descriptor → value, got an array`},
+		{"match bad descriptor", `{"name":"a","match":{"jwt:":"x"},` + rule + `}`,
+			`match.jwt:: invalid descriptor "jwt:" (want ip:address, header:<name>, query:<name>, jwt:<claim>, path, method or host; names match [A-Za-z0-9_-]+)`},
+		{"match value not string", `{"name":"a","match":{"jwt:plan":true},` + rule + `}`,
+			`match.jwt:plan: expected value must be a string, got a boolean`},
+		{"bad on_store_error", `{"name":"a","on_store_error":"maybe",` + rule + `}`,
+			`on_store_error: must be "allow" or "deny", got "maybe"`},
+		{"duplicate rule", `{"rules":[{"name":"a",` + rule + `},{"name":"a",` + rule + `}]}`,
+			`rules[1].name: duplicate rule name "a" (first used at rules[0].name)`},
+		{"rules empty", `{"rules":[]}`, `rules: must not be empty`},
+		{"rules not array", `{"rules":{}}`, `rules: must be an array, got an object`},
+		{"rules unknown top field", `{"rules":[{"name":"a",` + rule + `}],"extra":1}`,
+			`extra: unknown field (allowed: rules, settings)`},
+		{"nested rule error path", `{"rules":[{"name":"a",` + rule + `},{"name":"b","algorithm_config":{"rps":100,"burst":50}}]}`,
+			`rules[1].algorithm_config.burst: must be >= rps (100), got 50`},
+		{"bad settings", `{"rules":[{"name":"a",` + rule + `}],"settings":{"cas_max_attempts":0}}`,
+			`settings.cas_max_attempts: must be an integer from 1 to 1000, got 0`},
+		{"unknown setting", `{"rules":[{"name":"a",` + rule + `}],"settings":{"x":1}}`,
+			`settings.x: unknown field (allowed: cas_max_attempts, xff_trusted_hops)`},
+		{"bad xff hops", `{"rules":[{"name":"a",` + rule + `}],"settings":{"xff_trusted_hops":-1}}`,
+			`settings.xff_trusted_hops: must be an integer from 0 to 10, got -1`},
+		{"bundle version", `{"bundle_version":2,"policies":[]}`, `bundle_version: must be 1, got 2`},
+		{"bundle without version", `{"policies":[]}`, `bundle_version: is required in a policy bundle`},
+		{"bundle no policies", `{"bundle_version":1,"policies":[]}`, `policies: must not be empty`},
+		{"policy without rules", `{"bundle_version":1,"policies":[{"id":"p","spec":{}}]}`, `policies[0].spec: needs rules or a fallback_limit`},
+		{"policy bad mode", `{"bundle_version":1,"policies":[{"id":"p","spec":{"mode":"audit","rules":[{"name":"a",` + rule + `}]}}]}`,
+			`policies[0].spec.mode: must be "enforce" or "shadow", got "audit"`},
+		{"duplicate policy", `{"bundle_version":1,"policies":[{"id":"p","spec":{"rules":[{"name":"a",` + rule + `}]}},{"id":"p","spec":{"rules":[{"name":"b",` + rule + `}]}}]}`,
+			`policies[1].id: duplicate policy id "p"`},
+		{"policy burst", `{"bundle_version":1,"policies":[{"id":"p","spec":{"rules":[{"name":"a",` + rule + `},{"name":"b","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":100,"burst":50}}]}}]}`,
+			`policies[0].spec.rules[1].algorithm_config.burst: must be >= tokens_per_second (100), got 50`},
+		{"selector path", `{"bundle_version":1,"policies":[{"id":"p","spec":{"selector":{"pathPrefix":"api"},"rules":[{"name":"a",` + rule + `}]}}]}`,
+			`policies[0].spec.selector.pathPrefix: must be a string starting with "/", got "api"`},
+		{"selector unknown", `{"bundle_version":1,"policies":[{"id":"p","spec":{"selector":{"path_prefix":"/"},"rules":[{"name":"a",` + rule + `}]}}]}`,
+			`policies[0].spec.selector.path_prefix: unknown field (allowed: pathPrefix, methods, hosts)`},
+		{"selector method", `{"bundle_version":1,"policies":[{"id":"p","spec":{"selector":{"methods":["GET",1]},"rules":[{"name":"a",` + rule + `}]}}]}`,
+			`policies[0].spec.selector.methods[1]: invalid value 1`},
+		{"fallback with match", `{"bundle_version":1,"policies":[{"id":"p","spec":{"fallback_limit":{"match":{},` + rule + `}}}]}`,
+			`policies[0].spec.fallback_limit.match: unknown field (allowed: name, limit_keys, algorithm, algorithm_config, on_store_error)`},
+		{"fallback name clash", `{"bundle_version":1,"policies":[{"id":"p","spec":{"rules":[{"name":"p-fallback",` + rule + `}],"fallback_limit":{` + rule + `}}}]}`,
+			`policies[0].spec.fallback_limit: duplicate rule name "p-fallback" (first used at policies[0].spec.rules[0].name)`},
+		{"duplicate field", `{"name":"a","name":"b",` + rule + `}`, `name: duplicate field`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.config))
+			if err == nil {
+				t.Fatalf("got no error, want %q", tc.expectedErr)
+			}
+			if err.Error() != tc.expectedErr {
+				t.Errorf("got error\n  %s\nwant\n  %s", err, tc.expectedErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,58 @@
+package filter
+
+import (
+	"math"
+	"strconv"
+	"strings"
+)
+
+// maxCostLen bounds the cost header or parameter the filter parses.
+const maxCostLen = 32
+
+// cost returns the number of tokens the request takes under rule r.
+func (c *CostSource) cost(req *request) float64 {
+	var raw string
+	var ok bool
+	switch c.Kind {
+	case CostFixed:
+		return c.Fixed
+	case CostHeader:
+		raw, ok = req.header(c.Name)
+	case CostQuery:
+		req.loadPath()
+		raw, ok = queryParam(req.query, c.Name)
+	}
+	if !ok {
+		return c.Default
+	}
+	if v, ok := ParseCost(raw); ok {
+		return v
+	}
+	return c.Default
+}
+
+// ParseCost parses a cost from a header or query value: a plain positive
+// decimal number ("5", "2.5"), optionally surrounded by spaces or tabs, at
+// most 32 characters. Signs, exponents, hex, "NaN", "Inf", zero and anything
+// else are rejected (ok is false) and the rule's default_cost applies.
+func ParseCost(s string) (v float64, ok bool) {
+	s = strings.Trim(s, " \t")
+	if s == "" || len(s) > maxCostLen {
+		return 0, false
+	}
+	dot := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case '0' <= c && c <= '9':
+		case c == '.' && !dot && i > 0 && i < len(s)-1:
+			dot = true
+		default:
+			return 0, false
+		}
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v <= 0 || math.IsInf(v, 0) {
+		return 0, false
+	}
+	return v, true
+}

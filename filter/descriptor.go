@@ -1,0 +1,434 @@
+package filter
+
+import (
+	"encoding/base64"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+// DescriptorKind is what part of a request a descriptor reads.
+type DescriptorKind uint8
+
+// Descriptor kinds.
+const (
+	// DescIP is "ip:address": the client IP from the property
+	// source.address, without port or IPv6 brackets, IPv4-mapped IPv6
+	// addresses written as IPv4.
+	DescIP DescriptorKind = iota
+	// DescHeader is "header:<name>": a request header's value.
+	DescHeader
+	// DescQuery is "query:<name>": a query parameter, percent-decoded.
+	DescQuery
+	// DescJWT is "jwt:<claim>": a claim of the bearer JWT's payload. The
+	// signature is not checked; that is Envoy's jwt_authn filter's job.
+	DescJWT
+	// DescPath is "path": the request path without the query string.
+	DescPath
+	// DescMethod is "method": the request method.
+	DescMethod
+	// DescHost is "host": the :authority (Host) header, lower-case, without port.
+	DescHost
+)
+
+// Descriptor names one value of a request, such as "header:x-api-key".
+type Descriptor struct {
+	Kind DescriptorKind
+	// Name is the header (lower-case), query parameter or claim name.
+	Name string
+}
+
+// String returns the descriptor in configuration syntax.
+func (d Descriptor) String() string {
+	switch d.Kind {
+	case DescIP:
+		return "ip:address"
+	case DescHeader:
+		return "header:" + d.Name
+	case DescQuery:
+		return "query:" + d.Name
+	case DescJWT:
+		return "jwt:" + d.Name
+	case DescPath:
+		return "path"
+	case DescMethod:
+		return "method"
+	default:
+		return "host"
+	}
+}
+
+// ParseDescriptor parses "ip:address", "header:<name>", "query:<name>",
+// "jwt:<claim>", "path", "method" or "host". Names match [A-Za-z0-9_-]+.
+func ParseDescriptor(s string) (Descriptor, error) {
+	switch s {
+	case "":
+		return Descriptor{}, errEmptyDescriptor
+	case "ip:address":
+		return Descriptor{Kind: DescIP}, nil
+	case "path":
+		return Descriptor{Kind: DescPath}, nil
+	case "method":
+		return Descriptor{Kind: DescMethod}, nil
+	case "host":
+		return Descriptor{Kind: DescHost}, nil
+	}
+	kind, name, ok := strings.Cut(s, ":")
+	bad := &ConfigError{Msg: "invalid descriptor " + strconv.Quote(clip(s)) +
+		` (want ip:address, header:<name>, query:<name>, jwt:<claim>, path, method or host; names match [A-Za-z0-9_-]+)`}
+	if !ok || !validName(name) {
+		return Descriptor{}, bad
+	}
+	switch kind {
+	case "header":
+		return Descriptor{Kind: DescHeader, Name: strings.ToLower(name)}, nil
+	case "query":
+		return Descriptor{Kind: DescQuery, Name: name}, nil
+	case "jwt":
+		return Descriptor{Kind: DescJWT, Name: name}, nil
+	}
+	return Descriptor{}, bad
+}
+
+// maxJWTLen bounds the bearer token the filter decodes; a longer one counts
+// as no token.
+const maxJWTLen = 16 << 10
+
+// request reads the attributes of the current request from the host, each at
+// most once.
+type request struct {
+	host    Host
+	xffHops int // Settings.XFFTrustedHops
+
+	pathDone, ipDone, jwtDone, methodDone, hostDone bool
+
+	path, query string // from :path, split at '?'
+	method      string
+	authority   string
+	ip          string
+	ipOK        bool
+	claims      gjson.Result // the JWT payload object; !Exists() if none
+
+	headers []headerValue // cache of header lookups
+}
+
+type headerValue struct {
+	name, value string
+	ok          bool
+}
+
+func (r *request) header(name string) (string, bool) {
+	for _, h := range r.headers {
+		if h.name == name {
+			return h.value, h.ok
+		}
+	}
+	v, ok := r.host.RequestHeader(name)
+	r.headers = append(r.headers, headerValue{name, v, ok})
+	return v, ok
+}
+
+func (r *request) loadPath() {
+	if r.pathDone {
+		return
+	}
+	r.pathDone = true
+	p, _ := r.header(":path")
+	r.path, r.query, _ = strings.Cut(p, "?")
+}
+
+// urlPath returns the request path without the query string.
+func (r *request) urlPath() string {
+	r.loadPath()
+	return r.path
+}
+
+func (r *request) methodValue() string {
+	if !r.methodDone {
+		r.methodDone = true
+		r.method, _ = r.header(":method")
+	}
+	return r.method
+}
+
+// hostValue returns the lower-case host without port.
+func (r *request) hostValue() string {
+	if !r.hostDone {
+		r.hostDone = true
+		h, ok := r.header(":authority")
+		if !ok {
+			h, _ = r.header("host")
+		}
+		r.authority = strings.ToLower(stripPort(h))
+	}
+	return r.authority
+}
+
+// clientIP returns the client address: from x-forwarded-for when hops are
+// trusted (see Settings.XFFTrustedHops), else from source.address.
+func (r *request) clientIP() (string, bool) {
+	if !r.ipDone {
+		r.ipDone = true
+		if r.xffHops > 0 {
+			if xff, ok := r.header("x-forwarded-for"); ok {
+				r.ip, r.ipOK = forwardedFor(xff, r.xffHops)
+			}
+		}
+		if !r.ipOK {
+			if b, ok := r.host.Property("source", "address"); ok && len(b) > 0 {
+				r.ip, r.ipOK = normalizeIP(string(b)), true
+			}
+		}
+	}
+	return r.ip, r.ipOK
+}
+
+// forwardedFor returns the hops-th address from the right of an
+// x-forwarded-for value, normalized, if it is there and is an IP address.
+func forwardedFor(xff string, hops int) (string, bool) {
+	for i := 1; ; i++ {
+		j := strings.LastIndexByte(xff, ',')
+		entry := strings.Trim(xff[j+1:], " \t")
+		if i == hops {
+			ip, err := netip.ParseAddr(entry)
+			if err != nil {
+				return "", false
+			}
+			return ip.Unmap().WithZone("").String(), true
+		}
+		if j < 0 {
+			return "", false
+		}
+		xff = xff[:j]
+	}
+}
+
+// jwtClaims returns the payload of the bearer JWT in Authorization, or a
+// Result that does not exist when there is none or it is malformed.
+func (r *request) jwtClaims() gjson.Result {
+	if r.jwtDone {
+		return r.claims
+	}
+	r.jwtDone = true
+	auth, ok := r.header("authorization")
+	if !ok {
+		return r.claims
+	}
+	r.claims = parseBearerJWT(auth)
+	return r.claims
+}
+
+// parseBearerJWT decodes the payload of "Bearer <header>.<payload>.<sig>".
+func parseBearerJWT(auth string) gjson.Result {
+	const prefix = "bearer "
+	if len(auth) <= len(prefix) || !strings.EqualFold(auth[:len(prefix)], prefix) {
+		return gjson.Result{}
+	}
+	tok := strings.TrimSpace(auth[len(prefix):])
+	if len(tok) > maxJWTLen || strings.Count(tok, ".") != 2 {
+		return gjson.Result{}
+	}
+	first := strings.IndexByte(tok, '.')
+	second := first + 1 + strings.IndexByte(tok[first+1:], '.')
+	seg := strings.TrimRight(tok[first+1:second], "=")
+	payload, err := base64.RawURLEncoding.DecodeString(seg)
+	if err != nil || !gjson.ValidBytes(payload) {
+		return gjson.Result{}
+	}
+	res := gjson.ParseBytes(payload)
+	if !res.IsObject() {
+		return gjson.Result{}
+	}
+	return res
+}
+
+// claim returns a top-level claim as a string: strings as they are, numbers
+// as written in the token, booleans as "true"/"false". Other types (objects,
+// arrays, null) count as absent.
+func claim(claims gjson.Result, name string) (string, bool) {
+	if !claims.Exists() {
+		return "", false
+	}
+	var v gjson.Result
+	claims.ForEach(func(k, val gjson.Result) bool {
+		if k.Str == name {
+			v = val
+			return false
+		}
+		return true
+	})
+	switch v.Type {
+	case gjson.String:
+		return v.Str, true
+	case gjson.Number:
+		return v.Raw, true
+	case gjson.True:
+		return "true", true
+	case gjson.False:
+		return "false", true
+	}
+	return "", false
+}
+
+// value returns the descriptor's value for this request.
+func (r *request) value(d Descriptor) (string, bool) {
+	switch d.Kind {
+	case DescIP:
+		return r.clientIP()
+	case DescHeader:
+		return r.header(d.Name)
+	case DescQuery:
+		r.loadPath()
+		return queryParam(r.query, d.Name)
+	case DescJWT:
+		return claim(r.jwtClaims(), d.Name)
+	case DescPath:
+		p := r.urlPath()
+		return p, p != ""
+	case DescMethod:
+		m := r.methodValue()
+		return m, m != ""
+	default:
+		h := r.hostValue()
+		return h, h != ""
+	}
+}
+
+// identity returns what seeds a client's Retry-After jitter: the JWT subject
+// if there is one, otherwise the client IP, otherwise the path.
+func (r *request) identity() string {
+	if sub, ok := claim(r.jwtClaims(), "sub"); ok {
+		return "sub:" + sub
+	}
+	if ip, ok := r.clientIP(); ok {
+		return "ip:" + ip
+	}
+	return "path:" + r.urlPath()
+}
+
+// normalizeIP strips the port and IPv6 brackets from a source.address
+// ("1.2.3.4:80", "[::1]:80", or, on ngx_wasm_module, "1.2.3.4" and "::1") and
+// writes IPv4-mapped IPv6 addresses as IPv4. Unparseable input is returned
+// as it was, so that it still identifies the client.
+func normalizeIP(addr string) string {
+	host := addr
+	if strings.HasPrefix(addr, "[") {
+		if end := strings.IndexByte(addr, ']'); end > 0 {
+			host = addr[1:end]
+		}
+	} else if strings.Count(addr, ":") == 1 {
+		host, _, _ = strings.Cut(addr, ":")
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	return ip.Unmap().WithZone("").String()
+}
+
+// stripPort removes a trailing ":port" from a host, keeping IPv6 literals.
+func stripPort(h string) string {
+	if strings.HasPrefix(h, "[") {
+		if end := strings.IndexByte(h, ']'); end > 0 {
+			return h[:end+1]
+		}
+		return h
+	}
+	if i := strings.LastIndexByte(h, ':'); i >= 0 && strings.Count(h, ":") == 1 {
+		return h[:i]
+	}
+	return h
+}
+
+// queryParam returns the first value of the named parameter in a raw query
+// string, percent-decoded ('+' is a space). A parameter whose value cannot
+// be decoded counts as absent.
+func queryParam(query, name string) (string, bool) {
+	for query != "" {
+		var pair string
+		pair, query, _ = strings.Cut(query, "&")
+		k, v, _ := strings.Cut(pair, "=")
+		if k != name {
+			dk, ok := unescape(k)
+			if !ok || dk != name {
+				continue
+			}
+		}
+		return unescape(v)
+	}
+	return "", false
+}
+
+func unescape(s string) (string, bool) {
+	if !strings.ContainsAny(s, "%+") {
+		return s, true
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '+':
+			b = append(b, ' ')
+		case '%':
+			if i+2 >= len(s) {
+				return "", false
+			}
+			hi, ok1 := unhex(s[i+1])
+			lo, ok2 := unhex(s[i+2])
+			if !ok1 || !ok2 {
+				return "", false
+			}
+			b = append(b, hi<<4|lo)
+			i += 2
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(b), true
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+// matches reports whether the selector matches the request.
+func (s *Selector) matches(r *request) bool {
+	if s.PathPrefix != "" && !strings.HasPrefix(r.urlPath(), s.PathPrefix) {
+		return false
+	}
+	if len(s.Methods) > 0 && !contains(s.Methods, strings.ToUpper(r.methodValue())) {
+		return false
+	}
+	if len(s.Hosts) > 0 {
+		h := r.hostValue()
+		ok := false
+		for _, want := range s.Hosts {
+			if want == h || strings.HasPrefix(want, "*.") && strings.HasSuffix(h, want[1:]) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func contains(list []string, s string) bool {
+	for _, e := range list {
+		if e == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,193 @@
+package filter
+
+import (
+	"encoding/base64"
+	"strings"
+	"testing"
+)
+
+func TestNormalizeIP(t *testing.T) {
+	tests := []struct{ input, expected string }{
+		{"192.0.2.1:8080", "192.0.2.1"},
+		{"192.0.2.1", "192.0.2.1"}, // ngx_wasm_module: no port
+		{"[2001:db8::1]:443", "2001:db8::1"},
+		{"2001:db8::1", "2001:db8::1"}, // ngx_wasm_module IPv6
+		{"[::ffff:192.0.2.9]:1", "192.0.2.9"},
+		{"::ffff:192.0.2.9", "192.0.2.9"},
+		{"2001:DB8:0:0::1", "2001:db8::1"},
+		{"[fe80::1%eth0]:80", "fe80::1"},
+		{"not-an-ip:1", "not-an-ip"},
+		{"unix:/var/run/sock", "unix"},
+	}
+	for _, tc := range tests {
+		if got := normalizeIP(tc.input); got != tc.expected {
+			t.Errorf("normalizeIP(%q): got %q, want %q", tc.input, got, tc.expected)
+		}
+	}
+}
+
+func TestQueryParam(t *testing.T) {
+	tests := []struct {
+		query, name, expected string
+		ok                    bool
+	}{
+		{"a=1&b=2", "b", "2", true},
+		{"a=1&a=2", "a", "1", true},
+		{"tenant=acme%20corp", "tenant", "acme corp", true},
+		{"tenant=a+b", "tenant", "a b", true},
+		{"ten%61nt=x", "tenant", "x", true},
+		{"flag", "flag", "", true},
+		{"x=%zz", "x", "", false},
+		{"x=%2", "x", "", false},
+		{"", "x", "", false},
+		{"y=1", "x", "", false},
+	}
+	for _, tc := range tests {
+		got, ok := queryParam(tc.query, tc.name)
+		if got != tc.expected || ok != tc.ok {
+			t.Errorf("queryParam(%q, %q): got %q %v, want %q %v", tc.query, tc.name, got, ok, tc.expected, tc.ok)
+		}
+	}
+}
+
+func TestJWTClaims(t *testing.T) {
+	enc := base64.RawURLEncoding.EncodeToString
+	tok := func(payload string) string {
+		return enc([]byte(`{"alg":"none"}`)) + "." + enc([]byte(payload)) + ".sig"
+	}
+	padded := func(payload string) string {
+		return base64.URLEncoding.EncodeToString([]byte(`{"alg":"none"}`)) + "." + base64.URLEncoding.EncodeToString([]byte(payload)) + ".sig"
+	}
+	claims := `{"sub":"u1","plan":"pro","n":42,"f":1.5,"b":true,"no":false,"arr":[1],"obj":{"a":1},"nul":null}`
+	tests := []struct {
+		name, auth, claim, expected string
+		ok                          bool
+	}{
+		{"string", "Bearer " + tok(claims), "sub", "u1", true},
+		{"scheme case", "bearer " + tok(claims), "plan", "pro", true},
+		{"number", "Bearer " + tok(claims), "n", "42", true},
+		{"float", "Bearer " + tok(claims), "f", "1.5", true},
+		{"true", "Bearer " + tok(claims), "b", "true", true},
+		{"false", "Bearer " + tok(claims), "no", "false", true},
+		{"array", "Bearer " + tok(claims), "arr", "", false},
+		{"object", "Bearer " + tok(claims), "obj", "", false},
+		{"null", "Bearer " + tok(claims), "nul", "", false},
+		{"missing claim", "Bearer " + tok(claims), "email", "", false},
+		{"padded base64", "Bearer " + padded(claims), "sub", "u1", true},
+		{"not bearer", "Basic " + tok(claims), "sub", "", false},
+		{"no scheme", tok(claims), "sub", "", false},
+		{"two segments", "Bearer a.b", "sub", "", false},
+		{"four segments", "Bearer a.b.c.d", "sub", "", false},
+		{"bad base64", "Bearer a.!!!.c", "sub", "", false},
+		{"not json", "Bearer " + tok("hello"), "sub", "", false},
+		{"json array", "Bearer " + tok(`["sub"]`), "sub", "", false},
+		{"json string", "Bearer " + tok(`"sub"`), "sub", "", false},
+		{"too long", "Bearer " + tok(`{"sub":"`+strings.Repeat("x", maxJWTLen)+`"}`), "sub", "", false},
+		{"nested path is not a claim", "Bearer " + tok(claims), "obj.a", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := claim(parseBearerJWT(tc.auth), tc.claim)
+			if got != tc.expected || ok != tc.ok {
+				t.Errorf("got %q %v, want %q %v", got, ok, tc.expected, tc.ok)
+			}
+		})
+	}
+}
+
+func TestParseCost(t *testing.T) {
+	tests := []struct {
+		input    string
+		expected float64
+		ok       bool
+	}{
+		{"5", 5, true}, {"2.5", 2.5, true}, {" 7 ", 7, true}, {"\t3", 3, true}, {"0.001", 0.001, true},
+		{"", 0, false}, {"abc", 0, false}, {"-1", 0, false}, {"+1", 0, false}, {"0", 0, false}, {"0.0", 0, false},
+		{"1e309", 0, false}, {"1e3", 0, false}, {"NaN", 0, false}, {"Inf", 0, false}, {"0x10", 0, false},
+		{"1.", 0, false}, {".5", 0, false}, {"1.2.3", 0, false}, {"1_000", 0, false}, {"٣", 0, false},
+		{strings.Repeat("9", 33), 0, false}, {strings.Repeat("9", 32), 1e32 - 1, true},
+	}
+	for _, tc := range tests {
+		got, ok := ParseCost(tc.input)
+		if ok != tc.ok || (ok && got != tc.expected) {
+			t.Errorf("ParseCost(%q): got %v %v, want %v %v", tc.input, got, ok, tc.expected, tc.ok)
+		}
+	}
+}
+
+func TestSelectorMatches(t *testing.T) {
+	sel := Selector{PathPrefix: "/api/", Methods: []string{"GET", "POST"}, Hosts: []string{"example.com", "*.example.org"}}
+	tests := []struct {
+		method, path, host string
+		expected           bool
+	}{
+		{"GET", "/api/x", "example.com", true},
+		{"post", "/api/x?y=1", "EXAMPLE.com:8080", true},
+		{"GET", "/api/x", "a.example.org", true},
+		{"GET", "/api/x", "example.org", false},
+		{"DELETE", "/api/x", "example.com", false},
+		{"GET", "/apix", "example.com", false},
+		{"GET", "/api/x", "evil.com", false},
+	}
+	for _, tc := range tests {
+		h := &headerHost{headers: map[string]string{":method": tc.method, ":path": tc.path, ":authority": tc.host}}
+		r := request{host: h}
+		if got := sel.matches(&r); got != tc.expected {
+			t.Errorf("%s %s host %s: got %v, want %v", tc.method, tc.path, tc.host, got, tc.expected)
+		}
+	}
+}
+
+// headerHost is a minimal Host for descriptor tests.
+type headerHost struct {
+	Host
+	headers map[string]string
+}
+
+func (h *headerHost) RequestHeader(name string) (string, bool) {
+	v, ok := h.headers[name]
+	return v, ok
+}
+
+func TestClientIPFromXFF(t *testing.T) {
+	tests := []struct {
+		name     string
+		hops     int
+		xff      string // "-" = no header
+		expected string
+	}{
+		{"no hops ignores spoofed xff", 0, "6.6.6.6", "192.0.2.1"},
+		{"no header", 1, "-", "192.0.2.1"},
+		{"one hop: rightmost", 1, "6.6.6.6, 203.0.113.9", "203.0.113.9"},
+		{"two hops", 2, "203.0.113.9,10.0.0.2", "203.0.113.9"},
+		{"spoof left of trusted entries changes nothing", 1, "1.1.1.1, 2.2.2.2, 203.0.113.9", "203.0.113.9"},
+		{"too few entries", 3, "203.0.113.9, 10.0.0.2", "192.0.2.1"},
+		{"garbage entry", 1, "6.6.6.6, not-an-ip", "192.0.2.1"},
+		{"empty entry", 1, "6.6.6.6,", "192.0.2.1"},
+		{"ipv6 and mapped", 1, "::ffff:203.0.113.7", "203.0.113.7"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &propHost{headerHost: headerHost{headers: map[string]string{}}, addr: "192.0.2.1:5000"}
+			if tc.xff != "-" {
+				h.headers["x-forwarded-for"] = tc.xff
+			}
+			r := request{host: h, xffHops: tc.hops}
+			if got, _ := r.clientIP(); got != tc.expected {
+				t.Errorf("got %q, want %q", got, tc.expected)
+			}
+		})
+	}
+}
+
+type propHost struct {
+	headerHost
+	addr string
+}
+
+func (h *propHost) Property(path ...string) ([]byte, bool) {
+	if strings.Join(path, ".") == "source.address" {
+		return []byte(h.addr), true
+	}
+	return nil, false
+}

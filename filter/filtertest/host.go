@@ -1,0 +1,253 @@
+// Package filtertest is a fake proxy-wasm host for running the filter
+// natively in tests, fuzz targets and benchmarks: shared data in a
+// sharedstate.MemStore (Envoy's CAS semantics by default), counters, logs,
+// request headers and properties, and the response the filter produced.
+package filtertest
+
+import (
+	"errors"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+// Host is a filter.Host for one request at a time (like one worker VM);
+// several Hosts may share one Store to model several workers. Create it
+// with New.
+type Host struct {
+	// Store is the shared data; replace it (e.g. with a
+	// sharedstate.FaultStore) before the first request to inject faults.
+	Store sharedstate.Store
+	// Metrics are the counters, shared by Hosts made with NewWorker.
+	Metrics *Metrics
+
+	// Request is the current request.
+	Request Request
+	// Response is what the filter did to the current request.
+	Response Response
+
+	mu   sync.Mutex
+	logs []Log
+	// PanicOn, if set, makes RequestHeader panic for that header name (fault
+	// injection).
+	PanicOn string
+}
+
+// Request is the request a Host presents to the filter.
+type Request struct {
+	// Headers, with lower-case names; pseudo-headers included.
+	Headers [][2]string
+	// Properties by path joined with ".", e.g. "source.address".
+	Properties map[string]string
+}
+
+// Response is what the filter did with a request.
+type Response struct {
+	// Local is the local reply, if one was sent.
+	Local *LocalReply
+	// Headers are the response headers the filter set, in order.
+	Headers [][2]string
+}
+
+// LocalReply is a proxy_send_local_response call.
+type LocalReply struct {
+	Status     uint32
+	Details    string
+	Body       string
+	Headers    [][2]string
+	GRPCStatus int32
+}
+
+// Log is one proxy_log call.
+type Log struct {
+	Level filter.LogLevel
+	Msg   string
+}
+
+// Metrics is a set of counters, safe for concurrent use.
+type Metrics struct {
+	mu     sync.Mutex
+	names  []string
+	values []int64
+}
+
+// New returns a Host with an empty store of Envoy's semantics.
+func New() *Host {
+	return &Host{Store: sharedstate.NewMemStore(sharedstate.Envoy), Metrics: &Metrics{}}
+}
+
+// NewWorker returns another Host sharing h's store and metrics, as another
+// worker VM of the same Envoy would.
+func (h *Host) NewWorker() *Host {
+	return &Host{Store: h.Store, Metrics: h.Metrics}
+}
+
+// Get implements sharedstate.Store.
+func (h *Host) Get(key string) ([]byte, uint32, error) { return h.Store.Get(key) }
+
+// Set implements sharedstate.Store.
+func (h *Host) Set(key string, value []byte, cas uint32) error { return h.Store.Set(key, value, cas) }
+
+// Log implements filter.Host.
+func (h *Host) Log(level filter.LogLevel, msg string) {
+	h.mu.Lock()
+	h.logs = append(h.logs, Log{level, msg})
+	h.mu.Unlock()
+}
+
+// Logs returns the messages logged at level or above.
+func (h *Host) Logs(min filter.LogLevel) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, l := range h.logs {
+		if l.Level >= min {
+			out = append(out, l.Level.String()+": "+l.Msg)
+		}
+	}
+	return out
+}
+
+// DefineCounter implements filter.Host; defining a name twice returns the
+// same id, as Envoy does.
+func (h *Host) DefineCounter(name string) (uint32, error) {
+	m := h.Metrics
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, n := range m.names {
+		if n == name {
+			return uint32(i), nil
+		}
+	}
+	m.names = append(m.names, name)
+	m.values = append(m.values, 0)
+	return uint32(len(m.names) - 1), nil
+}
+
+// IncrementCounter implements filter.Host.
+func (h *Host) IncrementCounter(id uint32, delta int64) {
+	m := h.Metrics
+	m.mu.Lock()
+	m.values[id] += delta
+	m.mu.Unlock()
+}
+
+// Counter returns a counter's value by name, and whether it is defined.
+func (h *Host) Counter(name string) (int64, bool) {
+	m := h.Metrics
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, n := range m.names {
+		if n == name {
+			return m.values[i], true
+		}
+	}
+	return 0, false
+}
+
+// CounterNames returns every defined counter, sorted.
+func (h *Host) CounterNames() []string {
+	m := h.Metrics
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := append([]string(nil), m.names...)
+	sort.Strings(out)
+	return out
+}
+
+// RequestHeader implements filter.Host.
+func (h *Host) RequestHeader(name string) (string, bool) {
+	if h.PanicOn != "" && name == h.PanicOn {
+		panic("injected panic reading " + name)
+	}
+	for _, kv := range h.Request.Headers {
+		if kv[0] == name {
+			return kv[1], true
+		}
+	}
+	return "", false
+}
+
+// Property implements filter.Host.
+func (h *Host) Property(path ...string) ([]byte, bool) {
+	v, ok := h.Request.Properties[strings.Join(path, ".")]
+	return []byte(v), ok
+}
+
+// SetResponseHeader implements filter.Host.
+func (h *Host) SetResponseHeader(name, value string) {
+	for i, kv := range h.Response.Headers {
+		if kv[0] == name {
+			h.Response.Headers[i][1] = value
+			return
+		}
+	}
+	h.Response.Headers = append(h.Response.Headers, [2]string{name, value})
+}
+
+// SendLocalResponse implements filter.Host.
+func (h *Host) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) error {
+	if h.Response.Local != nil {
+		return errors.New("local response already sent")
+	}
+	h.Response.Local = &LocalReply{status, details, string(body), append([][2]string(nil), headers...), grpcStatus}
+	return nil
+}
+
+// Result is what one request through Do produced.
+type Result struct {
+	// RequestAction and ResponseAction are the filter's answers.
+	RequestAction, ResponseAction filter.Action
+	Response
+}
+
+// Status returns the HTTP status the client sees: the local reply's, or 200.
+func (r Result) Status() uint32 {
+	if r.Local != nil {
+		return r.Local.Status
+	}
+	return 200
+}
+
+// Header returns a header of the local reply, or else of the response.
+func (r Result) Header(name string) string {
+	hs := r.Headers
+	if r.Local != nil {
+		hs = r.Local.Headers
+	}
+	for _, kv := range hs {
+		if kv[0] == name {
+			return kv[1]
+		}
+	}
+	return ""
+}
+
+// Do runs one request through the plugin's lifecycle, like a host would:
+// request headers, then (unless a local reply was sent) response headers.
+func (h *Host) Do(p *filter.Plugin, req Request) Result {
+	h.Request, h.Response = req, Response{}
+	s := p.NewStream()
+	res := Result{RequestAction: s.OnRequestHeaders(len(req.Headers), true)}
+	if h.Response.Local == nil {
+		res.ResponseAction = s.OnResponseHeaders(0, false)
+	}
+	res.Response = h.Response
+	return res
+}
+
+// Get is a request with method GET, the given path and client address
+// ("ip:port"), and extra headers as name, value pairs.
+func Get(path, addr string, headers ...string) Request {
+	r := Request{
+		Headers:    [][2]string{{":method", "GET"}, {":path", path}, {":authority", "example.com"}, {":scheme", "http"}},
+		Properties: map[string]string{"source.address": addr},
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		r.Headers = append(r.Headers, [2]string{strings.ToLower(headers[i]), headers[i+1]})
+	}
+	return r
+}

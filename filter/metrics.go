@@ -1,0 +1,88 @@
+package filter
+
+// Metric names. Each rule has six counters named
+// "tokengate.rule.<rule>.<counter>"; Envoy shows them under the "wasmcustom."
+// prefix, e.g. wasmcustom.tokengate.rule.global-rps.allowed, which
+// /stats/prometheus prints as envoy_wasmcustom_tokengate_rule_global_rps_allowed.
+const (
+	metricPrefix = "tokengate."
+	// CounterAllowed counts requests the rule's bucket admitted (for a shadow
+	// rule: would have admitted).
+	CounterAllowed = "allowed"
+	// CounterRejected counts requests rejected because this rule's bucket
+	// lacked tokens.
+	CounterRejected = "rejected"
+	// CounterShadowRejected counts requests a shadow rule would have rejected.
+	CounterShadowRejected = "shadow_rejected"
+	// CounterFailOpen counts requests allowed without a decision because the
+	// shared data failed or compare-and-swap attempts ran out.
+	CounterFailOpen = "fail_open"
+	// CounterCASRetries counts compare-and-swap mismatches while updating the
+	// rule's buckets (a request with several rules counts them on each).
+	CounterCASRetries = "cas_retries"
+	// CounterDescriptorMissing counts requests the rule matched but skipped
+	// because a limit key was absent from the request.
+	CounterDescriptorMissing = "descriptor_missing"
+	// CounterStoreDenied counts requests rejected because the shared data
+	// failed and the rule says "on_store_error": "deny".
+	CounterStoreDenied = "store_denied"
+)
+
+// Plugin-wide counters.
+const (
+	// MetricPanics counts panics recovered inside a callback (the request
+	// was allowed).
+	MetricPanics = "tokengate.panics"
+	// MetricConfigRejected counts configurations refused by proxy_on_configure.
+	MetricConfigRejected = "tokengate.config_rejected"
+	// MetricCorruptState counts stored bucket values that could not be read
+	// and were replaced by a full bucket.
+	MetricCorruptState = "tokengate.corrupt_state"
+)
+
+// RuleMetricName returns the name of one of a rule's counters.
+func RuleMetricName(rule, counter string) string {
+	return metricPrefix + "rule." + rule + "." + counter
+}
+
+type ruleMetrics struct {
+	allowed, rejected, shadowRejected, failOpen, casRetries, descriptorMissing, storeDenied counter
+}
+
+type pluginMetrics struct {
+	panics, configRejected, corrupt counter
+}
+
+// counter is a defined metric; the zero value is a no-op.
+type counter struct {
+	id      uint32
+	defined bool
+}
+
+func (c counter) inc(h Host, delta int64) {
+	if c.defined && delta != 0 {
+		h.IncrementCounter(c.id, delta)
+	}
+}
+
+func define(h Host, name string) counter {
+	id, err := h.DefineCounter(name)
+	if err != nil {
+		h.Log(LogWarn, "tokengate: cannot define metric "+name+": "+err.Error())
+		return counter{}
+	}
+	return counter{id: id, defined: true}
+}
+
+func (r *Rule) defineMetrics(h Host) {
+	n := func(c string) counter { return define(h, RuleMetricName(r.Name, c)) }
+	r.metrics = ruleMetrics{
+		allowed:           n(CounterAllowed),
+		rejected:          n(CounterRejected),
+		shadowRejected:    n(CounterShadowRejected),
+		failOpen:          n(CounterFailOpen),
+		casRetries:        n(CounterCASRetries),
+		descriptorMissing: n(CounterDescriptorMissing),
+		storeDenied:       n(CounterStoreDenied),
+	}
+}

@@ -1,0 +1,99 @@
+package filter
+
+import (
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/tokengate/tokengate/bucket"
+)
+
+// Rejection reasons, sent in X-Tokengate-Reason.
+const (
+	// ReasonExceeded: the bucket lacks the tokens the request costs.
+	ReasonExceeded = "token_bucket_exceeded"
+	// ReasonCostExceedsBurst: the request costs more than the bucket can
+	// ever hold, so retrying cannot help; no Retry-After is sent.
+	ReasonCostExceedsBurst = "cost_exceeds_burst"
+	// ReasonStoreError: the shared data failed and the rule fails closed.
+	ReasonStoreError = "store_error"
+)
+
+// gRPC status codes of local replies to gRPC requests.
+const (
+	grpcResourceExhausted int32 = 8
+	grpcUnavailable       int32 = 14
+)
+
+func reasonOf(res bucket.Result) string {
+	if math.IsInf(res.RetryAfter, 1) {
+		return ReasonCostExceedsBurst
+	}
+	return ReasonExceeded
+}
+
+// RetryAfter returns the Retry-After seconds for a bucket that needs wait
+// seconds more: ceil(wait), at least 1, plus a jitter of 0 to 50% of that
+// chosen by the hash of identity, so that one client always gets the same
+// offset and different clients spread out.
+func RetryAfter(wait float64, identity string) int64 {
+	base := int64(math.Ceil(wait))
+	if base < 1 {
+		base = 1
+	}
+	return base + int64(fnv64(identity)%uint64(base/2+1))
+}
+
+// sendRejection sends the 429 (or gRPC RESOURCE_EXHAUSTED) local reply for
+// rule r whose bucket answered res.
+func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result) {
+	q := quotaOf(r, res.Tokens)
+	q.remaining = 0
+	reason := reasonOf(res)
+	headers := make([][2]string, 0, 9)
+	retry := int64(0)
+	if reason == ReasonExceeded {
+		retry = RetryAfter(res.RetryAfter, req.identity())
+		headers = append(headers, [2]string{"retry-after", strconv.FormatInt(retry, 10)})
+	}
+	headers = append(headers,
+		[2]string{"ratelimit-limit", strconv.FormatInt(q.limit, 10)},
+		[2]string{"ratelimit-remaining", "0"},
+		[2]string{"ratelimit-reset", strconv.FormatInt(q.reset, 10)},
+		[2]string{"ratelimit", q.rateLimit()},
+		[2]string{"ratelimit-policy", q.policy()},
+		[2]string{"x-tokengate-reason", reason},
+		[2]string{"x-tokengate-rule", r.Name},
+	)
+	body := `{"error":"rate_limited","reason":"` + reason + `","rule":"` + r.Name + `"`
+	if retry > 0 {
+		body += `,"retry_after":` + strconv.FormatInt(retry, 10)
+	}
+	body += "}\n"
+	s.reply(req, 429, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
+}
+
+// sendStoreDenied sends the 503 reply of a rule that fails closed.
+func (s *Stream) sendStoreDenied(req *request, r *Rule) {
+	headers := [][2]string{
+		{"x-tokengate-reason", ReasonStoreError},
+		{"x-tokengate-rule", r.Name},
+	}
+	body := `{"error":"rate_limiter_unavailable","reason":"` + ReasonStoreError + `","rule":"` + r.Name + `"}` + "\n"
+	s.reply(req, 503, grpcUnavailable, "tokengate_store_error", body, headers)
+}
+
+// reply sends a local reply; a gRPC request gets grpcCode, with the details
+// as grpc-message, instead of a JSON body.
+func (s *Stream) reply(req *request, status uint32, grpcCode int32, details, body string, headers [][2]string) {
+	grpc := NoGRPCStatus
+	if ct, ok := req.header("content-type"); ok && strings.HasPrefix(strings.ToLower(ct), "application/grpc") {
+		grpc = grpcCode
+		body = "tokengate: " + details
+	} else {
+		headers = append(headers, [2]string{"content-type", "application/json"})
+	}
+	if err := s.p.host.SendLocalResponse(status, details, []byte(body), headers, grpc); err != nil {
+		s.p.host.Log(LogError, "tokengate: send local response: "+err.Error())
+	}
+}
