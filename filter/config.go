@@ -41,6 +41,9 @@ type Settings struct {
 	// address, it is the connection's source.address and x-forwarded-for is
 	// ignored, so a client cannot spoof it.
 	XFFTrustedHops int
+	// MaxKeysPerRule is the default of Rule.MaxKeys ("max_keys_per_rule",
+	// default 65536).
+	MaxKeysPerRule int
 }
 
 // Policy is a group of rules that apply to the requests its selector matches.
@@ -82,9 +85,15 @@ type Rule struct {
 	// DenyOnStoreError reports whether a shared-data failure rejects the
 	// request ("on_store_error": "deny") instead of failing open.
 	DenyOnStoreError bool
+	// MaxKeys bounds the shared-data keys the rule may create ("max_keys",
+	// default Settings.MaxKeysPerRule): its buckets live in MaxKeys slots,
+	// see sharedstate's "Bounded key space". 0 means one key per identity,
+	// without bound. A rule without limit keys always has one key.
+	MaxKeys int
 
-	shadow  bool
-	metrics ruleMetrics
+	maxKeysSet bool
+	shadow     bool
+	metrics    ruleMetrics
 }
 
 // MatchCond is one entry of a rule's "match" object.
@@ -119,8 +128,11 @@ const (
 	defaultMaxAttempts = sharedstate.DefaultMaxAttempts
 	maxMaxAttempts     = 1000
 	maxXFFHops         = 10
-	maxNameLen         = 64
-	maxLimitKeys       = 8
+	// DefaultMaxKeys is the default key bound of a rule with limit keys.
+	DefaultMaxKeys = 65536
+	maxMaxKeys     = 1 << 24
+	maxNameLen     = 64
+	maxLimitKeys   = 8
 	// maxRate and maxBurst keep the "tokens:last_refill" value short and
 	// exact at 6 decimals.
 	maxRate  = 1e9
@@ -160,7 +172,7 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, errAt("", "configuration must be a JSON object, got "+typeName(root))
 	}
 	p := parser{names: map[string]string{}}
-	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts}}
+	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys}}
 	var err error
 	switch {
 	case root.Get("policies").Exists() || root.Get("bundle_version").Exists():
@@ -185,6 +197,14 @@ func ParseConfig(data []byte) (*Config, error) {
 		if pol.Fallback != nil {
 			pol.Fallback.shadow = pol.Shadow
 			cfg.rules = append(cfg.rules, pol.Fallback)
+		}
+	}
+	for _, r := range cfg.rules {
+		if !r.maxKeysSet {
+			r.MaxKeys = cfg.Settings.MaxKeysPerRule
+		}
+		if len(r.Keys) == 0 {
+			r.MaxKeys = 0
 		}
 	}
 	if len(cfg.rules) == 0 {
@@ -381,7 +401,7 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
-	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error"}
+	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error", "max_keys"}
 	if !fallback {
 		fields = append(fields, "match")
 	}
@@ -457,6 +477,13 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 		if err != nil {
 			return nil, err
 		}
+	}
+	if mk := v.Get("max_keys"); mk.Exists() {
+		n, err := maxKeys(join(path, "max_keys"), mk)
+		if err != nil {
+			return nil, err
+		}
+		r.MaxKeys, r.maxKeysSet = n, true
 	}
 	switch ose := v.Get("on_store_error"); {
 	case !ose.Exists():
@@ -553,8 +580,15 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 	if !v.IsObject() {
 		return errAt("settings", "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields("settings", v, "cas_max_attempts", "xff_trusted_hops"); err != nil {
+	if err := onlyFields("settings", v, "cas_max_attempts", "xff_trusted_hops", "max_keys_per_rule"); err != nil {
 		return err
+	}
+	if mk := v.Get("max_keys_per_rule"); mk.Exists() {
+		n, err := maxKeys("settings.max_keys_per_rule", mk)
+		if err != nil {
+			return err
+		}
+		cfg.Settings.MaxKeysPerRule = n
 	}
 	if h := v.Get("xff_trusted_hops"); h.Exists() {
 		n, ok := integer(h)
@@ -571,6 +605,14 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 		cfg.Settings.MaxAttempts = int(n)
 	}
 	return nil
+}
+
+func maxKeys(path string, v gjson.Result) (int, error) {
+	n, ok := integer(v)
+	if !ok || n < 0 || n > maxMaxKeys {
+		return 0, errAt(path, "must be an integer from 0 (unbounded) to "+strconv.Itoa(maxMaxKeys)+", got "+short(v.Raw))
+	}
+	return int(n), nil
 }
 
 // claim records a rule name, rejecting duplicates: names are part of the

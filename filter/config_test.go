@@ -117,6 +117,26 @@ func TestParseConfigDetails(t *testing.T) {
 	if cfg.Settings.MaxAttempts != 3 {
 		t.Errorf("cas_max_attempts: got %d, want 3", cfg.Settings.MaxAttempts)
 	}
+	if r.MaxKeys != DefaultMaxKeys {
+		t.Errorf("max_keys default: got %d, want %d", r.MaxKeys, DefaultMaxKeys)
+	}
+}
+
+func TestMaxKeys(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"rules":[
+		{"name":"a","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":1}},
+		{"name":"b","limit_keys":["ip:address"],"max_keys":0,"algorithm_config":{"rps":1,"burst":1}},
+		{"name":"c","limit_keys":["ip:address"],"max_keys":10,"algorithm_config":{"rps":1,"burst":1}},
+		{"name":"global","max_keys":10,"algorithm_config":{"rps":1,"burst":1}}],
+		"settings":{"max_keys_per_rule":1000}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{1000, 0, 10, 0} {
+		if got := cfg.Rules()[i].MaxKeys; got != want {
+			t.Errorf("rule %s: MaxKeys got %d, want %d", cfg.Rules()[i].Name, got, want)
+		}
+	}
 }
 
 func TestParseConfigErrors(t *testing.T) {
@@ -160,7 +180,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"unknown algorithm_config field", `{"name":"a","algorithm_config":{"rps":1,"burst":1,"burts":2}}`,
 			`algorithm_config.burts: unknown field (allowed: tokens_per_second, rps, burst, cost_source, fixed_cost, default_cost)`},
 		{"unknown rule field", `{"name":"a","limits":[],` + rule + `}`,
-			`limits: unknown field (allowed: name, limit_keys, algorithm, algorithm_config, on_store_error, match)`},
+			`limits: unknown field (allowed: name, limit_keys, algorithm, algorithm_config, on_store_error, max_keys, match)`},
 		{"bad descriptor", `{"name":"a","limit_keys":["cookie:x"],` + rule + `}`,
 			`limit_keys[0]: invalid descriptor "cookie:x" (want ip:address, header:<name>, query:<name>, jwt:<claim>, path, method or host; names match [A-Za-z0-9_-]+)`},
 		{"descriptor bad name", `{"name":"a","limit_keys":["header:x.y"],` + rule + `}`,
@@ -186,7 +206,11 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad settings", `{"rules":[{"name":"a",` + rule + `}],"settings":{"cas_max_attempts":0}}`,
 			`settings.cas_max_attempts: must be an integer from 1 to 1000, got 0`},
 		{"unknown setting", `{"rules":[{"name":"a",` + rule + `}],"settings":{"x":1}}`,
-			`settings.x: unknown field (allowed: cas_max_attempts, xff_trusted_hops)`},
+			`settings.x: unknown field (allowed: cas_max_attempts, xff_trusted_hops, max_keys_per_rule)`},
+		{"bad max_keys", `{"name":"a","max_keys":-1,` + rule + `}`,
+			`max_keys: must be an integer from 0 (unbounded) to 16777216, got -1`},
+		{"fractional max_keys", `{"rules":[{"name":"a",` + rule + `}],"settings":{"max_keys_per_rule":1.5}}`,
+			`settings.max_keys_per_rule: must be an integer from 0 (unbounded) to 16777216, got 1.5`},
 		{"bad xff hops", `{"rules":[{"name":"a",` + rule + `}],"settings":{"xff_trusted_hops":-1}}`,
 			`settings.xff_trusted_hops: must be an integer from 0 to 10, got -1`},
 		{"bundle version", `{"bundle_version":2,"policies":[]}`, `bundle_version: must be 1, got 2`},
@@ -206,7 +230,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"selector method", `{"bundle_version":1,"policies":[{"id":"p","spec":{"selector":{"methods":["GET",1]},"rules":[{"name":"a",` + rule + `}]}}]}`,
 			`policies[0].spec.selector.methods[1]: invalid value 1`},
 		{"fallback with match", `{"bundle_version":1,"policies":[{"id":"p","spec":{"fallback_limit":{"match":{},` + rule + `}}}]}`,
-			`policies[0].spec.fallback_limit.match: unknown field (allowed: name, limit_keys, algorithm, algorithm_config, on_store_error)`},
+			`policies[0].spec.fallback_limit.match: unknown field (allowed: name, limit_keys, algorithm, algorithm_config, on_store_error, max_keys)`},
 		{"fallback name clash", `{"bundle_version":1,"policies":[{"id":"p","spec":{"rules":[{"name":"p-fallback",` + rule + `}],"fallback_limit":{` + rule + `}}}]}`,
 			`policies[0].spec.fallback_limit: duplicate rule name "p-fallback" (first used at policies[0].spec.rules[0].name)`},
 		{"duplicate field", `{"name":"a","name":"b",` + rule + `}`, `name: duplicate field`},

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -101,12 +102,32 @@ func TestBurstThen429(t *testing.T) {
 	if got := counter(t, h, "global-rps", filter.CounterRejected); got != 1 {
 		t.Errorf("rejected counter: got %d, want 1", got)
 	}
-	// The stored value has the documented format, key and exact numbers.
-	v, _, err := h.Store.Get("tb:global-rps:10.0.0.1")
+	// The stored value has the documented format, key and exact numbers:
+	// one of the identity's two slots, owned by its client IP.
+	key, v, err := sharedstate.Lookup(h.Store, false, "global-rps", "10.0.0.1", filter.DefaultMaxKeys)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := string(v), "0.000000:1736940000.000000"; got != want {
+	if !strings.HasPrefix(key, "tb:global-rps:$") {
+		t.Errorf("key: got %q, want a slot key tb:global-rps:$<slot>", key)
+	}
+	if got, want := string(v), "0.000000:1736940000.000000:10.0.0.1"; got != want {
+		t.Errorf("stored value: got %q, want %q", got, want)
+	}
+	if got := h.Store.(*sharedstate.MemStore).Len(); got != 2 {
+		t.Errorf("keys: got %d, want 2 (the bucket and the slot seed)", got)
+	}
+}
+
+func TestUnboundedKeys(t *testing.T) {
+	h := filtertest.New()
+	p, _ := newPlugin(t, h, `{"name":"global-rps","limit_keys":["ip:address","header:x-tenant"],"max_keys":0,"algorithm_config":{"rps":5,"burst":10}}`)
+	h.Do(p, filtertest.Get("/", "[2001:db8::7]:1", "x-tenant", "acme|corp"))
+	v, _, err := h.Store.Get("tb:global-rps:2001:db8::7|acme%7Ccorp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(v), "9.000000:1736940000.000000"; got != want {
 		t.Errorf("stored value: got %q, want %q", got, want)
 	}
 }
@@ -124,8 +145,8 @@ func TestRefillAndIsolation(t *testing.T) {
 	if got := h.Do(p, b).Status(); got != 200 {
 		t.Fatalf("b is limited by a's bucket: got %d, want 200", got)
 	}
-	if _, _, err := h.Store.Get("tb:global-rps:2001:db8::1"); err != nil {
-		t.Errorf("IPv6 bucket key: %v", err)
+	if _, _, err := sharedstate.Lookup(h.Store, false, "global-rps", "2001:db8::1", filter.DefaultMaxKeys); err != nil {
+		t.Errorf("IPv6 bucket: %v", err)
 	}
 	c.now += 0.4 // 2 tokens at 5/s
 	for i := 0; i < 2; i++ {
@@ -270,11 +291,11 @@ func TestShadowMode(t *testing.T) {
 	if got := counter(t, h, "watch-ip", filter.CounterAllowed); got != 2 {
 		t.Errorf("allowed: got %d, want 2", got)
 	}
-	if _, _, err := h.Store.Get("shadow:tb:watch-ip:10.1.1.1"); err != nil {
-		t.Errorf("shadow bucket key: %v", err)
+	if _, _, err := sharedstate.Lookup(h.Store, true, "watch-ip", "10.1.1.1", filter.DefaultMaxKeys); err != nil {
+		t.Errorf("shadow bucket: %v", err)
 	}
-	if _, _, err := h.Store.Get("tb:watch-ip:10.1.1.1"); !errors.Is(err, sharedstate.ErrNotFound) {
-		t.Errorf("an enforce bucket was written by a shadow rule: %v", err)
+	for _, e := range h.Store.(*sharedstate.MemStore).Snapshot("tb:") {
+		t.Errorf("a shadow rule wrote an enforce bucket: %s = %s", e.Key, e.Value)
 	}
 }
 
@@ -294,12 +315,12 @@ func TestAllOrNothing(t *testing.T) {
 			t.Errorf("request %d: RateLimit got %q, want %q", i, got, want)
 		}
 	}
-	wide, _, _ := h.Store.Get("tb:wide:1.1.1.1")
+	_, wide, _ := sharedstate.Lookup(h.Store, false, "wide", "1.1.1.1", filter.DefaultMaxKeys)
 	res := h.Do(p, filtertest.Get("/x", "1.1.1.1:1"))
 	if res.Status() != 429 || res.Header("x-tokengate-rule") != "narrow" {
 		t.Fatalf("third request: got %d rule %q, want 429 by narrow", res.Status(), res.Header("x-tokengate-rule"))
 	}
-	if after, _, _ := h.Store.Get("tb:wide:1.1.1.1"); string(after) != string(wide) {
+	if _, after, _ := sharedstate.Lookup(h.Store, false, "wide", "1.1.1.1", filter.DefaultMaxKeys); string(after) != string(wide) {
 		t.Errorf("the rejected request took from the wide bucket: %q → %q", wide, after)
 	}
 	if got := counter(t, h, "wide", filter.CounterRejected); got != 0 {
@@ -342,7 +363,7 @@ func TestFailOpen(t *testing.T) {
 	p, _ := newPlugin(t, h, perIP)
 	req := filtertest.Get("/", "3.3.3.3:1")
 	h.Do(p, req)
-	before, _, _ := mem.Get("tb:global-rps:3.3.3.3")
+	before := mem.(*sharedstate.MemStore).Snapshot("")
 	boom := errors.New("internal failure")
 	for _, tc := range []struct {
 		name  string
@@ -365,8 +386,8 @@ func TestFailOpen(t *testing.T) {
 			if got := counter(t, h, "global-rps", filter.CounterFailOpen) - prev; got != 20 {
 				t.Errorf("fail_open: got %d, want 20", got)
 			}
-			if after, _, _ := mem.Get("tb:global-rps:3.3.3.3"); string(after) != string(before) {
-				t.Errorf("state changed: %q → %q", before, after)
+			if after := mem.(*sharedstate.MemStore).Snapshot(""); !reflect.DeepEqual(after, before) {
+				t.Errorf("state changed: %v → %v", before, after)
 			}
 		})
 	}
@@ -475,7 +496,8 @@ func TestMetricNames(t *testing.T) {
 		"tokengate.rule.global-rps.allowed", "tokengate.rule.global-rps.cas_retries",
 		"tokengate.rule.global-rps.descriptor_missing", "tokengate.rule.global-rps.fail_open",
 		"tokengate.rule.global-rps.rejected", "tokengate.rule.global-rps.shadow_rejected",
-		"tokengate.rule.global-rps.store_denied",
+		"tokengate.rule.global-rps.slot_collisions", "tokengate.rule.global-rps.slot_takeovers",
+		"tokengate.rule.global-rps.store_denied", "tokengate.seed_errors",
 	}
 	got := h.CounterNames()
 	if strings.Join(got, " ") != strings.Join(want, " ") {

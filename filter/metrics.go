@@ -26,10 +26,20 @@ const (
 	// CounterStoreDenied counts requests rejected because the shared data
 	// failed and the rule says "on_store_error": "deny".
 	CounterStoreDenied = "store_denied"
+	// CounterSlotTakeovers counts identities that took over a slot whose
+	// bucket was idle (full) or corrupt (bounded key space).
+	CounterSlotTakeovers = "slot_takeovers"
+	// CounterSlotCollisions counts requests charged to another identity's
+	// live bucket because both of their slots were taken: the key bound is
+	// too small for the number of clients active at once.
+	CounterSlotCollisions = "slot_collisions"
 )
 
 // Plugin-wide counters.
 const (
+	// MetricSeedErrors counts configurations that could not read or create
+	// the shared slot seed and used seed 0 instead.
+	MetricSeedErrors = "tokengate.seed_errors"
 	// MetricPanics counts panics recovered inside a callback (the request
 	// was allowed).
 	MetricPanics = "tokengate.panics"
@@ -47,10 +57,11 @@ func RuleMetricName(rule, counter string) string {
 
 type ruleMetrics struct {
 	allowed, rejected, shadowRejected, failOpen, casRetries, descriptorMissing, storeDenied counter
+	slotTakeovers, slotCollisions                                                           counter
 }
 
 type pluginMetrics struct {
-	panics, configRejected, corrupt counter
+	panics, configRejected, corrupt, seedErrors counter
 }
 
 // counter is a defined metric; the zero value is a no-op.
@@ -84,5 +95,7 @@ func (r *Rule) defineMetrics(h Host) {
 		casRetries:        n(CounterCASRetries),
 		descriptorMissing: n(CounterDescriptorMissing),
 		storeDenied:       n(CounterStoreDenied),
+		slotTakeovers:     n(CounterSlotTakeovers),
+		slotCollisions:    n(CounterSlotCollisions),
 	}
 }

@@ -2,6 +2,7 @@ package filter
 
 import (
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ type Plugin struct {
 	cfg     *Config
 	metrics pluginMetrics
 	upd     sharedstate.Updater
+	seed    uint64 // slot seed shared by every worker; see sharedstate.SlotPair
 
 	enforce, shadow group
 	keyBuf          []byte
@@ -50,6 +52,7 @@ func NewPlugin(h Host) *Plugin {
 		panics:         define(h, MetricPanics),
 		configRejected: define(h, MetricConfigRejected),
 		corrupt:        define(h, MetricCorruptState),
+		seedErrors:     define(h, MetricSeedErrors),
 	}
 	return p
 }
@@ -80,6 +83,14 @@ func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 	for _, r := range cfg.rules {
 		r.defineMetrics(p.host)
 	}
+	seed, err := sharedstate.LoadSeed(p.host, rand.Uint64())
+	if err != nil {
+		// Every worker falls back to the same seed, so they still agree on
+		// slots; only the seed's secrecy is lost.
+		p.metrics.seedErrors.inc(p.host, 1)
+		p.host.Log(LogWarn, "tokengate: cannot load the slot seed, using 0: "+err.Error())
+	}
+	p.seed = seed
 	p.cfg = cfg
 	p.upd.MaxAttempts = cfg.Settings.MaxAttempts
 	p.host.Log(LogInfo, "tokengate: configured "+strconv.Itoa(len(cfg.rules))+" rules in "+
@@ -184,13 +195,25 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 		}
 		p.vals = append(p.vals, v)
 	}
-	p.keyBuf = sharedstate.AppendKey(p.keyBuf[:0], r.shadow, r.Name, p.vals)
 	g := &p.enforce
 	if r.shadow {
 		g = &p.shadow
 	}
+	sr := sharedstate.Request{Limit: r.Limit, Cost: r.Cost.cost(req)}
+	if r.MaxKeys > 0 {
+		p.keyBuf = sharedstate.AppendComposite(p.keyBuf[:0], p.vals)
+		sr.Slotted, sr.Owner = true, string(p.keyBuf)
+		a, b := sharedstate.SlotPair(p.seed, sr.Owner, uint32(r.MaxKeys))
+		sr.Key = string(sharedstate.AppendSlotKey(p.keyBuf[:0], r.shadow, r.Name, a))
+		if r.MaxKeys > 1 {
+			sr.Alt = string(sharedstate.AppendSlotKey(p.keyBuf[:0], r.shadow, r.Name, b))
+		}
+	} else {
+		p.keyBuf = sharedstate.AppendKey(p.keyBuf[:0], r.shadow, r.Name, p.vals)
+		sr.Key = string(p.keyBuf)
+	}
 	g.rules = append(g.rules, r)
-	g.reqs = append(g.reqs, sharedstate.Request{Key: string(p.keyBuf), Limit: r.Limit, Cost: r.Cost.cost(req)})
+	g.reqs = append(g.reqs, sr)
 	return true
 }
 
@@ -201,8 +224,17 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 	g.res = g.res[:len(g.reqs)]
 	out := p.upd.TakeAll(g.reqs, now, g.res)
 	p.metrics.corrupt.inc(p.host, int64(out.Corrupt))
-	for _, r := range g.rules {
+	if out.Corrupt > 0 {
+		p.host.Log(LogWarn, "tokengate: replaced "+strconv.Itoa(out.Corrupt)+" corrupt stored value(s) with a full bucket, rules="+ruleNames(g.rules))
+	}
+	for i, r := range g.rules {
 		r.metrics.casRetries.inc(p.host, int64(out.CASRetries))
+		if i < 64 && out.TakeoverMask&(1<<i) != 0 {
+			r.metrics.slotTakeovers.inc(p.host, 1)
+		}
+		if i < 64 && out.CollidedMask&(1<<i) != 0 {
+			r.metrics.slotCollisions.inc(p.host, 1)
+		}
 	}
 	return out
 }
@@ -297,7 +329,7 @@ func worst(res []bucket.Result) int {
 // describe is the log text for a rejection: rule, a hash of the key (never
 // the raw API key or token), tokens and cost.
 func describe(g *group, i int) string {
-	return "rule=" + g.rules[i].Name + " key=#" + keyHash(g.reqs[i].Key) +
+	return "rule=" + g.rules[i].Name + " key=#" + keyHash(g.reqs[i].Key+"\x00"+g.reqs[i].Owner) +
 		" tokens=" + strconv.FormatFloat(g.res[i].Tokens, 'f', 3, 64) +
 		" cost=" + num(g.reqs[i].Cost) + " reason=" + reasonOf(g.res[i])
 }

@@ -46,7 +46,9 @@ const (
 	Envoy Semantics = iota
 	// Kong is ngx_wasm_module's shm_kv: cas 0 means "the key must be absent"
 	// and a non-zero cas must equal the key's current cas; so Set on a missing
-	// key with a non-zero cas is a CAS mismatch.
+	// key with a non-zero cas is a CAS mismatch. The cas is a counter per
+	// key: 1 after the first write, +1 per write, and back to 1 when a
+	// deleted or evicted key is written again.
 	Kong
 )
 
@@ -108,7 +110,11 @@ func (m *MemStore) Set(key string, value []byte, cas uint32) error {
 			return ErrCASMismatch
 		}
 	}
-	m.data[key] = entry{value: append([]byte(nil), value...), cas: m.takeCAS()}
+	next := e.cas + 1 // Kong: per key, from 1
+	if m.sem != Kong {
+		next = m.takeCAS()
+	}
+	m.data[key] = entry{value: append([]byte(nil), value...), cas: next}
 	return nil
 }
 

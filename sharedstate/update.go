@@ -43,9 +43,17 @@ var (
 // Request asks Updater.TakeAll to take Cost tokens from the bucket stored
 // under Key, which refills according to Limit.
 type Request struct {
-	Key   string       // shared-data key, see AppendKey
+	Key   string       // shared-data key, see AppendKey; the first candidate slot when Slotted
 	Limit bucket.Limit // the bucket's rate and burst
 	Cost  float64      // tokens to take
+
+	// Slotted marks a request in a bounded key space (see "Bounded key
+	// space" in slots.go): Key and Alt are the identity's two candidate
+	// slot keys (Alt empty if there is only one slot) and Owner its
+	// composite key.
+	Slotted bool
+	Alt     string
+	Owner   string
 }
 
 // Outcome is the result of Updater.TakeAll.
@@ -72,6 +80,13 @@ type Outcome struct {
 	// bucket and overwritten with a valid state. A value read corrupt on two
 	// attempts counts twice.
 	Corrupt int
+	// Takeovers is the number of slots taken over from an idle or corrupt
+	// owner, and Collisions the number of requests that shared a live slot
+	// of another identity (bounded key space). Bit i of TakeoverMask and
+	// CollidedMask is set when request i (i < 64) did so. They describe the
+	// last attempt; a takeover counts only if it was written.
+	Takeovers, Collisions      int
+	TakeoverMask, CollidedMask uint64
 	// Err is non-nil when the store failed with something other than a CAS
 	// mismatch, when attempts ran out (ErrContention), or when the inputs
 	// were unusable (now not a finite time > 0, a key repeated). The caller
@@ -154,6 +169,21 @@ type pending struct {
 	next    bucket.State // after Take
 	cas     uint32
 	corrupt bool
+
+	// For a slotted request: the slot key chosen, the owner to write, and
+	// how the slot was obtained.
+	key               string
+	owner             string
+	hasOwner          bool
+	takeover, collide bool
+}
+
+// value appends the stored form of s for this pending write.
+func (p *pending) value(dst []byte, s bucket.State) []byte {
+	if p.hasOwner {
+		return AppendSlotValue(dst, s, p.owner)
+	}
+	return AppendState(dst, s)
 }
 
 func (u *Updater) maxAttempts() int {
@@ -212,7 +242,12 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 		for i := range reqs {
 			p := &pend[i]
 			var err error
-			p.read, p.cas, p.corrupt, err = u.read(&reqs[i], now, &out)
+			if reqs[i].Slotted {
+				err = u.readSlot(&reqs[i], now, &out, p)
+			} else {
+				*p = pending{key: reqs[i].Key}
+				p.read, p.cas, p.corrupt, err = u.read(&reqs[i], now, &out)
+			}
 			if err != nil {
 				out.Err = err
 				return out
@@ -225,14 +260,16 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 		if rejected >= 0 {
 			u.reject(reqs, pend, now, &out)
 			out.Rejected = rejected
+			countSlots(pend, &out, false)
 			return out
 		}
 		k, err := u.commit(reqs, pend)
 		if err == nil {
 			out.Allowed = true
+			countSlots(pend, &out, true)
 			return out
 		}
-		if rerr := u.refund(reqs[:k], now, &out); rerr != nil {
+		if rerr := u.refund(reqs[:k], pend[:k], now, &out); rerr != nil {
 			out.Err = rerr
 			return out
 		}
@@ -279,22 +316,28 @@ func (u *Updater) read(r *Request, now float64, out *Outcome) (bucket.State, uin
 // the key now exists (or vanished again) and must be read.
 func (u *Updater) seed(r *Request, now float64, out *Outcome) error {
 	u.buf = AppendState(u.buf[:0], r.Limit.Full(now))
-	err := u.Store.Set(r.Key, u.buf, SeedCAS)
-	if !errors.Is(err, ErrCASMismatch) {
-		return err // nil: created
-	}
-	out.CASRetries++
-	if _, _, err = u.Store.Get(r.Key); !errors.Is(err, ErrNotFound) {
-		return err // nil: another worker created it
-	}
-	// Still missing: a host where a non-zero cas never creates a key, and
-	// cas 0 means "create if absent".
-	err = u.Store.Set(r.Key, u.buf, 0)
-	if errors.Is(err, ErrCASMismatch) {
-		out.CASRetries++
-		return nil // another worker created it
-	}
+	n, err := create(u.Store, r.Key, u.buf)
+	out.CASRetries += n
 	return err
+}
+
+// countSlots adds the slot events of the final attempt to out; takeovers
+// count only when they were written.
+func countSlots(pend []pending, out *Outcome, written bool) {
+	for i := range pend {
+		if pend[i].takeover && written {
+			out.Takeovers++
+			if i < 64 {
+				out.TakeoverMask |= 1 << i
+			}
+		}
+		if pend[i].collide {
+			out.Collisions++
+			if i < 64 {
+				out.CollidedMask |= 1 << i
+			}
+		}
+	}
 }
 
 // reject finishes a rejected attempt: it reports untouched token counts and
@@ -307,11 +350,11 @@ func (u *Updater) reject(reqs []Request, pend []pending, now float64, out *Outco
 		if !p.corrupt {
 			continue
 		}
-		u.buf = AppendState(u.buf[:0], refilled)
+		u.buf = p.value(u.buf[:0], refilled)
 		// The decision stands whatever happens to the repair: on a mismatch
 		// another worker has already replaced the value, and any other
 		// failure leaves the corrupt value to be repaired next time.
-		if err := u.Store.Set(reqs[i].Key, u.buf, p.cas); errors.Is(err, ErrCASMismatch) {
+		if err := u.Store.Set(p.key, u.buf, p.cas); errors.Is(err, ErrCASMismatch) {
 			out.CASRetries++
 		}
 	}
@@ -321,8 +364,8 @@ func (u *Updater) reject(reqs []Request, pend []pending, now float64, out *Outco
 // many were written before the first error.
 func (u *Updater) commit(reqs []Request, pend []pending) (int, error) {
 	for k := range reqs {
-		u.buf = AppendState(u.buf[:0], pend[k].next)
-		if err := u.Store.Set(reqs[k].Key, u.buf, pend[k].cas); err != nil {
+		u.buf = pend[k].value(u.buf[:0], pend[k].next)
+		if err := u.Store.Set(pend[k].key, u.buf, pend[k].cas); err != nil {
 			return k, err
 		}
 	}
@@ -330,27 +373,29 @@ func (u *Updater) commit(reqs []Request, pend []pending) (int, error) {
 }
 
 // refund gives back the cost of each request, already committed, each with
-// its own bounded get → Refund → compare-and-swap loop.
-func (u *Updater) refund(reqs []Request, now float64, out *Outcome) error {
+// its own bounded get → Refund → compare-and-swap loop. A slot keeps whatever
+// owner it has by then.
+func (u *Updater) refund(reqs []Request, pend []pending, now float64, out *Outcome) error {
 	for i := range reqs {
-		r := &reqs[i]
+		r, key := &reqs[i], pend[i].key
 		for tries := 0; ; tries++ {
 			if tries == u.maxAttempts() {
 				return ErrContention
 			}
-			v, cas, err := u.Store.Get(r.Key)
+			v, cas, err := u.Store.Get(key)
 			if errors.Is(err, ErrNotFound) {
 				break // evicted: it reads as a full bucket
 			}
 			if err != nil {
 				return err
 			}
-			s, perr := ParseState(v)
+			s, owner, hasOwner, perr := ParseSlotValue(v)
 			if perr != nil || s.Last > now+u.maxFuture() {
 				break // overwritten with garbage: it reads as a full bucket
 			}
-			u.buf = AppendState(u.buf[:0], r.Limit.Refund(s, now, r.Cost))
-			err = u.Store.Set(r.Key, u.buf, cas)
+			p := pending{owner: owner, hasOwner: hasOwner}
+			u.buf = p.value(u.buf[:0], r.Limit.Refund(s, now, r.Cost))
+			err = u.Store.Set(key, u.buf, cas)
 			if err == nil {
 				break
 			}
@@ -361,4 +406,105 @@ func (u *Updater) refund(reqs []Request, now float64, out *Outcome) error {
 		}
 	}
 	return nil
+}
+
+// slotRead is one candidate slot as read.
+type slotRead struct {
+	key      string
+	exists   bool
+	corrupt  bool
+	state    bucket.State
+	cas      uint32
+	owner    string
+	hasOwner bool
+}
+
+func (u *Updater) lookSlot(key string, now float64) (slotRead, error) {
+	v, cas, err := u.Store.Get(key)
+	if errors.Is(err, ErrNotFound) {
+		return slotRead{key: key}, nil
+	}
+	if err != nil {
+		return slotRead{}, err
+	}
+	s, owner, hasOwner, perr := ParseSlotValue(v)
+	sr := slotRead{key: key, exists: true, state: s, cas: cas, owner: owner, hasOwner: hasOwner}
+	sr.corrupt = perr != nil || s.Last > now+u.maxFuture()
+	return sr, nil
+}
+
+// mine reports whether the slot holds r's identity's bucket.
+func (s *slotRead) mine(r *Request) bool {
+	return s.exists && !s.corrupt && s.hasOwner && s.owner == r.Owner
+}
+
+// free reports whether r's identity may take the slot over: it is missing,
+// corrupt, or its bucket would be full by now.
+func (s *slotRead) free(r *Request, now float64) bool {
+	return !s.exists || s.corrupt || r.Limit.Refill(s.state, now).Tokens >= r.Limit.Burst
+}
+
+// readSlot fills p with the slot a slotted request takes from; see
+// "Bounded key space" in slots.go. A missing slot it chooses is seeded with
+// a full bucket owned by r.Owner, then both candidates are read again.
+func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) error {
+	for seeds := 0; ; seeds++ {
+		a, err := u.lookSlot(r.Key, now)
+		if err != nil {
+			return err
+		}
+		if a.mine(r) {
+			use(p, &a)
+			return nil
+		}
+		b := a
+		if r.Alt != "" {
+			if b, err = u.lookSlot(r.Alt, now); err != nil {
+				return err
+			}
+			if b.mine(r) {
+				use(p, &b)
+				return nil
+			}
+		}
+		var pick *slotRead
+		switch {
+		case a.free(r, now):
+			pick = &a
+		case b.free(r, now):
+			pick = &b
+		}
+		if pick == nil {
+			// A live collision: share the bucket with more tokens.
+			pick = &a
+			if r.Limit.Refill(b.state, now).Tokens > r.Limit.Refill(a.state, now).Tokens {
+				pick = &b
+			}
+			use(p, pick)
+			p.collide = true
+			return nil
+		}
+		if pick.exists {
+			*p = pending{read: r.Limit.Full(now), cas: pick.cas, corrupt: pick.corrupt,
+				key: pick.key, owner: r.Owner, hasOwner: true, takeover: true}
+			if pick.corrupt {
+				out.Corrupt++
+			}
+			return nil
+		}
+		if seeds == u.maxAttempts() {
+			return ErrContention
+		}
+		u.buf = AppendSlotValue(u.buf[:0], r.Limit.Full(now), r.Owner)
+		n, err := create(u.Store, pick.key, u.buf)
+		out.CASRetries += n
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// use fills p from a slot that is read as it is.
+func use(p *pending, s *slotRead) {
+	*p = pending{read: s.state, cas: s.cas, key: s.key, owner: s.owner, hasOwner: s.hasOwner}
 }

@@ -7,6 +7,7 @@ package abi_test
 
 import (
 	"encoding/base64"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +18,9 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // loadModule reads the built module; the test fails when it is missing.
@@ -104,7 +108,22 @@ func setIP(t *testing.T, host proxytest.HostEmulator, addr string) {
 	}
 }
 
-var storedFormat = regexp.MustCompile(`^[0-9]+\.[0-9]{6}:[0-9]{10}\.[0-9]{6}$`)
+var storedFormat = regexp.MustCompile(`^[0-9]+\.[0-9]{6}:[0-9]{10}\.[0-9]{6}:192\.0\.2\.7$`)
+
+// emulatorStore reads the emulator's shared data, for sharedstate.Lookup.
+type emulatorStore struct{}
+
+func (emulatorStore) Get(key string) ([]byte, uint32, error) {
+	v, cas, err := proxywasm.GetSharedData(key)
+	if errors.Is(err, types.ErrorStatusNotFound) {
+		return nil, 0, sharedstate.ErrNotFound
+	}
+	return v, cas, err
+}
+
+func (emulatorStore) Set(key string, value []byte, cas uint32) error {
+	return proxywasm.SetSharedData(key, value, cas)
+}
 
 const perIP = `{"name":"global-rps","limit_keys":["ip:address"],"algorithm":"token_bucket","algorithm_config":{"rps":5,"burst":10}}`
 
@@ -174,9 +193,12 @@ func TestWasmBurstThen429(t *testing.T) {
 	// The stored value: "{tokens}:{last_refill}", 6 decimals each, under
 	// tb:{rule}:{key}. Ten requests took 10 tokens while the clock moved
 	// about 9 ms, which refilled about 0.045 tokens.
-	v, _, err := proxywasm.GetSharedData("tb:global-rps:192.0.2.7")
+	key, v, err := sharedstate.Lookup(emulatorStore{}, false, "global-rps", "192.0.2.7", filter.DefaultMaxKeys)
 	if err != nil {
 		t.Fatalf("reading the bucket back: %v", err)
+	}
+	if !strings.HasPrefix(key, "tb:global-rps:$") {
+		t.Errorf("key: got %q, want tb:global-rps:$<slot>", key)
 	}
 	if !storedFormat.Match(v) {
 		t.Fatalf("stored value %q does not match %s", v, storedFormat)
@@ -204,7 +226,7 @@ func TestWasmIsolationBetweenIPs(t *testing.T) {
 	if r := do(t, host); r.status != 200 || r.headers["ratelimit-remaining"] != "9" {
 		t.Fatalf("second IP: got %d remaining %q, want 200 and 9", r.status, r.headers["ratelimit-remaining"])
 	}
-	if _, _, err := proxywasm.GetSharedData("tb:global-rps:2001:db8::5"); err != nil {
+	if _, _, err := sharedstate.Lookup(emulatorStore{}, false, "global-rps", "2001:db8::5", filter.DefaultMaxKeys); err != nil {
 		t.Errorf("IPv6 bucket: %v", err)
 	}
 }
@@ -260,7 +282,7 @@ func TestWasmJWTTiers(t *testing.T) {
 	if r.status != 200 || r.headers["ratelimit-limit"] != "2000" || r.headers["ratelimit"] != `"enterprise";r=1999;t=1` {
 		t.Errorf("enterprise: got %d %v", r.status, r.headers)
 	}
-	if _, _, err := proxywasm.GetSharedData("tb:free:u-1"); err != nil {
+	if _, _, err := sharedstate.Lookup(emulatorStore{}, false, "free", "u-1", filter.DefaultMaxKeys); err != nil {
 		t.Errorf("free bucket keyed by the JWT subject: %v", err)
 	}
 }
@@ -280,7 +302,7 @@ func TestWasmShadowMode(t *testing.T) {
 	if n, err := host.GetCounterMetric("tokengate.rule.obs-ip.shadow_rejected"); err != nil || n != 2 {
 		t.Errorf("shadow_rejected: got %d (%v), want 2", n, err)
 	}
-	if _, _, err := proxywasm.GetSharedData("shadow:tb:obs-ip:198.51.100.3"); err != nil {
+	if _, _, err := sharedstate.Lookup(emulatorStore{}, true, "obs-ip", "198.51.100.3", filter.DefaultMaxKeys); err != nil {
 		t.Errorf("shadow bucket: %v", err)
 	}
 }

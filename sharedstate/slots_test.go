@@ -1,0 +1,281 @@
+package sharedstate
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/tokengate/tokengate/bucket"
+)
+
+const slotSeed = 42
+
+var slotLimit = bucket.Limit{Rate: 1, Burst: 2}
+
+// slotReq is a one-token request of identity owner in a rule with n slots.
+func slotReq(owner string, n uint32) Request {
+	a, b := SlotPair(slotSeed, owner, n)
+	r := Request{Key: string(AppendSlotKey(nil, false, "r", a)), Limit: slotLimit, Cost: 1, Slotted: true, Owner: owner}
+	if n > 1 {
+		r.Alt = string(AppendSlotKey(nil, false, "r", b))
+	}
+	return r
+}
+
+func TestSlotPair(t *testing.T) {
+	for _, n := range []uint32{1, 2, 3, 1000} {
+		for i := 0; i < 1000; i++ {
+			owner := "10.0.0." + strconv.Itoa(i)
+			a, b := SlotPair(slotSeed, owner, n)
+			if a >= n || b >= n {
+				t.Fatalf("n=%d owner %s: slots %d, %d out of range", n, owner, a, b)
+			}
+			if n > 1 && a == b {
+				t.Fatalf("n=%d owner %s: both candidates are slot %d", n, owner, a)
+			}
+			if a2, b2 := SlotPair(slotSeed, owner, n); a2 != a || b2 != b {
+				t.Fatalf("n=%d owner %s: not deterministic", n, owner)
+			}
+		}
+	}
+	// Spread: 100,000 identities over 1,000 slots land 100 ± 50 per slot.
+	counts := make([]int, 1000)
+	same := 0
+	for i := 0; i < 100000; i++ {
+		owner := "id-" + strconv.Itoa(i)
+		a, _ := SlotPair(slotSeed, owner, 1000)
+		counts[a]++
+		if a2, _ := SlotPair(slotSeed+1, owner, 1000); a2 == a {
+			same++
+		}
+	}
+	for s, c := range counts {
+		if c < 50 || c > 150 {
+			t.Errorf("slot %d got %d of 100000 identities, want about 100", s, c)
+		}
+	}
+	// Another seed gives an unrelated layout (chance agreement is 1/1000).
+	if same > 300 {
+		t.Errorf("%d of 100000 identities keep their slot under another seed", same)
+	}
+}
+
+func TestSlotKeyAndValue(t *testing.T) {
+	if got, want := string(AppendSlotKey(nil, false, "per-ip", 4821)), "tb:per-ip:$4821"; got != want {
+		t.Errorf("slot key: got %q, want %q", got, want)
+	}
+	if got, want := string(AppendSlotKey(nil, true, "per-ip", 0)), "shadow:tb:per-ip:$0"; got != want {
+		t.Errorf("shadow slot key: got %q, want %q", got, want)
+	}
+	if got, want := string(AppendComposite(nil, []string{"2001:db8::1", "a|b"})), "2001:db8::1|a%7Cb"; got != want {
+		t.Errorf("composite: got %q, want %q", got, want)
+	}
+	tests := []struct {
+		input    string
+		tokens   float64
+		owner    string
+		hasOwner bool
+		wantErr  bool
+	}{
+		{"1.500000:1736940000.000000:10.0.0.1", 1.5, "10.0.0.1", true, false},
+		{"1.500000:1736940000.000000:2001:db8::1|k", 1.5, "2001:db8::1|k", true, false},
+		{"1.500000:1736940000.000000:", 1.5, "", true, false},
+		{"1.500000:1736940000.000000", 1.5, "", false, false},
+		{"abc:1736940000.000000:x", 0, "", true, true},
+		{"", 0, "", false, true},
+	}
+	for i, tc := range tests {
+		s, owner, hasOwner, err := ParseSlotValue([]byte(tc.input))
+		if (err != nil) != tc.wantErr || (err == nil && (s.Tokens != tc.tokens || owner != tc.owner || hasOwner != tc.hasOwner)) {
+			t.Errorf("step %d: ParseSlotValue(%q): got %v %q %v %v", i, tc.input, s.Tokens, owner, hasOwner, err)
+		}
+	}
+	v := AppendSlotValue(nil, bucket.State{Tokens: 2, Last: t0}, "10.0.0.1")
+	if got, want := string(v), "2.000000:1736940000.000000:10.0.0.1"; got != want {
+		t.Errorf("AppendSlotValue: got %q, want %q", got, want)
+	}
+}
+
+// sharing finds an identity other than x whose first candidate is x's.
+func sharing(t *testing.T, x string, n uint32) string {
+	t.Helper()
+	ax, _ := SlotPair(slotSeed, x, n)
+	for i := 0; i < 100000; i++ {
+		y := "y" + strconv.Itoa(i)
+		if a, _ := SlotPair(slotSeed, y, n); a == ax {
+			return y
+		}
+	}
+	t.Fatal("no identity shares the first slot")
+	return ""
+}
+
+func TestSlotsTakeAll(t *testing.T) {
+	forEachSemantics(t, func(t *testing.T, m *MemStore) {
+		u := &Updater{Store: m}
+		x := slotReq("X", 8)
+		out := take(u, t0, x)
+		if !out.Allowed || out.Results[0].Tokens != 1 {
+			t.Fatalf("first request: %+v", out)
+		}
+		if got, want := stored(t, m, x.Key), "1.000000:1736940000.000000:X"; got != want {
+			t.Fatalf("X's slot: got %q, want %q", got, want)
+		}
+		take(u, t0, x)
+		if out := take(u, t0, x); out.Allowed {
+			t.Fatal("X's third request in the same instant was allowed")
+		}
+
+		// Y's first candidate is X's slot, which is live: Y takes its other one.
+		y := slotReq(sharing(t, "X", 8), 8)
+		for i, want := range []bool{true, true, false} {
+			if out := take(u, t0, y); out.Allowed != want || out.Collisions != 0 {
+				t.Fatalf("Y request %d: got allowed %v collisions %d, want %v 0", i, out.Allowed, out.Collisions, want)
+			}
+		}
+		if got := stored(t, m, y.Alt); got != "0.000000:1736940000.000000:"+y.Owner {
+			t.Fatalf("Y's slot: got %q", got)
+		}
+		if got := stored(t, m, y.Key); got != "0.000000:1736940000.000000:X" {
+			t.Fatalf("X's slot after Y: got %q", got)
+		}
+
+		// Two seconds on, X's bucket is full again but Y's is only refilled
+		// to 2 as well; Y keeps using its own slot, never X's full one: drain
+		// Y in the same instant and the third is rejected.
+		now := t0 + 2
+		for i, want := range []bool{true, true, false} {
+			out := take(u, now, y)
+			if out.Allowed != want || out.Takeovers != 0 {
+				t.Fatalf("Y request %d at t0+2: got allowed %v takeovers %d, want %v 0", i, out.Allowed, out.Takeovers, want)
+			}
+		}
+		if got := stored(t, m, y.Key); got != "0.000000:1736940000.000000:X" {
+			t.Errorf("Y touched X's slot: %q", got)
+		}
+
+		// A new identity Z whose candidates are X's idle (full-by-now) slot
+		// takes it over; X, coming back, starts from a full bucket elsewhere.
+		now += 5
+		var z Request
+		for i := 0; ; i++ {
+			z = slotReq("z"+strconv.Itoa(i), 8)
+			if z.Key == x.Key && z.Alt != y.Alt {
+				break
+			}
+		}
+		out = take(u, now, z)
+		if !out.Allowed || out.Takeovers != 1 {
+			t.Fatalf("Z: got %+v, want allowed with one takeover", out)
+		}
+		if got, want := stored(t, m, x.Key), "1.000000:1736940007.000000:"+z.Owner; got != want {
+			t.Fatalf("taken-over slot: got %q, want %q", got, want)
+		}
+		if out := take(u, now, x); !out.Allowed || out.Results[0].Tokens != 1 {
+			t.Fatalf("X after losing its idle slot: got %+v, want a full bucket", out)
+		}
+	})
+}
+
+func TestSlotsLiveCollisionShares(t *testing.T) {
+	forEachSemantics(t, func(t *testing.T, m *MemStore) {
+		u := &Updater{Store: m}
+		a, b, c := slotReq("A", 2), slotReq("B", 2), slotReq("C", 2)
+		lim := bucket.Limit{Rate: 1, Burst: 4}
+		a.Limit, b.Limit, c.Limit = lim, lim, lim
+		take(u, t0, a)
+		take(u, t0, a)
+		take(u, t0, b) // A has 2 tokens left, B 3
+		out := take(u, t0, c)
+		if !out.Allowed || out.Collisions != 1 || out.CollidedMask != 1 {
+			t.Fatalf("C: got %+v, want allowed, sharing one live slot", out)
+		}
+		if m.Len() != 2 {
+			t.Errorf("keys: got %d, want the 2 slots", m.Len())
+		}
+		bKey := b.Key
+		if stored(t, m, bKey) == "" || !contains(stored(t, m, b.Key), ":B") {
+			bKey = b.Alt
+		}
+		if got, want := stored(t, m, bKey), "2.000000:1736940000.000000:B"; got != want {
+			t.Errorf("C shared B's fuller bucket, which keeps its owner: got %q, want %q", got, want)
+		}
+	})
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+func TestSlotsCorruptAndLegacy(t *testing.T) {
+	forEachSemantics(t, func(t *testing.T, m *MemStore) {
+		u := &Updater{Store: m}
+		x := slotReq("X", 8)
+		put(t, m, x.Key, "garbage")
+		out := take(u, t0, x)
+		if !out.Allowed || out.Corrupt != 1 || out.Takeovers != 1 {
+			t.Fatalf("corrupt slot: got %+v, want taken over", out)
+		}
+		if got, want := stored(t, m, x.Key), "1.000000:1736940000.000000:X"; got != want {
+			t.Errorf("repaired slot: got %q, want %q", got, want)
+		}
+		// A live value in the unbounded format belongs to nobody we know:
+		// the request goes to the other candidate.
+		y := slotReq("Y", 8)
+		put(t, m, y.Key, enc(0, t0))
+		if out := take(u, t0, y); !out.Allowed || out.Takeovers != 0 {
+			t.Fatalf("legacy live value: got %+v", out)
+		}
+		if got := stored(t, m, y.Key); got != enc(0, t0) {
+			t.Errorf("legacy value changed: %q", got)
+		}
+		if got := stored(t, m, y.Alt); got != "1.000000:1736940000.000000:Y" {
+			t.Errorf("Y's other slot: %q", got)
+		}
+	})
+}
+
+func TestSlotsBoundHoldsUnderSpray(t *testing.T) {
+	m := NewMemStore(Envoy)
+	u := &Updater{Store: m}
+	const n = 256
+	hot := slotReq("hot", n)
+	hot.Limit = bucket.Limit{Rate: 10, Burst: 10}
+	admitted := 0
+	now := t0
+	for i := 0; i < 200000; i++ {
+		now += 0.001 // 1000 sprayed identities a second, each live for 1 s
+		r := slotReq("spray-"+strconv.Itoa(i), n)
+		take(u, now, r)
+		if i%10 == 0 { // the hot client asks 100 times a second
+			if out := take(u, now, hot); out.Allowed {
+				admitted++
+			}
+		}
+	}
+	if m.Len() > n {
+		t.Errorf("keys: got %d, want at most %d", m.Len(), n)
+	}
+	elapsed := now - t0
+	upper := hot.Limit.Burst + hot.Limit.Rate*elapsed
+	if float64(admitted) > upper || float64(admitted) < upper-1-0.02*upper {
+		t.Errorf("hot client admitted %d, want about %.0f (burst + rate × %.0f s)", admitted, upper, elapsed)
+	}
+}
+
+func TestLoadOrCreate(t *testing.T) {
+	forEachSemantics(t, func(t *testing.T, m *MemStore) {
+		v, err := LoadOrCreate(m, "seed", []byte("first"))
+		if err != nil || string(v) != "first" {
+			t.Fatalf("create: got %q %v", v, err)
+		}
+		v, err = LoadOrCreate(m, "seed", []byte("second"))
+		if err != nil || string(v) != "first" {
+			t.Fatalf("load: got %q %v, want the first value kept", v, err)
+		}
+	})
+}
