@@ -1,0 +1,99 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+// adminHandler serves the admin endpoints of a running host.
+func adminHandler(h *host.Host) http.Handler {
+	mux := http.NewServeMux()
+	stats := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_ = host.WritePrometheus(w, h.Metrics())
+	}
+	mux.HandleFunc("GET /stats", stats)
+	mux.HandleFunc("GET /stats/prometheus", stats)
+	mux.HandleFunc("GET /shared_data", func(w http.ResponseWriter, _ *http.Request) {
+		ms, ok := sharedStore(h.Store())
+		if !ok {
+			http.Error(w, "the store cannot be listed", http.StatusNotImplemented)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_ = writeSharedData(w, ms.Snapshot(""), ms.Bytes())
+	})
+	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "LIVE\n")
+	})
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "tokengate-local admin: /stats /stats/prometheus /shared_data /ready\n")
+	})
+	return mux
+}
+
+// sharedStore finds the MemStore under any FaultStore wrappers.
+func sharedStore(s sharedstate.Store) (*sharedstate.MemStore, bool) {
+	for {
+		switch v := s.(type) {
+		case *sharedstate.MemStore:
+			return v, true
+		case *sharedstate.FaultStore:
+			s = v.Store
+		default:
+			return nil, false
+		}
+	}
+}
+
+// writeSharedData writes one line per key: the key, its cas and its value,
+// quoted as Go strings so binary values stay on one line.
+func writeSharedData(w io.Writer, entries []sharedstate.Entry, bytes int) error {
+	if _, err := fmt.Fprintf(w, "# %d keys, %d bytes of keys and values\n", len(entries), bytes); err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if _, err := fmt.Fprintf(w, "%s cas=%d value=%s\n", strconv.Quote(e.Key), e.CAS, strconv.Quote(e.Value)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ruleNames lists the rule names in a plugin configuration, whichever
+// layout it uses: policies[].spec.rules[].name, rules[].name, or a single
+// top-level name.
+func ruleNames(cfg []byte) ([]string, error) {
+	if len(cfg) == 0 {
+		return nil, errors.New("(empty configuration)")
+	}
+	if !gjson.ValidBytes(cfg) {
+		return nil, errors.New("(configuration is not valid JSON)")
+	}
+	var names []string
+	add := func(r gjson.Result) {
+		if r.Type == gjson.String {
+			names = append(names, r.Str)
+		}
+	}
+	for _, p := range gjson.GetBytes(cfg, "policies.#.spec.rules.#.name").Array() {
+		for _, n := range p.Array() {
+			add(n)
+		}
+	}
+	for _, n := range gjson.GetBytes(cfg, "rules.#.name").Array() {
+		add(n)
+	}
+	if len(names) == 0 {
+		add(gjson.GetBytes(cfg, "name"))
+	}
+	return names, nil
+}

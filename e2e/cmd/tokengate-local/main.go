@@ -1,0 +1,212 @@
+// Command tokengate-local serves HTTP through the tokengate filter on a local
+// proxy-wasm host (wazero), with the plugin configuration of envoy.yaml, so
+// a configuration can be tried without Envoy. It is what `make run` starts.
+//
+//	tokengate-local [-wasm build/tokengate.wasm] [-envoy envoy.yaml | -config rules.json]
+//	                [-listen 127.0.0.1:10000] [-admin 127.0.0.1:10001] [-workers N]
+//	                [-upstream URL] [-kong] [-log-level info]
+//
+// Requests to -listen go through the filter to an embedded echo upstream (or
+// -upstream). The admin listener serves /stats and /stats/prometheus (the
+// filter's metrics in Prometheus text format), /shared_data (the shared-data
+// store) and /ready. SIGINT or SIGTERM shuts down cleanly.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tokengate/tokengate/e2e/envoyconf"
+	"github.com/tokengate/tokengate/e2e/host"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "tokengate-local:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// settings are the parsed flags.
+type settings struct {
+	wasm, envoy, config, plugin string
+	listen, admin, upstream     string
+	workers                     int
+	kong                        bool
+	logLevel                    string
+}
+
+func parseFlags(args []string, stderr io.Writer) (settings, error) {
+	var s settings
+	fs := flag.NewFlagSet("tokengate-local", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&s.wasm, "wasm", "build/tokengate.wasm", "the filter module (`make build` writes it)")
+	fs.StringVar(&s.envoy, "envoy", "envoy.yaml", "Envoy bootstrap to take the wasm filter's configuration from")
+	fs.StringVar(&s.config, "config", "", "plugin configuration JSON file to use instead of -envoy")
+	fs.StringVar(&s.plugin, "plugin", "", "config.name of the wasm filter in -envoy, when it has several")
+	fs.StringVar(&s.listen, "listen", "127.0.0.1:10000", "address to serve HTTP through the filter on")
+	fs.StringVar(&s.admin, "admin", "127.0.0.1:10001", "admin address (/stats, /shared_data, /ready); empty to disable")
+	fs.IntVar(&s.workers, "workers", 0, "worker VMs (default: number of CPUs, at least 2)")
+	fs.StringVar(&s.upstream, "upstream", "", "forward allowed requests to this URL instead of the embedded echo upstream")
+	fs.BoolVar(&s.kong, "kong", false, "emulate Kong ngx_wasm_module (CAS semantics, properties) instead of Envoy")
+	fs.StringVar(&s.logLevel, "log-level", "info", "lowest filter log level printed: trace, debug, info, warning, error, critical")
+	if err := fs.Parse(args); err != nil {
+		return s, err
+	}
+	if fs.NArg() > 0 {
+		return s, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return s, nil
+}
+
+func parseLevel(s string) (host.LogLevel, error) {
+	for l := host.LogTrace; l <= host.LogCritical; l++ {
+		if s == l.String() || (s == "warn" && l == host.LogWarn) {
+			return l, nil
+		}
+	}
+	return 0, fmt.Errorf("-log-level: unknown level %q", s)
+}
+
+// loadPlugin returns the host options the configuration source describes
+// and a one-line description of where they came from.
+func loadPlugin(s settings) (host.Options, string, error) {
+	var opts host.Options
+	if s.config != "" {
+		cfg, err := os.ReadFile(s.config)
+		if err != nil {
+			return opts, "", err
+		}
+		opts.PluginConfig = cfg
+		opts.PluginName = s.plugin
+		return opts, s.config, nil
+	}
+	doc, err := os.ReadFile(s.envoy)
+	if err != nil {
+		return opts, "", fmt.Errorf("%w (or pass -config file.json)", err)
+	}
+	p, err := envoyconf.Find(doc, s.plugin)
+	if err != nil {
+		return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+	}
+	opts.PluginConfig, opts.VMConfig = p.Configuration, p.VMConfiguration
+	opts.PluginName, opts.RootID, opts.VMID = p.Name, p.RootID, p.VMID
+	return opts, s.envoy + " (" + p.Path + ")", nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	s, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	level, err := parseLevel(s.logLevel)
+	if err != nil {
+		return err
+	}
+	opts, source, err := loadPlugin(s)
+	if err != nil {
+		return err
+	}
+	opts.Wasm, err = os.ReadFile(s.wasm)
+	if err != nil {
+		return fmt.Errorf("%w (run `make build` first)", err)
+	}
+	opts.Workers, opts.Kong, opts.MinLogLevel = s.workers, s.kong, level
+	opts.LogSink = func(l host.LogLevel, msg string) { fmt.Fprintf(stderr, "[%s] %s\n", l, msg) }
+	upstream := "embedded echo"
+	if s.upstream != "" {
+		u, err := url.Parse(s.upstream)
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			return fmt.Errorf("-upstream: want an absolute URL like http://127.0.0.1:8080, got %q", s.upstream)
+		}
+		opts.Upstream, upstream = host.ProxyTo(u), u.String()
+	}
+
+	h, err := host.New(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer h.Close(context.Background())
+
+	ln, err := net.Listen("tcp", s.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	servers := []*http.Server{srv}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+
+	mode := "Envoy"
+	if s.kong {
+		mode = "Kong ngx_wasm_module"
+	}
+	name := opts.PluginName
+	if name == "" {
+		name = "tokengate"
+	}
+	fmt.Fprintf(stdout, "tokengate-local: plugin %q from %s\n", name, source)
+	fmt.Fprintf(stdout, "  rules: %s\n", describeRules(opts.PluginConfig))
+	fmt.Fprintf(stdout, "  %d worker VMs, %s semantics, upstream: %s\n", h.Workers(), mode, upstream)
+	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
+
+	if s.admin != "" {
+		aln, err := net.Listen("tcp", s.admin)
+		if err != nil {
+			_ = srv.Close()
+			return fmt.Errorf("-admin: %w", err)
+		}
+		asrv := &http.Server{Handler: adminHandler(h), ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, asrv)
+		go func() { errc <- asrv.Serve(aln) }()
+		fmt.Fprintf(stdout, "metrics: http://%s/stats (Prometheus text), shared data: http://%s/shared_data\n", aln.Addr(), aln.Addr())
+	}
+	fmt.Fprintln(stdout, "Ctrl-C to stop.")
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	fmt.Fprintln(stdout, "tokengate-local: shutting down")
+	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, srv := range servers {
+		if err := srv.Shutdown(shutCtx); err != nil && serveErr == nil {
+			serveErr = err
+		}
+	}
+	if err := h.Close(shutCtx); err != nil && serveErr == nil {
+		serveErr = err
+	}
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		serveErr = nil
+	}
+	return serveErr
+}
+
+func describeRules(cfg []byte) string {
+	names, err := ruleNames(cfg)
+	if err != nil {
+		return err.Error()
+	}
+	if len(names) == 0 {
+		return "(no named rules)"
+	}
+	return fmt.Sprintf("%d: %s", len(names), strings.Join(names, ", "))
+}

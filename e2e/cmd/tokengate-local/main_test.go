@@ -1,0 +1,89 @@
+package main
+
+import (
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+func TestRuleNames(t *testing.T) {
+	tests := []struct {
+		name        string
+		input       string
+		expected    []string
+		expectedErr string
+	}{
+		{name: "policies", input: `{"policies":[{"spec":{"rules":[{"name":"a"},{"name":"b"}]}},{"spec":{"rules":[{"name":"c"}]}}]}`,
+			expected: []string{"a", "b", "c"}},
+		{name: "rules", input: `{"rules":[{"name":"per-ip"},{"name":7},{"x":1}]}`, expected: []string{"per-ip"}},
+		{name: "single", input: `{"name":"only","tokens_per_second":5}`, expected: []string{"only"}},
+		{name: "none", input: `{"tokens_per_second":5}`, expected: nil},
+		{name: "empty", input: ``, expectedErr: "(empty configuration)"},
+		{name: "not json", input: `{"rules":`, expectedErr: "(configuration is not valid JSON)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ruleNames([]byte(tc.input))
+			if tc.expectedErr != "" {
+				if err == nil || err.Error() != tc.expectedErr {
+					t.Fatalf("got error %v, want %q", err, tc.expectedErr)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.expected) {
+				t.Errorf("got %q, %v; want %q", got, err, tc.expected)
+			}
+		})
+	}
+}
+
+func TestWriteSharedData(t *testing.T) {
+	var b strings.Builder
+	err := writeSharedData(&b, []sharedstate.Entry{{Key: "tg:a", Value: "4.5:1700000000", CAS: 3}, {Key: "tg:b", Value: "\x00\n", CAS: 9}}, 42)
+	want := "# 2 keys, 42 bytes of keys and values\n" +
+		`"tg:a" cas=3 value="4.5:1700000000"` + "\n" +
+		`"tg:b" cas=9 value="\x00\n"` + "\n"
+	if err != nil || b.String() != want {
+		t.Errorf("got %q, %v\nwant %q", b.String(), err, want)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name        string
+		args        []string
+		expected    settings
+		expectedErr string
+	}{
+		{name: "defaults", expected: settings{wasm: "build/tokengate.wasm", envoy: "envoy.yaml", listen: "127.0.0.1:10000",
+			admin: "127.0.0.1:10001", logLevel: "info"}},
+		{name: "all", args: []string{"-wasm", "x.wasm", "-config", "c.json", "-listen", ":0", "-admin", "", "-workers", "4",
+			"-upstream", "http://u", "-kong", "-log-level", "debug", "-plugin", "p"},
+			expected: settings{wasm: "x.wasm", envoy: "envoy.yaml", config: "c.json", plugin: "p", listen: ":0", admin: "",
+				upstream: "http://u", workers: 4, kong: true, logLevel: "debug"}},
+		{name: "stray argument", args: []string{"extra"}, expectedErr: `unexpected arguments: ["extra"]`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseFlags(tc.args, io.Discard)
+			if tc.expectedErr != "" {
+				if err == nil || err.Error() != tc.expectedErr {
+					t.Fatalf("got error %v, want %q", err, tc.expectedErr)
+				}
+				return
+			}
+			if err != nil || got != tc.expected {
+				t.Errorf("got %+v, %v\nwant %+v", got, err, tc.expected)
+			}
+		})
+	}
+	if _, err := parseLevel("warn"); err != nil {
+		t.Errorf("parseLevel(warn): %v", err)
+	}
+	if _, err := parseLevel("loud"); err == nil || err.Error() != `-log-level: unknown level "loud"` {
+		t.Errorf("parseLevel(loud): %v", err)
+	}
+}

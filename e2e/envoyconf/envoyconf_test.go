@@ -1,0 +1,123 @@
+package envoyconf
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+const bootstrap = `
+static_resources:
+  listeners:
+  - name: main
+    address:
+      socket_address: { address: 0.0.0.0, port_value: 10000 }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: tokengate
+                root_id: tokengate_root
+                failure_policy: FAIL_CLOSED
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: |
+                    {"rules": [{"name": "per-ip", "tokens_per_second": 5}]}
+                vm_config:
+                  vm_id: tokengate_vm
+                  runtime: envoy.wasm.runtime.v8
+                  configuration:
+                    "@type": type.googleapis.com/google.protobuf.BytesValue
+                    value: dm0tY29uZmln
+                  code:
+                    local:
+                      filename: build/tokengate.wasm
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+`
+
+func TestFind(t *testing.T) {
+	second := strings.Replace(bootstrap, "- name: envoy.filters.http.router", `- name: other
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: other
+                fail_open: true
+          - name: envoy.filters.http.router`, 1)
+	tests := []struct {
+		name        string
+		doc         string
+		plugin      string
+		expected    Plugin
+		expectedErr string
+	}{
+		{
+			name: "the only wasm filter",
+			doc:  bootstrap,
+			expected: Plugin{
+				Path: "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config",
+				Name: "tokengate", RootID: "tokengate_root", VMID: "tokengate_vm",
+				Configuration:   []byte(`{"rules": [{"name": "per-ip", "tokens_per_second": 5}]}` + "\n"),
+				VMConfiguration: []byte("vm-config"),
+				WasmFile:        "build/tokengate.wasm",
+				FailurePolicy:   "FAIL_CLOSED",
+			},
+		},
+		{
+			name:   "by name, deprecated fail_open",
+			doc:    second,
+			plugin: "other",
+			expected: Plugin{
+				Path: "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[1].typed_config",
+				Name: "other", FailurePolicy: "FAIL_OPEN",
+			},
+		},
+		{name: "two without a name", doc: second, expectedErr: `envoyconf: 2 wasm filters ("tokengate", "other"); choose one by name`},
+		{name: "unknown name", doc: bootstrap, plugin: "x", expectedErr: `envoyconf: no wasm filter named "x" (have "tokengate")`},
+		{name: "none", doc: "admin: {}\n", expectedErr: "envoyconf: no HTTP filter with typed_config @type " + WasmFilterType},
+		{name: "not yaml", doc: "a: [", expectedErr: "envoyconf: parsing YAML:"},
+		{
+			name:        "struct configuration",
+			doc:         strings.Replace(bootstrap, "google.protobuf.StringValue", "google.protobuf.Struct", 1),
+			expectedErr: `.config.configuration.@type: "type.googleapis.com/google.protobuf.Struct" is not supported`,
+		},
+		{
+			name:        "wrong type",
+			doc:         strings.Replace(bootstrap, "root_id: tokengate_root", "root_id: [1]", 1),
+			expectedErr: ".config.root_id: want a string, got a list",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Find([]byte(tc.doc), tc.plugin)
+			if tc.expectedErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.expectedErr) {
+					t.Fatalf("got error %v, want one containing %q", err, tc.expectedErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.expected) {
+				t.Errorf("got  %+v\nwant %+v", got, tc.expected)
+			}
+		})
+	}
+}
+
+func FuzzPlugins(f *testing.F) {
+	f.Add([]byte(bootstrap))
+	f.Add([]byte(`{"@type": "` + WasmFilterType + `", "config": {"configuration": 3}}`))
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		_, _ = Plugins(doc) // must not panic
+	})
+}

@@ -1,0 +1,144 @@
+package host
+
+import (
+	"encoding/binary"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// property returns the value of a property path (segments separated by
+// NUL, as the SDKs serialize them) and whether it exists.
+//
+// Envoy mode, strings as raw bytes and integers as 8-byte little-endian:
+// source.address ("ip:port", "[v6]:port"), source.port, destination.address,
+// destination.port, request.path (with query), request.url_path,
+// request.host, request.method, request.scheme, request.id,
+// request.protocol, response.code (in the response and log callbacks),
+// plugin_name, plugin_root_id, plugin_vm_id, then anything the filter set
+// with proxy_set_property. Kong mode: source.address without the port and
+// integers as decimal strings, as ngx_wasm_module answers.
+func (w *worker) property(path string) ([]byte, bool) {
+	h := w.h
+	switch path {
+	case "plugin_name":
+		return []byte(h.opts.PluginName), true
+	case "plugin_root_id":
+		return []byte(h.opts.RootID), true
+	case "plugin_vm_id":
+		return []byte(h.opts.VMID), true
+	}
+	// Segments are NUL-separated; "source.address" as one segment is not
+	// source.address (Envoy looks up the first segment as a token).
+	name := strings.ReplaceAll(path, "\x00", ".")
+	if s := w.cur; s != nil && !strings.Contains(path, ".") {
+		if v, ok := s.builtin(name, h.opts.Kong); ok {
+			return v, true
+		}
+	}
+	v, ok := w.props()[path]
+	return v, ok
+}
+
+// props returns the proxy_set_property values of the running context.
+func (w *worker) props() map[string][]byte {
+	if w.cur != nil {
+		if w.cur.props == nil {
+			w.cur.props = make(map[string][]byte)
+		}
+		return w.cur.props
+	}
+	if w.rootProps == nil {
+		w.rootProps = make(map[string][]byte)
+	}
+	return w.rootProps
+}
+
+func (w *worker) setProperty(path string, value []byte) {
+	w.props()[path] = value
+}
+
+// builtin answers the stream properties.
+func (s *stream) builtin(name string, kong bool) ([]byte, bool) {
+	str := func(v string) ([]byte, bool) { return []byte(v), true }
+	num := func(n int64) ([]byte, bool) {
+		if kong {
+			return []byte(strconv.FormatInt(n, 10)), true
+		}
+		b := make([]byte, 8)
+		binary.LittleEndian.PutUint64(b, uint64(n))
+		return b, true
+	}
+	addr := func(hostport string) ([]byte, bool) {
+		if hostport == "" {
+			return nil, false
+		}
+		if kong {
+			host, _, err := net.SplitHostPort(hostport)
+			if err != nil {
+				return str(hostport)
+			}
+			return str(host)
+		}
+		return str(hostport)
+	}
+	port := func(hostport string) ([]byte, bool) {
+		_, p, err := net.SplitHostPort(hostport)
+		if err != nil {
+			return nil, false
+		}
+		n, err := strconv.ParseInt(p, 10, 64)
+		if err != nil {
+			return nil, false
+		}
+		return num(n)
+	}
+	header := func(m *headerMap, k string) ([]byte, bool) {
+		v, ok := m.get(k)
+		if !ok {
+			return nil, false
+		}
+		return str(v)
+	}
+	switch name {
+	case "source.address":
+		return addr(s.remoteAddr)
+	case "source.port":
+		return port(s.remoteAddr)
+	case "destination.address":
+		return addr(s.localAddr)
+	case "destination.port":
+		return port(s.localAddr)
+	case "request.path":
+		return header(&s.req, ":path")
+	case "request.url_path":
+		p, ok := s.req.get(":path")
+		if !ok {
+			return nil, false
+		}
+		if i := strings.IndexByte(p, '?'); i >= 0 {
+			p = p[:i]
+		}
+		return str(p)
+	case "request.host":
+		return header(&s.req, ":authority")
+	case "request.method":
+		return header(&s.req, ":method")
+	case "request.scheme":
+		return header(&s.req, ":scheme")
+	case "request.id":
+		return header(&s.req, "x-request-id")
+	case "request.protocol":
+		return str(s.protocol)
+	case "response.code":
+		if s.phase < phaseResponseHeaders {
+			return nil, false
+		}
+		c, err := strconv.ParseInt(mustGet(&s.resp, ":status"), 10, 64)
+		if err != nil {
+			return nil, false
+		}
+		return num(c)
+	}
+	return nil, false
+}
