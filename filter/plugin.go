@@ -28,7 +28,15 @@ type Plugin struct {
 	enforce, shadow group
 	keyBuf          []byte
 	vals            []string
+
+	// warn limits warn-level lines on the request path so that a store
+	// outage cannot flood the proxy's log; see warnf.
+	warn       bucket.State
+	suppressed int
 }
+
+// warnLimit allows 10 warn lines a second per worker, in bursts of 20.
+var warnLimit = bucket.Limit{Rate: 10, Burst: 20}
 
 // group is the set of buckets one request takes from in one mode.
 type group struct {
@@ -217,6 +225,29 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 	return true
 }
 
+// warnf logs a request-path warning, at most warnLimit lines a second; the
+// next line that gets through says how many were suppressed.
+func (p *Plugin) warnf(now float64, msg string) {
+	var res bucket.Result
+	p.warn, res = warnLimit.Take(p.warn, now, 1)
+	if !res.Allowed {
+		p.suppressed++
+		return
+	}
+	if p.suppressed > 0 {
+		msg += " suppressed=" + strconv.Itoa(p.suppressed)
+		p.suppressed = 0
+	}
+	p.host.Log(LogWarn, "tokengate: "+msg)
+}
+
+// failures logs one line per rule of a group whose update failed.
+func (p *Plugin) failures(g *group, now float64, event string, err error) {
+	for i, r := range g.rules {
+		p.warnf(now, "event="+event+" rule="+r.Name+" key=#"+reqHash(&g.reqs[i])+" reason="+strconv.Quote(err.Error()))
+	}
+}
+
 func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 	if cap(g.res) < len(g.reqs) {
 		g.res = make([]bucket.Result, len(g.reqs))
@@ -225,7 +256,7 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 	out := p.upd.TakeAll(g.reqs, now, g.res)
 	p.metrics.corrupt.inc(p.host, int64(out.Corrupt))
 	if out.Corrupt > 0 {
-		p.host.Log(LogWarn, "tokengate: replaced "+strconv.Itoa(out.Corrupt)+" corrupt stored value(s) with a full bucket, rules="+ruleNames(g.rules))
+		p.warnf(now, "event=corrupt_state rules="+ruleNames(g.rules)+" count="+strconv.Itoa(out.Corrupt)+" action=replaced_with_full_bucket")
 	}
 	for i, r := range g.rules {
 		r.metrics.casRetries.inc(p.host, int64(out.CASRetries))
@@ -249,7 +280,7 @@ func (p *Plugin) observe(req *request, now float64) {
 		for _, r := range g.rules {
 			r.metrics.failOpen.inc(p.host, 1)
 		}
-		p.host.Log(LogWarn, "tokengate: shadow fail open rules="+ruleNames(g.rules)+" reason="+out.Err.Error())
+		p.failures(g, now, "shadow_fail_open", out.Err)
 	case out.Allowed:
 		for _, r := range g.rules {
 			r.metrics.allowed.inc(p.host, 1)
@@ -261,7 +292,7 @@ func (p *Plugin) observe(req *request, now float64) {
 				r.metrics.shadowRejected.inc(p.host, 1)
 			}
 		}
-		p.host.Log(LogDebug, "tokengate: shadow would reject "+describe(g, i))
+		p.host.Log(LogDebug, "tokengate: event=shadow_rejected "+describe(g, i, 0))
 	}
 }
 
@@ -284,10 +315,10 @@ func (s *Stream) decide(req *request, now float64) Action {
 			}
 		}
 		if !deny {
-			p.host.Log(LogWarn, "tokengate: fail open rules="+ruleNames(g.rules)+" reason="+out.Err.Error())
+			p.failures(g, now, "fail_open", out.Err)
 			return Continue
 		}
-		p.host.Log(LogWarn, "tokengate: store error, denying rules="+ruleNames(g.rules)+" reason="+out.Err.Error())
+		p.failures(g, now, "store_denied", out.Err)
 		s.sendStoreDenied(req, g.rules[0])
 		return Pause
 	case out.Allowed:
@@ -307,8 +338,12 @@ func (s *Stream) decide(req *request, now float64) Action {
 			r.metrics.rejected.inc(p.host, 1)
 		}
 	}
-	p.host.Log(LogDebug, "tokengate: rejected "+describe(g, i))
-	s.sendRejection(req, g.rules[i], g.res[i])
+	retry := int64(0)
+	if reasonOf(g.res[i]) == ReasonExceeded {
+		retry = RetryAfter(g.res[i].RetryAfter, req.identity())
+	}
+	p.host.Log(LogDebug, "tokengate: event=rejected "+describe(g, i, retry))
+	s.sendRejection(req, g.rules[i], g.res[i], retry)
 	return Pause
 }
 
@@ -327,11 +362,20 @@ func worst(res []bucket.Result) int {
 }
 
 // describe is the log text for a rejection: rule, a hash of the key (never
-// the raw API key or token), tokens and cost.
-func describe(g *group, i int) string {
-	return "rule=" + g.rules[i].Name + " key=#" + keyHash(g.reqs[i].Key+"\x00"+g.reqs[i].Owner) +
+// the raw API key or token), tokens, cost, Retry-After (0: none) and reason.
+func describe(g *group, i int, retry int64) string {
+	return "rule=" + g.rules[i].Name + " key=#" + reqHash(&g.reqs[i]) +
 		" tokens=" + strconv.FormatFloat(g.res[i].Tokens, 'f', 3, 64) +
-		" cost=" + num(g.reqs[i].Cost) + " reason=" + reasonOf(g.res[i])
+		" cost=" + num(g.reqs[i].Cost) + " retry_after=" + strconv.FormatInt(retry, 10) +
+		" reason=" + reasonOf(g.res[i])
+}
+
+// reqHash identifies a bucket's identity in logs without revealing it.
+func reqHash(r *sharedstate.Request) string {
+	if r.Slotted {
+		return keyHash(r.Owner)
+	}
+	return keyHash(r.Key)
 }
 
 func ruleNames(rules []*Rule) string {

@@ -45,15 +45,14 @@ func RetryAfter(wait float64, identity string) int64 {
 }
 
 // sendRejection sends the 429 (or gRPC RESOURCE_EXHAUSTED) local reply for
-// rule r whose bucket answered res.
-func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result) {
+// rule r whose bucket answered res; retry is the Retry-After seconds, 0 for
+// none.
+func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result, retry int64) {
 	q := quotaOf(r, res.Tokens)
 	q.remaining = 0
 	reason := reasonOf(res)
 	headers := make([][2]string, 0, 9)
-	retry := int64(0)
-	if reason == ReasonExceeded {
-		retry = RetryAfter(res.RetryAfter, req.identity())
+	if retry > 0 {
 		headers = append(headers, [2]string{"retry-after", strconv.FormatInt(retry, 10)})
 	}
 	headers = append(headers,

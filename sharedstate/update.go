@@ -112,9 +112,10 @@ type Outcome struct {
 //     read again. A value that does not parse, or whose last_refill is more
 //     than MaxFuture after now, is corrupt and treated as a full bucket.
 //  2. Decide each request with bucket.Limit.Take on the value read.
-//  3. If any bucket lacks tokens, write nothing except the full-bucket
-//     repair of corrupt values (with the cas read; a failure is ignored) and
-//     return Rejected = the first such index.
+//  3. If any bucket lacks tokens, write nothing except repairs (with the
+//     cas read; a failure is ignored): the full bucket replacing a corrupt
+//     value, and the refilled state of a bucket re-anchored after the clock
+//     stepped back; return Rejected = the first such index.
 //  4. Otherwise Set each new state with the cas read for it. If the k-th
 //     Set is a CAS mismatch, refund the k buckets already written and start
 //     a new attempt; if it fails otherwise, refund them and return the
@@ -347,7 +348,11 @@ func (u *Updater) reject(reqs []Request, pend []pending, now float64, out *Outco
 		p := &pend[i]
 		refilled := reqs[i].Limit.Refill(p.read, now)
 		out.Results[i].Tokens = refilled.Tokens
-		if !p.corrupt {
+		// A corrupt value is repaired, and a bucket whose last refill lies
+		// beyond the clock (stepped back by more than bucket.MaxClockSkew)
+		// is stored re-anchored at now: otherwise an empty bucket would
+		// stay empty until the clock caught up with the old time.
+		if !p.corrupt && refilled.Last >= p.read.Last {
 			continue
 		}
 		u.buf = p.value(u.buf[:0], refilled)

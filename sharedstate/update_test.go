@@ -585,3 +585,24 @@ func BenchmarkTakeAll(b *testing.B) {
 	b.Run("parallel-8-one-key-spin-backoff", func(b *testing.B) { parallel(b, 1, true) })
 	b.Run("parallel-8-10000-keys", func(b *testing.B) { parallel(b, len(keys), false) })
 }
+
+// TestEmptyBucketStuckAfterClockStepBack pins a bug: after the clock stepped
+// back by more than bucket.MaxClockSkew, an empty bucket was re-anchored
+// only in memory; rejections wrote nothing, so it stayed empty until the
+// clock caught up with the stored last_refill.
+func TestEmptyBucketStuckAfterClockStepBack(t *testing.T) {
+	forEachSemantics(t, func(t *testing.T, m *MemStore) {
+		u := &Updater{Store: m}
+		r := Request{Key: "tb:r:", Limit: bucket.Limit{Rate: 1, Burst: 1}, Cost: 1}
+		put(t, m, r.Key, enc(0, t0+43200)) // written before the clock went back 12 h
+		if out := take(u, t0, r); out.Allowed {
+			t.Fatal("empty bucket allowed")
+		}
+		if got, want := stored(t, m, r.Key), enc(0, t0); got != want {
+			t.Fatalf("after the rejection: stored %q, want it re-anchored at now: %q", got, want)
+		}
+		if out := take(u, t0+1, r); !out.Allowed {
+			t.Fatalf("one second later at 1 token/s: got %+v, want allowed", out)
+		}
+	})
+}
