@@ -4,7 +4,7 @@ GO        ?= go
 WASM      := build/tokengate.wasm
 GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 
-.PHONY: all build test run bench fuzz lint check clean
+.PHONY: all build test run bench fuzz lint check clean envoy image
 
 all: build
 
@@ -29,6 +29,20 @@ test: build
 ## run: build and serve the filter on 127.0.0.1:10000 with envoy.yaml's configuration.
 run: build
 	$(GO) run ./e2e/cmd/tokengate-local -wasm $(WASM) -envoy envoy.yaml
+
+## envoy: run Envoy (>= 1.33, on PATH) with envoy.yaml, from the repository root.
+envoy: build
+	@command -v envoy >/dev/null 2>&1 || { \
+	  echo 'make envoy: no envoy binary on PATH. Install Envoy >= 1.33 (https://www.envoyproxy.io/docs/envoy/latest/start/install),'; \
+	  echo 'or run the official image from this directory:'; \
+	  echo '  docker run --rm --network host -v "$$PWD":/tokengate -w /tokengate envoyproxy/envoy:v1.37.6 -c envoy.yaml'; \
+	  exit 1; }
+	envoy -c envoy.yaml
+
+## image: write build/oci, an OCI image layout of the module in Istio's Wasm image format.
+IMAGE_TAG ?= latest
+image: build
+	$(GO) run ./deploy/cmd/wasm-oci -wasm $(WASM) -out $(dir $(WASM))oci -tag $(IMAGE_TAG)
 
 ## bench: run the benchmarks.
 bench: build

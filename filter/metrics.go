@@ -1,9 +1,11 @@
 package filter
 
-// Metric names. Each rule has six counters named
-// "tokengate.rule.<rule>.<counter>"; Envoy shows them under the "wasmcustom."
-// prefix, e.g. wasmcustom.tokengate.rule.global-rps.allowed, which
-// /stats/prometheus prints as envoy_wasmcustom_tokengate_rule_global_rps_allowed.
+// Metric names. Each rule has nine counters named
+// "tokengate.rule.<rule>.<counter>". Envoy keeps them in its "wasmcustom"
+// stat namespace (wasmcustom.tokengate.rule.global-rps.allowed in /stats);
+// /stats/prometheus strips that namespace and adds no envoy_ prefix, giving
+// tokengate_rule_global_rps_allowed, or tokengate_rule_allowed{rule="global-rps"}
+// with the stats_tags of envoy.yaml.
 const (
 	metricPrefix = "tokengate."
 	// CounterAllowed counts requests the rule's bucket admitted (for a shadow
