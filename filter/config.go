@@ -94,6 +94,7 @@ type Rule struct {
 	maxKeysSet bool
 	shadow     bool
 	metrics    ruleMetrics
+	plan       rulePlan // see plan.go
 }
 
 // MatchCond is one entry of a rule's "match" object.
@@ -137,6 +138,9 @@ const (
 	// exact at 6 decimals.
 	maxRate  = 1e9
 	maxBurst = 1e12
+	// maxFillTime bounds burst/rate, the seconds an empty bucket takes to
+	// refill (about 31.7 years), so that every header fits an integer.
+	maxFillTime = 1e9
 )
 
 // ConfigError is a configuration problem at a JSON path such as
@@ -171,7 +175,7 @@ func ParseConfig(data []byte) (*Config, error) {
 	if !root.IsObject() {
 		return nil, errAt("", "configuration must be a JSON object, got "+typeName(root))
 	}
-	p := parser{names: map[string]string{}}
+	p := parser{names: map[string]string{}, metricNames: map[string]claimed{}}
 	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys}}
 	var err error
 	switch {
@@ -210,11 +214,15 @@ func ParseConfig(data []byte) (*Config, error) {
 	if len(cfg.rules) == 0 {
 		return nil, errAt("", "configuration has no rules")
 	}
+	for _, r := range cfg.rules {
+		r.compile()
+	}
 	return cfg, nil
 }
 
 type parser struct {
-	names map[string]string // rule name → path where it was defined
+	names       map[string]string  // rule name → path where it was defined
+	metricNames map[string]claimed // rule name with '-' as '_' → its rule
 }
 
 func (p *parser) rulesShape(cfg *Config, root gjson.Result) error {
@@ -531,6 +539,10 @@ func algorithmConfig(path string, v gjson.Result, r *Rule) error {
 	if burst < rate {
 		return errAt(path+".burst", "must be >= "+rateField+" ("+num(rate)+"), got "+num(burst))
 	}
+	if burst/rate > maxFillTime {
+		return errAt(path+"."+rateField, "must be >= burst/1e9 ("+num(burst/maxFillTime)+
+			") so that an empty bucket refills within 1e9 seconds, got "+num(rate))
+	}
 	r.Limit = bucket.Limit{Rate: rate, Burst: burst}
 	r.Cost = CostSource{Kind: CostFixed, Fixed: 1, Default: 1}
 	if fc := v.Get("fixed_cost"); fc.Exists() {
@@ -617,13 +629,24 @@ func maxKeys(path string, v gjson.Result) (int, error) {
 
 // claim records a rule name, rejecting duplicates: names are part of the
 // shared-data keys and metric names, so they must be unique.
+//
+// Names that differ only by '-' versus '_' are refused too: Prometheus
+// replaces '-' with '_', so their metrics would collide.
 func (p *parser) claim(path, name string) error {
 	if prev, ok := p.names[name]; ok {
 		return errAt(path, "duplicate rule name "+strconv.Quote(name)+" (first used at "+prev+")")
 	}
+	metric := strings.ReplaceAll(name, "-", "_")
+	if prev, ok := p.metricNames[metric]; ok {
+		return errAt(path, "rule name "+strconv.Quote(name)+" has the same metric name as "+
+			strconv.Quote(prev.name)+" (at "+prev.path+"): Prometheus turns '-' into '_'")
+	}
 	p.names[name] = path
+	p.metricNames[metric] = claimed{name, path}
 	return nil
 }
+
+type claimed struct{ name, path string }
 
 func requiredName(path string, v gjson.Result) (string, error) {
 	if !v.Exists() {

@@ -31,10 +31,11 @@ func (c *CostSource) cost(req *request) float64 {
 	return c.Default
 }
 
-// ParseCost parses a cost from a header or query value: a plain positive
-// decimal number ("5", "2.5"), optionally surrounded by spaces or tabs, at
-// most 32 characters. Signs, exponents, hex, "NaN", "Inf", zero and anything
-// else are rejected (ok is false) and the rule's default_cost applies.
+// ParseCost parses a cost from a header or query value: a plain decimal
+// number of at least 0.000001 ("5", "2.5"), optionally surrounded by spaces
+// or tabs, at most 32 characters. Signs, exponents, hex, "NaN", "Inf", zero,
+// smaller numbers and anything else are rejected (ok is false) and the
+// rule's default_cost applies.
 func ParseCost(s string) (v float64, ok bool) {
 	s = strings.Trim(s, " \t")
 	if s == "" || len(s) > maxCostLen {
@@ -51,8 +52,13 @@ func ParseCost(s string) (v float64, ok bool) {
 		}
 	}
 	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v <= 0 || math.IsInf(v, 0) {
+	if err != nil || v < minCost || math.IsInf(v, 0) {
 		return 0, false
 	}
 	return v, true
 }
+
+// minCost is the smallest cost a header or parameter may state: the
+// resolution of stored token counts. A smaller cost would take nothing at
+// all, so a client that sets its own cost could pass for free.
+const minCost = 1e-6

@@ -2,7 +2,6 @@ package filter
 
 import (
 	"encoding/base64"
-	"net/netip"
 	"strconv"
 	"strings"
 
@@ -29,7 +28,8 @@ const (
 	DescPath
 	// DescMethod is "method": the request method.
 	DescMethod
-	// DescHost is "host": the :authority (Host) header, lower-case, without port.
+	// DescHost is "host": the :authority (Host) header, lower-case, without
+	// port or a trailing dot.
 	DescHost
 )
 
@@ -100,7 +100,8 @@ const maxJWTLen = 16 << 10
 // most once.
 type request struct {
 	host    Host
-	xffHops int // Settings.XFFTrustedHops
+	ps      propertyStringer // host's, if it has it
+	xffHops int              // Settings.XFFTrustedHops
 
 	pathDone, ipDone, jwtDone, methodDone, hostDone bool
 
@@ -111,7 +112,11 @@ type request struct {
 	ipOK        bool
 	claims      gjson.Result // the JWT payload object; !Exists() if none
 
-	headers []headerValue // cache of header lookups
+	// Cache of header lookups: the first ones in hdrs, without an
+	// allocation, the rest in more.
+	hdrs [8]headerValue
+	nhdr int
+	more []headerValue
 }
 
 type headerValue struct {
@@ -120,13 +125,23 @@ type headerValue struct {
 }
 
 func (r *request) header(name string) (string, bool) {
-	for _, h := range r.headers {
+	for i := range r.nhdr {
+		if h := &r.hdrs[i]; h.name == name {
+			return h.value, h.ok
+		}
+	}
+	for _, h := range r.more {
 		if h.name == name {
 			return h.value, h.ok
 		}
 	}
 	v, ok := r.host.RequestHeader(name)
-	r.headers = append(r.headers, headerValue{name, v, ok})
+	if r.nhdr < len(r.hdrs) {
+		r.hdrs[r.nhdr] = headerValue{name, v, ok}
+		r.nhdr++
+	} else {
+		r.more = append(r.more, headerValue{name, v, ok})
+	}
 	return v, ok
 }
 
@@ -161,7 +176,10 @@ func (r *request) hostValue() string {
 		if !ok {
 			h, _ = r.header("host")
 		}
-		r.authority = strings.ToLower(stripPort(h))
+		// "example.com." is the same host as "example.com" (a fully
+		// qualified name); without this a client could leave the host's
+		// selector and bucket by adding a dot.
+		r.authority = strings.TrimSuffix(strings.ToLower(stripPort(h)), ".")
 	}
 	return r.authority
 }
@@ -177,7 +195,11 @@ func (r *request) clientIP() (string, bool) {
 			}
 		}
 		if !r.ipOK {
-			if b, ok := r.host.Property("source", "address"); ok && len(b) > 0 {
+			if r.ps != nil {
+				if a, ok := r.ps.PropertyString(sourceAddress...); ok && a != "" {
+					r.ip, r.ipOK = normalizeIP(a), true
+				}
+			} else if b, ok := r.host.Property(sourceAddress...); ok && len(b) > 0 {
 				r.ip, r.ipOK = normalizeIP(string(b)), true
 			}
 		}
@@ -192,11 +214,7 @@ func forwardedFor(xff string, hops int) (string, bool) {
 		j := strings.LastIndexByte(xff, ',')
 		entry := strings.Trim(xff[j+1:], " \t")
 		if i == hops {
-			ip, err := netip.ParseAddr(entry)
-			if err != nil {
-				return "", false
-			}
-			return ip.Unmap().WithZone("").String(), true
+			return canonicalIP(entry)
 		}
 		if j < 0 {
 			return "", false
@@ -299,13 +317,26 @@ func (r *request) value(d Descriptor) (string, bool) {
 // identity returns what seeds a client's Retry-After jitter: the JWT subject
 // if there is one, otherwise the client IP, otherwise the path.
 func (r *request) identity() string {
+	prefix, v := r.identityParts()
+	return prefix + v
+}
+
+// identityParts is identity as a prefix and a value, so that it can be
+// hashed without concatenating them (identityHash).
+func (r *request) identityParts() (prefix, value string) {
 	if sub, ok := claim(r.jwtClaims(), "sub"); ok {
-		return "sub:" + sub
+		return "sub:", sub
 	}
 	if ip, ok := r.clientIP(); ok {
-		return "ip:" + ip
+		return "ip:", ip
 	}
-	return "path:" + r.urlPath()
+	return "path:", r.urlPath()
+}
+
+// identityHash is fnv64(r.identity()).
+func (r *request) identityHash() uint64 {
+	prefix, v := r.identityParts()
+	return fnv64Add(fnv64Add(fnvOffset, prefix), v)
 }
 
 // normalizeIP strips the port and IPv6 brackets from a source.address
@@ -313,6 +344,9 @@ func (r *request) identity() string {
 // writes IPv4-mapped IPv6 addresses as IPv4. Unparseable input is returned
 // as it was, so that it still identifies the client.
 func normalizeIP(addr string) string {
+	if ip, ok := fastIPv4(addr); ok {
+		return ip
+	}
 	host := addr
 	if strings.HasPrefix(addr, "[") {
 		if end := strings.IndexByte(addr, ']'); end > 0 {
@@ -321,11 +355,10 @@ func normalizeIP(addr string) string {
 	} else if strings.Count(addr, ":") == 1 {
 		host, _, _ = strings.Cut(addr, ":")
 	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return host
+	if ip, ok := canonicalIP(host); ok {
+		return ip
 	}
-	return ip.Unmap().WithZone("").String()
+	return host
 }
 
 // stripPort removes a trailing ":port" from a host, keeping IPv6 literals.

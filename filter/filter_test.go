@@ -492,7 +492,7 @@ func TestMetricNames(t *testing.T) {
 	h := filtertest.New()
 	newPlugin(t, h, perIP)
 	want := []string{
-		"tokengate.config_rejected", "tokengate.corrupt_state", "tokengate.panics",
+		"tokengate.config_rejected", "tokengate.corrupt_state", "tokengate.local_state", "tokengate.panics",
 		"tokengate.rule.global-rps.allowed", "tokengate.rule.global-rps.cas_retries",
 		"tokengate.rule.global-rps.descriptor_missing", "tokengate.rule.global-rps.fail_open",
 		"tokengate.rule.global-rps.rejected", "tokengate.rule.global-rps.shadow_rejected",
@@ -502,5 +502,30 @@ func TestMetricNames(t *testing.T) {
 	got := h.CounterNames()
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("metric names:\n got %q\nwant %q", got, want)
+	}
+}
+
+// On a host without shared data (APISIX answers UNIMPLEMENTED) the buckets
+// are kept in the worker's VM: limits hold per worker instead of vanishing.
+func TestNoSharedDataLimitsPerWorker(t *testing.T) {
+	h := filtertest.New()
+	unimplemented := func(string) error { return sharedstate.ErrUnimplemented }
+	h.Store = &sharedstate.FaultStore{Store: h.Store, GetErr: unimplemented,
+		SetErr: func(string, []byte, uint32) error { return sharedstate.ErrUnimplemented }}
+	p, _ := newPlugin(t, h, `{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":2}}`)
+	req := filtertest.Get("/", "10.9.9.9:1")
+	for i, want := range []uint32{200, 200, 429} {
+		if got := h.Do(p, req).Status(); got != want {
+			t.Fatalf("request %d: got %d, want %d", i, got, want)
+		}
+	}
+	if v, _ := h.Counter(filter.MetricLocalState); v != 1 {
+		t.Errorf("local_state: got %d, want 1", v)
+	}
+	if got := counter(t, h, "per-ip", filter.CounterFailOpen); got != 0 {
+		t.Errorf("fail_open: got %d, want 0", got)
+	}
+	if logs := h.Logs(filter.LogWarn); len(logs) != 1 || !strings.Contains(logs[0], "does not implement shared data") {
+		t.Errorf("warn logs: got %q, want one line about the missing shared data", logs)
 	}
 }

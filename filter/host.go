@@ -73,9 +73,12 @@ type Host interface {
 
 	// RequestHeader returns the value of a request header; name is
 	// lower-case. Pseudo-headers (":path", ":method", ":authority") work.
+	// The value may live in memory the host reuses (filter/abi does): it is
+	// valid until the callback returns; copy what must outlive it.
 	RequestHeader(name string) (string, bool)
 	// Property returns a host property such as "source.address"; path holds
-	// the segments ("source", "address").
+	// the segments ("source", "address"). Like RequestHeader's, the value is
+	// valid until the callback returns.
 	Property(path ...string) ([]byte, bool)
 	// SetResponseHeader replaces a response header
 	// (proxy_replace_header_map_value).

@@ -39,6 +39,10 @@ const (
 
 // Plugin-wide counters.
 const (
+	// MetricLocalState counts worker VMs that found the host has no shared
+	// data (it answers UNIMPLEMENTED, as APISIX does) and keep their
+	// buckets to themselves.
+	MetricLocalState = "tokengate.local_state"
 	// MetricSeedErrors counts configurations that could not read or create
 	// the shared slot seed and used seed 0 instead.
 	MetricSeedErrors = "tokengate.seed_errors"
@@ -63,7 +67,7 @@ type ruleMetrics struct {
 }
 
 type pluginMetrics struct {
-	panics, configRejected, corrupt, seedErrors counter
+	panics, configRejected, corrupt, seedErrors, localState counter
 }
 
 // counter is a defined metric; the zero value is a no-op.

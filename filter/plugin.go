@@ -24,10 +24,30 @@ type Plugin struct {
 	metrics pluginMetrics
 	upd     sharedstate.Updater
 	seed    uint64 // slot seed shared by every worker; see sharedstate.SlotPair
+	seeds   sharedstate.SeedKeeper
+
+	// now is the time of the request being decided, read once (see time).
+	now    float64
+	nowSet bool
+	store  *sharedstate.LocalFallback
 
 	enforce, shadow group
 	keyBuf          []byte
 	vals            []string
+
+	// Optional host methods that save a copy; nil when the host lacks them.
+	hbs headerBytesSetter
+	ps  propertyStringer
+	// hdrBufs hold the response header values formatted per request, one
+	// buffer per header: some hosts (the SDK's proxytest emulator) keep a
+	// view of the value instead of copying it.
+	hdrBufs [3][]byte
+	// free holds released streams for NewStream to reuse.
+	free []*Stream
+	// Scratch for local replies and log lines (reply.go, logDescribe).
+	replyBuf, bodyBuf, logBuf []byte
+	replyHdrs                 [][2]string
+	bl                        bytesLogger
 
 	// warn limits warn-level lines on the request path so that a store
 	// outage cannot flood the proxy's log; see warnf.
@@ -43,16 +63,39 @@ type group struct {
 	rules []*Rule
 	reqs  []sharedstate.Request
 	res   []bucket.Result
+	// spans locate each request's Key, Alt and Owner in Plugin.keyBuf
+	// until collect turns the buffer into one string.
+	spans []keySpans
+}
+
+// keySpans are [start, end) offsets in Plugin.keyBuf.
+type keySpans struct {
+	key, alt, owner [2]int
 }
 
 func (g *group) reset() {
-	g.rules, g.reqs = g.rules[:0], g.reqs[:0]
+	g.rules, g.reqs, g.spans = g.rules[:0], g.reqs[:0], g.spans[:0]
+}
+
+// setKeys points every request's Key, Alt and Owner into keys, the string
+// of Plugin.keyBuf.
+func (g *group) setKeys(keys string) {
+	for i := range g.reqs {
+		sp, r := &g.spans[i], &g.reqs[i]
+		r.Key = keys[sp.key[0]:sp.key[1]]
+		r.Alt = keys[sp.alt[0]:sp.alt[1]]
+		r.Owner = keys[sp.owner[0]:sp.owner[1]]
+	}
 }
 
 // NewPlugin returns an unconfigured plugin talking to h.
 func NewPlugin(h Host) *Plugin {
 	p := &Plugin{host: h, Clock: wallClock}
-	p.upd.Store = h
+	p.store = &sharedstate.LocalFallback{Host: h, OnFallback: p.localState}
+	p.upd.Store = p.store
+	p.hbs, _ = h.(headerBytesSetter)
+	p.ps, _ = h.(propertyStringer)
+	p.bl, _ = h.(bytesLogger)
 	// Workers that collide on a key must not retry in lockstep; seed each
 	// plugin instance (one per worker VM) differently.
 	p.upd.Backoff = sharedstate.SpinBackoff(uint64(time.Now().UnixNano()))
@@ -61,6 +104,7 @@ func NewPlugin(h Host) *Plugin {
 		configRejected: define(h, MetricConfigRejected),
 		corrupt:        define(h, MetricCorruptState),
 		seedErrors:     define(h, MetricSeedErrors),
+		localState:     define(h, MetricLocalState),
 	}
 	return p
 }
@@ -91,14 +135,8 @@ func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 	for _, r := range cfg.rules {
 		r.defineMetrics(p.host)
 	}
-	seed, err := sharedstate.LoadSeed(p.host, rand.Uint64())
-	if err != nil {
-		// Every worker falls back to the same seed, so they still agree on
-		// slots; only the seed's secrecy is lost.
-		p.metrics.seedErrors.inc(p.host, 1)
-		p.host.Log(LogWarn, "tokengate: cannot load the slot seed, using 0: "+err.Error())
-	}
-	p.seed = seed
+	p.nowSet = false
+	p.refreshSeed()
 	p.cfg = cfg
 	p.upd.MaxAttempts = cfg.Settings.MaxAttempts
 	p.host.Log(LogInfo, "tokengate: configured "+strconv.Itoa(len(cfg.rules))+" rules in "+
@@ -107,7 +145,32 @@ func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 }
 
 // NewStream returns the state of one HTTP request (an HTTP context).
-func (p *Plugin) NewStream() *Stream { return &Stream{p: p} }
+//
+// Streams released with Stream.Release are reused, so that a request
+// allocates none.
+func (p *Plugin) NewStream() *Stream {
+	if n := len(p.free); n > 0 {
+		s := p.free[n-1]
+		p.free = p.free[:n-1]
+		*s = Stream{p: p}
+		return s
+	}
+	return &Stream{p: p}
+}
+
+// maxFreeStreams bounds the released streams a plugin keeps.
+const maxFreeStreams = 64
+
+// Release hands s back to its plugin for reuse once the host has deleted the
+// HTTP context (proxy_on_delete); s must not be used afterwards.
+func (s *Stream) Release() {
+	p := s.p
+	if p == nil || len(p.free) >= maxFreeStreams {
+		return
+	}
+	*s = Stream{p: p}
+	p.free = append(p.free, s)
+}
 
 // Stream is one HTTP request going through the filter.
 type Stream struct {
@@ -118,6 +181,7 @@ type Stream struct {
 
 // quota is what the RateLimit headers say about one bucket.
 type quota struct {
+	r         *Rule
 	rule      string
 	limit     int64 // whole tokens the bucket holds when full
 	remaining int64 // whole tokens left
@@ -127,12 +191,29 @@ type quota struct {
 
 func quotaOf(r *Rule, tokens float64) quota {
 	return quota{
+		r:         r,
 		rule:      r.Name,
 		limit:     int64(r.Limit.Burst),
 		remaining: int64(math.Floor(tokens)),
-		reset:     int64(math.Ceil(r.Limit.ResetAfter(tokens))),
-		window:    int64(math.Ceil(r.Limit.FillTime())),
+		reset:     seconds(r.Limit.ResetAfter(tokens)),
+		window:    seconds(r.Limit.FillTime()),
 	}
+}
+
+// maxHeaderSeconds caps the seconds a header states: a rate of 1e-9 tokens
+// a second would otherwise overflow int64 (about 31 years).
+const maxHeaderSeconds = 1 << 30
+
+// seconds rounds a duration up to whole seconds, within [0,
+// maxHeaderSeconds].
+func seconds(d float64) int64 {
+	if !(d > 0) {
+		return 0
+	}
+	if d >= maxHeaderSeconds {
+		return maxHeaderSeconds
+	}
+	return int64(math.Ceil(d))
 }
 
 // OnRequestHeaders is proxy_on_request_headers: it takes tokens from every
@@ -144,12 +225,13 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	if cfg == nil {
 		return Continue
 	}
-	req := request{host: p.host, xffHops: cfg.Settings.XFFTrustedHops}
+	req := request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops}
+	p.nowSet = false
 	p.collect(cfg, &req)
 	if len(p.shadow.reqs) == 0 && len(p.enforce.reqs) == 0 {
 		return Continue
 	}
-	now := p.Clock()
+	now := p.time()
 	if len(p.shadow.reqs) > 0 {
 		p.observe(&req, now)
 	}
@@ -159,6 +241,27 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	return s.decide(&req, now)
 }
 
+// time returns the current request's time, reading the clock once.
+func (p *Plugin) time() float64 {
+	if !p.nowSet {
+		p.now, p.nowSet = p.Clock(), true
+	}
+	return p.now
+}
+
+// refreshSeed brings p.seed in step with the slot seed in shared data, at
+// most once a second (sharedstate.SeedKeeper): every worker must use the
+// same seed, and a worker that failed to read it, or a seed key the host
+// evicted, must not leave workers disagreeing.
+func (p *Plugin) refreshSeed() {
+	seed, err := p.seeds.Seed(p.store, p.time(), rand.Uint64)
+	p.seed = seed
+	if err != nil {
+		p.metrics.seedErrors.inc(p.host, 1)
+		p.warnf(p.time(), "event=seed_error reason="+strconv.Quote(err.Error()))
+	}
+}
+
 // collect fills p.enforce and p.shadow with the buckets the request takes
 // from: in every policy whose selector matches, every rule whose match
 // holds and whose limit keys are all present; the policy's fallback limit
@@ -166,6 +269,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 func (p *Plugin) collect(cfg *Config, req *request) {
 	p.enforce.reset()
 	p.shadow.reset()
+	p.keyBuf = p.keyBuf[:0]
 	for _, pol := range cfg.Policies {
 		if !pol.Selector.matches(req) {
 			continue
@@ -179,6 +283,13 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 		if !applied && pol.Fallback != nil {
 			p.add(pol.Fallback, req)
 		}
+	}
+	if len(p.enforce.reqs)+len(p.shadow.reqs) > 0 {
+		// One string, and so one allocation, holds every key of the
+		// request.
+		keys := string(p.keyBuf)
+		p.enforce.setKeys(keys)
+		p.shadow.setKeys(keys)
 	}
 }
 
@@ -208,21 +319,38 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 		g = &p.shadow
 	}
 	sr := sharedstate.Request{Limit: r.Limit, Cost: r.Cost.cost(req)}
+	var sp keySpans
 	if r.MaxKeys > 0 {
-		p.keyBuf = sharedstate.AppendComposite(p.keyBuf[:0], p.vals)
-		sr.Slotted, sr.Owner = true, string(p.keyBuf)
-		a, b := sharedstate.SlotPair(p.seed, sr.Owner, uint32(r.MaxKeys))
-		sr.Key = string(sharedstate.AppendSlotKey(p.keyBuf[:0], r.shadow, r.Name, a))
+		sr.Slotted = true
+		p.refreshSeed()
+		sp.owner[0] = len(p.keyBuf)
+		p.keyBuf = sharedstate.AppendComposite(p.keyBuf, p.vals)
+		sp.owner[1] = len(p.keyBuf)
+		a, b := sharedstate.SlotPairBytes(p.seed, p.keyBuf[sp.owner[0]:], uint32(r.MaxKeys))
+		sp.key[0] = len(p.keyBuf)
+		p.keyBuf = sharedstate.AppendSlotKey(p.keyBuf, r.shadow, r.Name, a)
+		sp.key[1] = len(p.keyBuf)
 		if r.MaxKeys > 1 {
-			sr.Alt = string(sharedstate.AppendSlotKey(p.keyBuf[:0], r.shadow, r.Name, b))
+			sp.alt[0] = len(p.keyBuf)
+			p.keyBuf = sharedstate.AppendSlotKey(p.keyBuf, r.shadow, r.Name, b)
+			sp.alt[1] = len(p.keyBuf)
 		}
 	} else {
-		p.keyBuf = sharedstate.AppendKey(p.keyBuf[:0], r.shadow, r.Name, p.vals)
-		sr.Key = string(p.keyBuf)
+		sp.key[0] = len(p.keyBuf)
+		p.keyBuf = sharedstate.AppendKey(p.keyBuf, r.shadow, r.Name, p.vals)
+		sp.key[1] = len(p.keyBuf)
 	}
+	g.spans = append(g.spans, sp)
 	g.rules = append(g.rules, r)
 	g.reqs = append(g.reqs, sr)
 	return true
+}
+
+// localState is called once if the host turns out to have no shared data.
+func (p *Plugin) localState() {
+	p.metrics.localState.inc(p.host, 1)
+	p.host.Log(LogWarn, "tokengate: the host does not implement shared data (e.g. APISIX): "+
+		"buckets are kept in this worker's VM, so each worker enforces the full limit")
 }
 
 // warnf logs a request-path warning, at most warnLimit lines a second; the
@@ -292,7 +420,7 @@ func (p *Plugin) observe(req *request, now float64) {
 				r.metrics.shadowRejected.inc(p.host, 1)
 			}
 		}
-		p.host.Log(LogDebug, "tokengate: event=shadow_rejected "+describe(g, i, 0))
+		p.logDescribe("tokengate: event=shadow_rejected ", g, i, 0)
 	}
 }
 
@@ -340,9 +468,9 @@ func (s *Stream) decide(req *request, now float64) Action {
 	}
 	retry := int64(0)
 	if reasonOf(g.res[i]) == ReasonExceeded {
-		retry = RetryAfter(g.res[i].RetryAfter, req.identity())
+		retry = retryAfterHash(g.res[i].RetryAfter, req.identityHash())
 	}
-	p.host.Log(LogDebug, "tokengate: event=rejected "+describe(g, i, retry))
+	p.logDescribe("tokengate: event=rejected ", g, i, retry)
 	s.sendRejection(req, g.rules[i], g.res[i], retry)
 	return Pause
 }
@@ -361,13 +489,35 @@ func worst(res []bucket.Result) int {
 	return w
 }
 
-// describe is the log text for a rejection: rule, a hash of the key (never
-// the raw API key or token), tokens, cost, Retry-After (0: none) and reason.
-func describe(g *group, i int, retry int64) string {
-	return "rule=" + g.rules[i].Name + " key=#" + reqHash(&g.reqs[i]) +
-		" tokens=" + strconv.FormatFloat(g.res[i].Tokens, 'f', 3, 64) +
-		" cost=" + num(g.reqs[i].Cost) + " retry_after=" + strconv.FormatInt(retry, 10) +
-		" reason=" + reasonOf(g.res[i])
+// appendDescribe appends the log text of a rejection to dst: rule, a hash
+// of the key (never the raw API key or token), tokens, cost, Retry-After (0:
+// none) and reason.
+func appendDescribe(dst []byte, g *group, i int, retry int64) []byte {
+	dst = append(dst, "rule="...)
+	dst = append(dst, g.rules[i].Name...)
+	dst = append(dst, " key=#"...)
+	dst = appendReqHash(dst, &g.reqs[i])
+	dst = append(dst, " tokens="...)
+	dst = strconv.AppendFloat(dst, g.res[i].Tokens, 'f', 3, 64)
+	dst = append(dst, " cost="...)
+	dst = strconv.AppendFloat(dst, g.reqs[i].Cost, 'g', -1, 64)
+	dst = append(dst, " retry_after="...)
+	dst = strconv.AppendInt(dst, retry, 10)
+	dst = append(dst, " reason="...)
+	return append(dst, reasonOf(g.res[i])...)
+}
+
+// logDescribe logs prefix and appendDescribe's text at debug level, without
+// building a string when the host takes bytes. Envoy drops debug lines at
+// its default level, so this must cost next to nothing.
+func (p *Plugin) logDescribe(prefix string, g *group, i int, retry int64) {
+	b := appendDescribe(append(p.logBuf[:0], prefix...), g, i, retry)
+	p.logBuf = b
+	if p.bl != nil {
+		p.bl.LogBytes(LogDebug, b)
+		return
+	}
+	p.host.Log(LogDebug, string(b))
 }
 
 // reqHash identifies a bucket's identity in logs without revealing it.
@@ -376,6 +526,15 @@ func reqHash(r *sharedstate.Request) string {
 		return keyHash(r.Owner)
 	}
 	return keyHash(r.Key)
+}
+
+// appendReqHash appends reqHash(r) to dst.
+func appendReqHash(dst []byte, r *sharedstate.Request) []byte {
+	k := r.Key
+	if r.Slotted {
+		k = r.Owner
+	}
+	return strconv.AppendUint(dst, fnv64(k)>>32, 16)
 }
 
 func ruleNames(rules []*Rule) string {
@@ -393,7 +552,15 @@ func keyHash(key string) string {
 }
 
 func fnv64(s string) uint64 {
-	h := uint64(14695981039346656037)
+	return fnv64Add(fnvOffset, s)
+}
+
+// fnvOffset is FNV-1a's initial value.
+const fnvOffset = 14695981039346656037
+
+// fnv64Add continues an FNV-1a hash h over s: fnv64(a+b) is
+// fnv64Add(fnv64(a), b).
+func fnv64Add(h uint64, s string) uint64 {
 	for i := 0; i < len(s); i++ {
 		h ^= uint64(s[i])
 		h *= 1099511628211
@@ -408,13 +575,18 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 	if !s.hasHdr {
 		return Continue
 	}
-	h := s.p.host
+	p := s.p
 	q := &s.hdr
-	h.SetResponseHeader("ratelimit-limit", strconv.FormatInt(q.limit, 10))
-	h.SetResponseHeader("ratelimit-remaining", strconv.FormatInt(q.remaining, 10))
-	h.SetResponseHeader("ratelimit-reset", strconv.FormatInt(q.reset, 10))
-	h.SetResponseHeader("ratelimit", q.rateLimit())
-	h.SetResponseHeader("ratelimit-policy", q.policy())
+	plan := q.r.planOf()
+	p.host.SetResponseHeader("ratelimit-limit", plan.limit)
+	b := &p.hdrBufs
+	b[0] = strconv.AppendInt(b[0][:0], q.remaining, 10)
+	p.setHeader("ratelimit-remaining", b[0])
+	b[1] = strconv.AppendInt(b[1][:0], q.reset, 10)
+	p.setHeader("ratelimit-reset", b[1])
+	b[2] = q.appendRateLimit(b[2][:0], plan.quoted)
+	p.setHeader("ratelimit", b[2])
+	p.host.SetResponseHeader("ratelimit-policy", plan.policy)
 	return Continue
 }
 

@@ -37,39 +37,58 @@ func reasonOf(res bucket.Result) string {
 // chosen by the hash of identity, so that one client always gets the same
 // offset and different clients spread out.
 func RetryAfter(wait float64, identity string) int64 {
-	base := int64(math.Ceil(wait))
-	if base < 1 {
-		base = 1
-	}
-	return base + int64(fnv64(identity)%uint64(base/2+1))
+	return retryAfterHash(wait, fnv64(identity))
+}
+
+// retryAfterHash is RetryAfter with the identity's fnv64 hash.
+func retryAfterHash(wait float64, h uint64) int64 {
+	base := max(seconds(wait), 1)
+	return base + int64(h%uint64(base/2+1))
 }
 
 // sendRejection sends the 429 (or gRPC RESOURCE_EXHAUSTED) local reply for
 // rule r whose bucket answered res; retry is the Retry-After seconds, 0 for
 // none.
 func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result, retry int64) {
+	p := s.p
 	q := quotaOf(r, res.Tokens)
 	q.remaining = 0
 	reason := reasonOf(res)
-	headers := make([][2]string, 0, 9)
+	plan := r.planOf()
+	// The values that vary go into one buffer and become one string; the
+	// others were built at configuration time.
+	b := strconv.AppendInt(p.replyBuf[:0], retry, 10)
+	endRetry := len(b)
+	b = strconv.AppendInt(b, q.reset, 10)
+	endReset := len(b)
+	b = q.appendRateLimit(b, plan.quoted)
+	p.replyBuf = b
+	vals := string(b)
+	headers := p.replyHdrs[:0]
 	if retry > 0 {
-		headers = append(headers, [2]string{"retry-after", strconv.FormatInt(retry, 10)})
+		headers = append(headers, [2]string{"retry-after", vals[:endRetry]})
 	}
 	headers = append(headers,
-		[2]string{"ratelimit-limit", strconv.FormatInt(q.limit, 10)},
+		[2]string{"ratelimit-limit", plan.limit},
 		[2]string{"ratelimit-remaining", "0"},
-		[2]string{"ratelimit-reset", strconv.FormatInt(q.reset, 10)},
-		[2]string{"ratelimit", q.rateLimit()},
-		[2]string{"ratelimit-policy", q.policy()},
+		[2]string{"ratelimit-reset", vals[endRetry:endReset]},
+		[2]string{"ratelimit", vals[endReset:]},
+		[2]string{"ratelimit-policy", plan.policy},
 		[2]string{"x-tokengate-reason", reason},
 		[2]string{"x-tokengate-rule", r.Name},
 	)
-	body := `{"error":"rate_limited","reason":"` + reason + `","rule":"` + r.Name + `"`
+	body := append(p.bodyBuf[:0], `{"error":"rate_limited","reason":"`...)
+	body = append(body, reason...)
+	body = append(body, `","rule":"`...)
+	body = append(body, r.Name...)
+	body = append(body, '"')
 	if retry > 0 {
-		body += `,"retry_after":` + strconv.FormatInt(retry, 10)
+		body = append(body, `,"retry_after":`...)
+		body = strconv.AppendInt(body, retry, 10)
 	}
-	body += "}\n"
-	s.reply(req, 429, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
+	body = append(body, "}\n"...)
+	p.bodyBuf = body
+	p.replyHdrs = s.reply(req, 429, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
 }
 
 // sendStoreDenied sends the 503 reply of a rule that fails closed.
@@ -79,20 +98,22 @@ func (s *Stream) sendStoreDenied(req *request, r *Rule) {
 		{"x-tokengate-rule", r.Name},
 	}
 	body := `{"error":"rate_limiter_unavailable","reason":"` + ReasonStoreError + `","rule":"` + r.Name + `"}` + "\n"
-	s.reply(req, 503, grpcUnavailable, "tokengate_store_error", body, headers)
+	s.reply(req, 503, grpcUnavailable, "tokengate_store_error", []byte(body), headers)
 }
 
 // reply sends a local reply; a gRPC request gets grpcCode, with the details
-// as grpc-message, instead of a JSON body.
-func (s *Stream) reply(req *request, status uint32, grpcCode int32, details, body string, headers [][2]string) {
+// as grpc-message, instead of a JSON body. It returns headers, as extended,
+// for reuse.
+func (s *Stream) reply(req *request, status uint32, grpcCode int32, details string, body []byte, headers [][2]string) [][2]string {
 	grpc := NoGRPCStatus
 	if ct, ok := req.header("content-type"); ok && strings.HasPrefix(strings.ToLower(ct), "application/grpc") {
 		grpc = grpcCode
-		body = "tokengate: " + details
+		body = []byte("tokengate: " + details)
 	} else {
 		headers = append(headers, [2]string{"content-type", "application/json"})
 	}
-	if err := s.p.host.SendLocalResponse(status, details, []byte(body), headers, grpc); err != nil {
+	if err := s.p.host.SendLocalResponse(status, details, body, headers, grpc); err != nil {
 		s.p.host.Log(LogError, "tokengate: send local response: "+err.Error())
 	}
+	return headers
 }

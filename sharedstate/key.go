@@ -1,7 +1,5 @@
 package sharedstate
 
-import "crypto/sha256"
-
 // MaxValueLen is the most bytes one descriptor value takes in a key. Longer
 // values, once percent-encoded, are replaced by a hash; see AppendKey.
 const MaxValueLen = 64
@@ -103,8 +101,7 @@ func appendValue(dst []byte, v string) []byte {
 		}
 		return dst
 	}
-	var sum [sha256.Size]byte
-	hashString(&sum, v)
+	sum := sha256String(v) // see sha256.go
 	// Hex by hand: encoding/hex would link fmt into the guest.
 	const lowerHex = "0123456789abcdef"
 	dst = append(dst, '#')
@@ -112,20 +109,6 @@ func appendValue(dst []byte, v string) []byte {
 		dst = append(dst, lowerHex[c>>4], lowerHex[c&0xf])
 	}
 	return dst
-}
-
-// hashString sets sum to the SHA-256 of v without converting v to a []byte,
-// which would allocate for values of more than 32 bytes; the compiler keeps
-// the digest on the stack.
-func hashString(sum *[sha256.Size]byte, v string) {
-	h := sha256.New()
-	var buf [sha256.BlockSize]byte
-	for len(v) > 0 {
-		n := copy(buf[:], v)
-		h.Write(buf[:n])
-		v = v[n:]
-	}
-	h.Sum(sum[:0])
 }
 
 // safeByte reports whether c is written literally in a key value.

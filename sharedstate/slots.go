@@ -66,6 +66,16 @@ func AppendComposite(dst []byte, values []string) []byte {
 // composite key is owner, under a secret seed shared by every worker. For
 // n > 1 the two differ. n must be > 0.
 func SlotPair(seed uint64, owner string, n uint32) (uint32, uint32) {
+	return slotPair(seed, owner, n)
+}
+
+// SlotPairBytes is SlotPair for an owner held in a byte slice, such as one
+// AppendComposite just wrote.
+func SlotPairBytes(seed uint64, owner []byte, n uint32) (uint32, uint32) {
+	return slotPair(seed, owner, n)
+}
+
+func slotPair[T string | []byte](seed uint64, owner T, n uint32) (uint32, uint32) {
 	h := seed ^ 0x9e3779b97f4a7c15
 	for i := 0; i < len(owner); i++ {
 		h ^= uint64(owner[i])
@@ -105,6 +115,14 @@ func AppendSlotValue(dst []byte, s bucket.State, owner string) []byte {
 // unbounded "{tokens}:{last_refill}" format. The owner may itself contain
 // ':' (IPv6 addresses); only the first two separate fields.
 func ParseSlotValue(b []byte) (s bucket.State, owner string, hasOwner bool, err error) {
+	state, o, hasOwner := splitSlotValue(b)
+	s, err = ParseState(state)
+	return s, string(o), hasOwner, err
+}
+
+// splitSlotValue splits a slot value into its state and owner parts without
+// copying; see ParseSlotValue.
+func splitSlotValue(b []byte) (state, owner []byte, hasOwner bool) {
 	first := -1
 	for i, c := range b {
 		if c != ':' {
@@ -114,11 +132,9 @@ func ParseSlotValue(b []byte) (s bucket.State, owner string, hasOwner bool, err 
 			first = i
 			continue
 		}
-		s, err = ParseState(b[:i])
-		return s, string(b[i+1:]), true, err
+		return b[:i], b[i+1:], true
 	}
-	s, err = ParseState(b)
-	return s, "", false, err
+	return b, nil, false
 }
 
 // LoadOrCreate returns the value stored under key, first creating it with
@@ -129,7 +145,7 @@ func LoadOrCreate(st Store, key string, value []byte) ([]byte, error) {
 	for tries := 0; tries < 4; tries++ {
 		v, _, err := st.Get(key)
 		if err == nil {
-			return v, nil
+			return append([]byte(nil), v...), nil // v may be the host's scratch memory
 		}
 		if !errors.Is(err, ErrNotFound) {
 			return nil, err
@@ -198,9 +214,64 @@ func Lookup(st Store, shadow bool, rule, owner string, n uint32) (key string, va
 		v, _, err := st.Get(key)
 		if err == nil && strings.HasSuffix(string(v), ":"+owner) {
 			if _, o, ok, perr := ParseSlotValue(v); perr == nil && ok && o == owner {
-				return key, v, nil
+				return key, append([]byte(nil), v...), nil
 			}
 		}
 	}
 	return "", nil, ErrNotFound
+}
+
+// SeedKeeper keeps one worker's copy of the slot seed in step with the one
+// in shared data. Every worker must use the same seed, or an identity's
+// buckets differ from worker to worker. Reading the seed once is not enough:
+// a read can fail while other workers' succeed, and on Kong the zone can
+// evict the seed key, after which a worker configured later would create a
+// new one. So the seed is read again every Interval seconds; a stored seed
+// that differs from ours is adopted, and a vanished one is re-created with
+// the seed we already use, never a new random one.
+//
+// The zero value is ready to use. Like Updater, a SeedKeeper is used by one
+// goroutine at a time.
+type SeedKeeper struct {
+	// Interval is the time between reads, in seconds; 1 when not > 0.
+	Interval float64
+
+	seed  uint64
+	known bool
+	next  float64 // the time of the next read
+}
+
+// Seed returns the seed to use at now (seconds). random is called for a
+// seed only if none exists anywhere yet. When the store fails, Seed returns
+// the seed it had (0 if it never had one) with the error.
+//
+// # Notes
+//
+// A worker that has never read the seed reads it on every call until a read
+// succeeds. After the seed key vanishes (eviction on Kong), a worker
+// configured before any other worker re-creates it makes a new seed; the
+// others adopt it at their next read, so for up to Interval an identity can
+// have one bucket per seed in use.
+func (k *SeedKeeper) Seed(st Store, now float64, random func() uint64) (uint64, error) {
+	interval := k.Interval
+	if !(interval > 0) {
+		interval = 1
+	}
+	// Between reads use the seed we know; a clock stepped back is a reason
+	// to read now rather than never. Until a read has succeeded, read every
+	// time: a worker must not keep a seed the others do not use.
+	if k.known && now < k.next && now >= k.next-interval {
+		return k.seed, nil
+	}
+	k.next = now + interval
+	candidate := k.seed
+	if !k.known {
+		candidate = random()
+	}
+	seed, err := LoadSeed(st, candidate)
+	if err != nil {
+		return k.seed, err
+	}
+	k.seed, k.known = seed, true
+	return seed, nil
 }

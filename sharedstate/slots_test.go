@@ -1,6 +1,7 @@
 package sharedstate
 
 import (
+	"errors"
 	"strconv"
 	"testing"
 
@@ -276,6 +277,60 @@ func TestLoadOrCreate(t *testing.T) {
 		v, err = LoadOrCreate(m, "seed", []byte("second"))
 		if err != nil || string(v) != "first" {
 			t.Fatalf("load: got %q %v, want the first value kept", v, err)
+		}
+	})
+}
+
+func TestSeedKeeper(t *testing.T) {
+	forEachSemantics(t, func(t *testing.T, m *MemStore) {
+		failing := &FaultStore{Store: m}
+		var a, b SeedKeeper
+		one := func() uint64 { return 1 }
+		two := func() uint64 { return 2 }
+
+		// a's first read fails: it gets seed 0 and an error.
+		failing.GetErr = func(string) error { return errors.New("down") }
+		if s, err := a.Seed(failing, t0, one); s != 0 || err == nil {
+			t.Fatalf("failed read: got %d %v, want 0 and an error", s, err)
+		}
+		failing.GetErr = nil
+		// b creates the seed; a, which never read one, reads again at once
+		// and adopts b's, never its own random.
+		if s, err := b.Seed(failing, t0, two); s != 2 || err != nil {
+			t.Fatalf("b: got %d %v, want 2", s, err)
+		}
+		if s, err := a.Seed(failing, t0, one); s != 2 || err != nil {
+			t.Fatalf("a after a failed read: got %d %v, want b's seed 2", s, err)
+		}
+		// Once known, the seed is not read again within the interval.
+		put(t, m, SeedKey, "5")
+		if s, _ := a.Seed(failing, t0+0.5, one); s != 2 {
+			t.Fatalf("a within the interval: got %d, want 2 (no read)", s)
+		}
+		if s, _ := a.Seed(failing, t0+1, one); s != 5 {
+			t.Fatalf("a after the interval: got %d, want the stored 5", s)
+		}
+		put(t, m, SeedKey, "2")
+		b.Seed(failing, t0+1, two)
+		a.Seed(failing, t0+2, one)
+
+		// The seed key is evicted; whoever reads first re-creates it with
+		// the seed every worker already uses.
+		m.Delete(SeedKey)
+		if s, _ := a.Seed(failing, t0+3, one); s != 2 {
+			t.Fatalf("a after eviction: got %d, want 2", s)
+		}
+		if got := stored(t, m, SeedKey); got != "2" {
+			t.Errorf("re-created seed: got %q, want \"2\"", got)
+		}
+		if s, _ := b.Seed(failing, t0+3, two); s != 2 {
+			t.Errorf("b: got %d, want 2", s)
+		}
+
+		// A clock stepped back forces a read instead of waiting for the old time.
+		put(t, m, SeedKey, "3")
+		if s, _ := a.Seed(failing, t0-100, one); s != 3 {
+			t.Errorf("a after the clock stepped back: got %d, want 3", s)
 		}
 	})
 }

@@ -29,6 +29,9 @@ var (
 // Store is a host's shared-data key-value store.
 //
 // Get returns the value and its compare-and-swap (CAS) token, or ErrNotFound.
+// The value may live in memory the host binding reuses (filter/abi returns
+// it from an arena valid until the proxy-wasm callback returns): callers
+// parse it at once and copy what they keep, as Updater does.
 // Set writes value if cas is accepted by the host, or returns ErrCASMismatch.
 // What cas 0 and a missing key mean differs between hosts; see Semantics.
 type Store interface {

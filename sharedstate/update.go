@@ -420,7 +420,7 @@ type slotRead struct {
 	corrupt  bool
 	state    bucket.State
 	cas      uint32
-	owner    string
+	owner    []byte // in the store's returned value: valid during TakeAll
 	hasOwner bool
 }
 
@@ -432,7 +432,22 @@ func (u *Updater) lookSlot(key string, now float64) (slotRead, error) {
 	if err != nil {
 		return slotRead{}, err
 	}
-	s, owner, hasOwner, perr := ParseSlotValue(v)
+	var (
+		s        bucket.State
+		owner    []byte
+		hasOwner bool
+		perr     error
+	)
+	if st, end, ok := parseStateFast(v); ok {
+		s = st
+		if end < len(v) {
+			owner, hasOwner = v[end+1:], true
+		}
+	} else {
+		var state []byte
+		state, owner, hasOwner = splitSlotValue(v)
+		s, perr = ParseState(state)
+	}
 	sr := slotRead{key: key, exists: true, state: s, cas: cas, owner: owner, hasOwner: hasOwner}
 	sr.corrupt = perr != nil || s.Last > now+u.maxFuture()
 	return sr, nil
@@ -440,7 +455,7 @@ func (u *Updater) lookSlot(key string, now float64) (slotRead, error) {
 
 // mine reports whether the slot holds r's identity's bucket.
 func (s *slotRead) mine(r *Request) bool {
-	return s.exists && !s.corrupt && s.hasOwner && s.owner == r.Owner
+	return s.exists && !s.corrupt && s.hasOwner && string(s.owner) == r.Owner
 }
 
 // free reports whether r's identity may take the slot over: it is missing,
@@ -459,7 +474,7 @@ func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) er
 			return err
 		}
 		if a.mine(r) {
-			use(p, &a)
+			use(p, &a, r.Owner)
 			return nil
 		}
 		b := a
@@ -468,7 +483,7 @@ func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) er
 				return err
 			}
 			if b.mine(r) {
-				use(p, &b)
+				use(p, &b, r.Owner)
 				return nil
 			}
 		}
@@ -485,7 +500,7 @@ func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) er
 			if r.Limit.Refill(b.state, now).Tokens > r.Limit.Refill(a.state, now).Tokens {
 				pick = &b
 			}
-			use(p, pick)
+			use(p, pick, string(pick.owner))
 			p.collide = true
 			return nil
 		}
@@ -509,7 +524,8 @@ func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) er
 	}
 }
 
-// use fills p from a slot that is read as it is.
-func use(p *pending, s *slotRead) {
-	*p = pending{read: s.state, cas: s.cas, key: s.key, owner: s.owner, hasOwner: s.hasOwner}
+// use fills p from a slot that is read as it is; owner is the slot's owner
+// as a string (r.Owner when it is r's own slot, which costs no copy).
+func use(p *pending, s *slotRead, owner string) {
+	*p = pending{read: s.state, cas: s.cas, key: s.key, owner: owner, hasOwner: s.hasOwner}
 }

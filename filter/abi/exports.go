@@ -9,7 +9,7 @@ import "github.com/tokengate/tokengate/filter"
 // the pinned buffers; a VM runs one callback at a time.
 var (
 	roots   = map[uint32]*filter.Plugin{}
-	streams = map[uint32]*filter.Stream{}
+	streams streamTable // see contexts.go
 )
 
 //go:wasmexport proxy_abi_version_0_2_1
@@ -17,6 +17,7 @@ func proxyABIVersion() {}
 
 //go:wasmexport proxy_on_vm_start
 func proxyOnVMStart(rootID, vmConfigSize uint32) (ok bool) {
+	enter()
 	defer guard("proxy_on_vm_start", func() { ok = false })
 	cfg, err := bufferBytes(bufferVMConfiguration, vmConfigSize)
 	if err != nil {
@@ -28,13 +29,14 @@ func proxyOnVMStart(rootID, vmConfigSize uint32) (ok bool) {
 
 //go:wasmexport proxy_on_context_create
 func proxyOnContextCreate(id, parent uint32) {
+	enter()
 	defer guard("proxy_on_context_create", nil)
 	if parent == 0 {
 		root(id)
 		return
 	}
 	if p, ok := roots[parent]; ok {
-		streams[id] = p.NewStream()
+		streams.put(id, p.NewStream())
 	}
 }
 
@@ -45,6 +47,7 @@ func root(id uint32) *filter.Plugin {
 	p, ok := roots[id]
 	if !ok {
 		p = filter.NewPlugin(host{})
+		p.Clock = realtime
 		roots[id] = p
 	}
 	return p
@@ -52,6 +55,7 @@ func root(id uint32) *filter.Plugin {
 
 //go:wasmexport proxy_on_configure
 func proxyOnConfigure(rootID, size uint32) (ok bool) {
+	enter()
 	defer guard("proxy_on_configure", func() { ok = false })
 	cfg, err := bufferBytes(bufferPluginConfiguration, size)
 	if err != nil {
@@ -63,8 +67,9 @@ func proxyOnConfigure(rootID, size uint32) (ok bool) {
 
 //go:wasmexport proxy_on_request_headers
 func proxyOnRequestHeaders(id, numHeaders, endOfStream uint32) (act uint32) {
+	enter()
 	defer guard("proxy_on_request_headers", func() { act = uint32(filter.Continue) })
-	s, ok := streams[id]
+	s, ok := streams.get(id)
 	if !ok {
 		return uint32(filter.Continue)
 	}
@@ -73,8 +78,9 @@ func proxyOnRequestHeaders(id, numHeaders, endOfStream uint32) (act uint32) {
 
 //go:wasmexport proxy_on_response_headers
 func proxyOnResponseHeaders(id, numHeaders, endOfStream uint32) (act uint32) {
+	enter()
 	defer guard("proxy_on_response_headers", func() { act = uint32(filter.Continue) })
-	s, ok := streams[id]
+	s, ok := streams.get(id)
 	if !ok {
 		return uint32(filter.Continue)
 	}
@@ -101,7 +107,11 @@ func proxyOnDone(id uint32) bool { return true }
 
 //go:wasmexport proxy_on_delete
 func proxyOnDelete(id uint32) {
-	delete(streams, id)
+	enter()
+	if s, ok := streams.remove(id); ok {
+		s.Release()
+		return
+	}
 	delete(roots, id)
 }
 

@@ -6,21 +6,21 @@ import "encoding/binary"
 // u32 count, count × (u32 key length, u32 value length), then every key and
 // value followed by a NUL. All integers are little-endian.
 func encodeHeaderMap(pairs [][2]string) []byte {
-	size := 4 + 8*len(pairs)
+	return appendHeaderMap(nil, pairs)
+}
+
+// appendHeaderMap appends the encoding of pairs to dst.
+func appendHeaderMap(dst []byte, pairs [][2]string) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(pairs)))
 	for _, p := range pairs {
-		size += len(p[0]) + len(p[1]) + 2
-	}
-	b := make([]byte, 4, size)
-	binary.LittleEndian.PutUint32(b, uint32(len(pairs)))
-	for _, p := range pairs {
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(p[0])))
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(p[1])))
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(p[0])))
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(p[1])))
 	}
 	for _, p := range pairs {
-		b = append(b, p[0]...)
-		b = append(b, 0)
-		b = append(b, p[1]...)
-		b = append(b, 0)
+		dst = append(dst, p[0]...)
+		dst = append(dst, 0)
+		dst = append(dst, p[1]...)
+		dst = append(dst, 0)
 	}
-	return b
+	return dst
 }

@@ -5,7 +5,6 @@ package abi
 import (
 	"errors"
 	"strconv"
-	"strings"
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -16,6 +15,15 @@ import (
 type host struct{}
 
 var _ filter.Host = host{}
+
+// ret holds the return slots the host writes through. They are package
+// variables because a local whose address reaches a wasmimport call escapes
+// to the heap: one allocation per host call. A VM runs one callback at a
+// time, and malloc, which the host may call meanwhile, does not touch them.
+var ret struct {
+	data, size, cas uint32
+	ns              uint64
+}
 
 // statusError is a Status other than OK, NOT_FOUND or CAS_MISMATCH.
 type statusError uint32
@@ -30,22 +38,29 @@ func (host) Log(level filter.LogLevel, msg string) {
 	proxyLog(uint32(level), ptr(msg), uint32(len(msg)))
 }
 
+// LogBytes is Log with the message in a byte slice, which the host copies.
+func (host) LogBytes(level filter.LogLevel, msg []byte) {
+	proxyLog(uint32(level), bptr(msg), uint32(len(msg)))
+}
+
+// Get returns the value in memory that stays valid until the callback
+// returns (see memory.go); sharedstate parses it at once.
 func (host) Get(key string) ([]byte, uint32, error) {
 	unpin()
-	defer unpin()
-	var data, size, cas uint32
-	switch st := proxyGetSharedData(ptr(key), uint32(len(key)), &data, &size, &cas); st {
+	switch st := proxyGetSharedData(ptr(key), uint32(len(key)), &ret.data, &ret.size, &ret.cas); st {
 	case statusOK:
 	case statusNotFound:
 		return nil, 0, sharedstate.ErrNotFound
+	case statusUnimplemented: // APISIX: the filter keeps state per worker
+		return nil, 0, sharedstate.ErrUnimplemented
 	default:
 		return nil, 0, statusError(st)
 	}
-	b, ok := returned(data, size)
+	b, ok := returned(ret.data, ret.size)
 	if !ok {
 		return nil, 0, errBadReturn
 	}
-	return b, cas, nil
+	return b, ret.cas, nil
 }
 
 func (host) Set(key string, value []byte, cas uint32) error {
@@ -57,46 +72,70 @@ func (host) Set(key string, value []byte, cas uint32) error {
 	case statusNotFound:
 		// ngx_wasm_module may answer a stale cas on a vanished key this way.
 		return sharedstate.ErrCASMismatch
+	case statusUnimplemented:
+		return sharedstate.ErrUnimplemented
 	default:
 		return statusError(st)
 	}
 }
 
 func (host) DefineCounter(name string) (uint32, error) {
-	var id uint32
-	if st := proxyDefineMetric(metricCounter, ptr(name), uint32(len(name)), &id); st != statusOK {
+	if st := proxyDefineMetric(metricCounter, ptr(name), uint32(len(name)), &ret.data); st != statusOK {
 		return 0, statusError(st)
 	}
-	return id, nil
+	return ret.data, nil
 }
 
 func (host) IncrementCounter(id uint32, delta int64) {
 	proxyIncrementMetric(id, delta)
 }
 
+// RequestHeader returns the value without copying it: the string is valid
+// until the callback returns (see memory.go and filter.Host).
 func (host) RequestHeader(name string) (string, bool) {
 	unpin()
-	defer unpin()
-	var data, size uint32
-	if proxyGetHeaderMapValue(mapRequestHeaders, ptr(name), uint32(len(name)), &data, &size) != statusOK {
+	if proxyGetHeaderMapValue(mapRequestHeaders, ptr(name), uint32(len(name)), &ret.data, &ret.size) != statusOK {
 		return "", false
 	}
-	b, ok := returned(data, size)
+	b, ok := returned(ret.data, ret.size)
 	if !ok {
 		return "", false
 	}
-	return string(b), true
+	return str(b), true
 }
 
+// propertyPath is Property's scratch buffer for the NUL-joined path.
+var propertyPath []byte
+
+// Property returns the value without copying it; it is valid until the
+// callback returns.
 func (host) Property(path ...string) ([]byte, bool) {
 	unpin()
-	defer unpin()
-	p := strings.Join(path, "\x00")
-	var data, size uint32
-	if proxyGetProperty(ptr(p), uint32(len(p)), &data, &size) != statusOK {
+	p := propertyPath[:0]
+	for i, seg := range path {
+		if i > 0 {
+			p = append(p, 0)
+		}
+		p = append(p, seg...)
+	}
+	propertyPath = p
+	if proxyGetProperty(bptr(p), uint32(len(p)), &ret.data, &ret.size) != statusOK {
 		return nil, false
 	}
-	return returned(data, size)
+	return returned(ret.data, ret.size)
+}
+
+// PropertyString is Property returning a string without a copy, valid
+// until the callback returns.
+func (h host) PropertyString(path ...string) (string, bool) {
+	b, ok := h.Property(path...)
+	return str(b), ok
+}
+
+// SetResponseHeaderBytes is SetResponseHeader without converting value to
+// a string: the host copies it during the call.
+func (host) SetResponseHeaderBytes(name string, value []byte) {
+	proxyReplaceHeaderMapValue(mapResponseHeaders, ptr(name), uint32(len(name)), bptr(value), uint32(len(value)))
 }
 
 func (host) SetResponseHeader(name, value string) {
@@ -104,7 +143,8 @@ func (host) SetResponseHeader(name, value string) {
 }
 
 func (host) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) error {
-	hm := encodeHeaderMap(headers)
+	headerMapBuf = appendHeaderMap(headerMapBuf[:0], headers)
+	hm := headerMapBuf
 	st := proxySendLocalResponse(status, ptr(details), uint32(len(details)), bptr(body), uint32(len(body)),
 		bptr(hm), uint32(len(hm)), grpcStatus)
 	if st != statusOK {
@@ -113,20 +153,22 @@ func (host) SendLocalResponse(status uint32, details string, body []byte, header
 	return nil
 }
 
-// bufferBytes reads a whole VM or plugin configuration buffer.
+// headerMapBuf is SendLocalResponse's scratch for the encoded headers.
+var headerMapBuf []byte
+
+// bufferBytes reads a whole VM or plugin configuration buffer into a copy
+// of its own: the configuration outlives the callback.
 func bufferBytes(typ, size uint32) ([]byte, error) {
 	if size == 0 {
 		return nil, nil
 	}
 	unpin()
-	defer unpin()
-	var data, n uint32
-	if st := proxyGetBufferBytes(typ, 0, size, &data, &n); st != statusOK {
+	if st := proxyGetBufferBytes(typ, 0, size, &ret.data, &ret.size); st != statusOK {
 		return nil, statusError(st)
 	}
-	b, ok := returned(data, n)
+	b, ok := returned(ret.data, ret.size)
 	if !ok {
 		return nil, errBadReturn
 	}
-	return b, nil
+	return append([]byte(nil), b...), nil
 }

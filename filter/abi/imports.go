@@ -2,7 +2,10 @@
 
 package abi
 
-import "unsafe"
+import (
+	"time"
+	"unsafe"
+)
 
 // Host functions, module "env". Every one returns a proxy-wasm Status.
 // Return slots are *uint32: the host writes a 32-bit guest address or size.
@@ -39,9 +42,10 @@ func proxyIncrementMetric(id uint32, delta int64) uint32
 
 // Status values of the proxy-wasm ABI.
 const (
-	statusOK          = 0
-	statusNotFound    = 1
-	statusCASMismatch = 8
+	statusOK            = 0
+	statusNotFound      = 1
+	statusCASMismatch   = 8
+	statusUnimplemented = 12
 )
 
 // Enum values of the proxy-wasm ABI.
@@ -54,3 +58,21 @@ const (
 
 	metricCounter = 0
 )
+
+// clockTimeGet is WASI's clock_time_get. The filter needs only the wall
+// clock; time.Now also reads the monotonic clock, a second host call.
+//
+//go:wasmimport wasi_snapshot_preview1 clock_time_get
+func clockTimeGet(id uint32, precision uint64, time *uint64) uint32
+
+// clockRealtime is WASI's CLOCKID_REALTIME.
+const clockRealtime = 0
+
+// realtime returns the wall clock in seconds since the Unix epoch, with one
+// host call; it is every plugin's Clock.
+func realtime() float64 {
+	if clockTimeGet(clockRealtime, 1, &ret.ns) != 0 {
+		return float64(time.Now().UnixNano()) / 1e9
+	}
+	return float64(ret.ns) / 1e9
+}

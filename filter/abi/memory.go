@@ -4,9 +4,41 @@ package abi
 
 import "unsafe"
 
-// pinned holds the buffers handed to the host by malloc since the last
-// import call started; see the package doc.
-var pinned [][]byte
+// Memory the host returns.
+//
+// The host allocates guest memory for every value it returns (a header, a
+// shared-data value, a property) by calling malloc, then writes the value
+// and its address into the guest. Most values are a few dozen bytes and are
+// read at once, so malloc carves them from one static arena instead of the
+// heap: a request allocates nothing for them and the garbage collector
+// never sees them. Values larger than what is left of the arena get their
+// own heap buffer, kept reachable in pinned.
+//
+// Lifetime: the arena is reset when the host enters the next callback
+// (enter), so a returned value stays valid until the callback that asked
+// for it returns. Callers that keep a value longer copy it (bufferBytes
+// does, for the configuration).
+//
+// Safety: returned only accepts an address that malloc handed out during
+// the current import call (since the last unpin), with a size that fits;
+// it never dereferences an address the host made up.
+
+// arenaSize is the static arena's size: room for every value one request
+// reads (headers, the client address, a few shared-data values) many times
+// over.
+const arenaSize = 16 << 10
+
+var (
+	arena    [arenaSize]byte
+	arenaOff int // first free byte of arena in this callback
+
+	// given holds the buffers malloc handed out since the current import
+	// call started (see unpin); returned searches it.
+	given [][]byte
+	// pinned holds heap buffers handed out in this callback, so the
+	// garbage collector keeps them until the callback ends.
+	pinned [][]byte
+)
 
 // malloc is how the host (proxy-wasm-cpp-host, ngx_wasm_module) allocates
 // guest memory for the values it returns.
@@ -20,28 +52,46 @@ func malloc(size uint32) unsafe.Pointer { return allocate(size) }
 func proxyOnMemoryAllocate(size uint32) unsafe.Pointer { return allocate(size) }
 
 func allocate(size uint32) unsafe.Pointer {
-	if size == 0 {
-		size = 1
+	n := int(size)
+	if n == 0 {
+		n = 1
 	}
-	b := make([]byte, size)
-	pinned = append(pinned, b)
+	var b []byte
+	if off := (arenaOff + 7) &^ 7; n <= arenaSize-off {
+		b = arena[off : off+n : off+n]
+		arenaOff = off + n
+	} else {
+		b = make([]byte, n)
+		pinned = append(pinned, b)
+	}
+	given = append(given, b)
 	return unsafe.Pointer(&b[0])
 }
 
-// unpin forgets the buffers of the previous call.
-func unpin() {
+// enter starts a callback: the values returned during the previous one are
+// forgotten and the arena is reused.
+func enter() {
+	arenaOff = 0
 	clear(pinned)
 	pinned = pinned[:0]
+	unpin()
+}
+
+// unpin starts an import call: only buffers handed out from now on are
+// accepted by returned.
+func unpin() {
+	clear(given)
+	given = given[:0]
 }
 
 // returned finds the buffer the host returned at guest address addr, among
-// those it allocated during this call; it never dereferences an address the
-// host made up.
+// those malloc handed out during this import call; it never dereferences an
+// address the host made up. The slice is valid until the callback returns.
 func returned(addr, size uint32) ([]byte, bool) {
 	if size == 0 {
 		return nil, true
 	}
-	for _, b := range pinned {
+	for _, b := range given {
 		if uint32(uintptr(unsafe.Pointer(&b[0]))) == addr && int(size) <= len(b) {
 			return b[:size:size], true
 		}
@@ -62,4 +112,13 @@ func bptr(b []byte) unsafe.Pointer {
 		return nil
 	}
 	return unsafe.Pointer(&b[0])
+}
+
+// str returns b as a string without copying: b is arena or pinned memory
+// that nothing writes to until the callback returns.
+func str(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }

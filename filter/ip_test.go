@@ -1,0 +1,47 @@
+package filter
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// canonicalIP must agree with net/netip on every input, valid or not.
+func TestCanonicalIPMatchesNetip(t *testing.T) {
+	inputs := []string{
+		"", ".", ":", "::", ":::", "::1", "1::", "1::2:3", "::ffff:1.2.3.4", "::ffff:01.2.3.4", "::1.2.3.4",
+		"0.0.0.0", "255.255.255.255", "256.1.1.1", "1.2.3", "1.2.3.4.5", "01.2.3.4", "1..2.3", "1.2.3.4.",
+		"2001:db8::1", "2001:DB8:0:0:0:0:0:1", "2001:db8:0:0:1:0:0:1", "fe80::1%eth0", "fe80::1%", "%eth0",
+		"1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7:8:9", "1:2:3:4:5:6:7::", "::2:3:4:5:6:7:8", "1:2:3:4:5:6:1.2.3.4",
+		"1:2:3:4:5:1.2.3.4", "12345::1", "1:2:3:4:5:6:7:", ":1:2:3:4:5:6:7", "::ffff:a.b.c.d", "0:0:0:0:0:ffff:102:304",
+		"::ffff:0:0", "64:ff9b::1.2.3.4", "1.2.3.4%eth0", "[::1]", "::1%z", "1:0:0:1:0:0:0:1", "0::0", "x",
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	alphabet := "0123456789abcdefABCDEF:.%"
+	for range 100000 {
+		var b strings.Builder
+		for range r.IntN(24) {
+			b.WriteByte(alphabet[r.IntN(len(alphabet))])
+		}
+		inputs = append(inputs, b.String())
+		var a [16]byte
+		for i := range a {
+			if r.IntN(3) > 0 {
+				a[i] = byte(r.IntN(256))
+			}
+		}
+		inputs = append(inputs, netip.AddrFrom16(a).String(), netip.AddrFrom16(a).StringExpanded())
+	}
+	for _, in := range inputs {
+		got, gotOK := canonicalIP(in)
+		ip, err := netip.ParseAddr(in)
+		want, wantOK := "", err == nil
+		if wantOK {
+			want = ip.Unmap().WithZone("").String()
+		}
+		if got != want || gotOK != wantOK {
+			t.Fatalf("canonicalIP(%q): got %q %v, want %q %v", in, got, gotOK, want, wantOK)
+		}
+	}
+}

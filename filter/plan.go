@@ -1,0 +1,143 @@
+package filter
+
+import "strconv"
+
+// This file holds what the request path needs precomputed at configuration
+// time, and the optional host methods it uses to avoid copies. Inside the
+// wasm guest every allocation costs hundreds of nanoseconds and every
+// strconv call dozens of Go calls, so the request path formats into reused
+// buffers and builds nothing it could have built once.
+
+// rulePlan is what Rule.compile precomputes: the parts of the RateLimit
+// headers that do not depend on the request.
+type rulePlan struct {
+	compiled bool
+	// limit is the ratelimit-limit value: the whole tokens of a full bucket.
+	limit string
+	// policy is the ratelimit-policy value: "<rule>";q=<burst>;w=<window>.
+	policy string
+	// quoted is the RateLimit header's first field, "<rule>".
+	quoted string
+}
+
+// compile fills r.plan; ParseConfig calls it on every rule it returns.
+func (r *Rule) compile() {
+	q := quotaOf(r, r.Limit.Burst) // limit and window do not depend on tokens
+	r.plan = rulePlan{
+		compiled: true,
+		limit:    strconv.FormatInt(q.limit, 10),
+		policy:   q.policy(),
+		quoted:   strconv.Quote(r.Name),
+	}
+}
+
+// planOf returns r's plan, compiling it for a Rule built by hand.
+func (r *Rule) planOf() *rulePlan {
+	if !r.plan.compiled {
+		r.compile()
+	}
+	return &r.plan
+}
+
+// headerBytesSetter is implemented by hosts that can set a response header
+// from a byte slice without converting it to a string first (filter/abi: the
+// host copies the value during the call).
+type headerBytesSetter interface {
+	// SetResponseHeaderBytes is SetResponseHeader with the value as bytes;
+	// the host must not keep value after the call.
+	SetResponseHeaderBytes(name string, value []byte)
+}
+
+// propertyStringer is implemented by hosts that can return a property as a
+// string without a copy, valid until the callback returns (filter/abi).
+type propertyStringer interface {
+	PropertyString(path ...string) (string, bool)
+}
+
+// bytesLogger is implemented by hosts that can log a message held in a byte
+// slice (filter/abi); the host must not keep msg after the call.
+type bytesLogger interface {
+	LogBytes(level LogLevel, msg []byte)
+}
+
+// sourceAddress is the path of the client address property, allocated once
+// (a variadic call through an interface would allocate it per request).
+var sourceAddress = []string{"source", "address"}
+
+// setHeader sets a response header from buf.
+func (p *Plugin) setHeader(name string, buf []byte) {
+	if p.hbs != nil {
+		p.hbs.SetResponseHeaderBytes(name, buf)
+		return
+	}
+	p.host.SetResponseHeader(name, string(buf))
+}
+
+// appendRateLimit appends the RateLimit header value,
+// "<rule>";r=<remaining>;t=<reset>, to dst.
+func (q *quota) appendRateLimit(dst []byte, quoted string) []byte {
+	dst = append(dst, quoted...)
+	dst = append(dst, ";r="...)
+	dst = strconv.AppendInt(dst, q.remaining, 10)
+	dst = append(dst, ";t="...)
+	return strconv.AppendInt(dst, q.reset, 10)
+}
+
+// fastIPv4 returns the address part of "a.b.c.d" or "a.b.c.d:port" when it
+// is a dotted-quad IPv4 address exactly as net/netip prints it (fields 0 to
+// 255 without leading zeros), so that normalizeIP can skip parsing and
+// reprinting it. ok is false for anything else, which takes the slow path.
+func fastIPv4(addr string) (string, bool) {
+	end := len(addr)
+	fields, digits, val := 0, 0, 0
+	for i := 0; i < len(addr); i++ {
+		c := addr[i]
+		switch {
+		case '0' <= c && c <= '9':
+			if digits == 1 && val == 0 { // a leading zero
+				return "", false
+			}
+			val = val*10 + int(c-'0')
+			digits++
+			if val > 255 {
+				return "", false
+			}
+		case c == '.' || c == ':':
+			if digits == 0 {
+				return "", false
+			}
+			fields++
+			digits, val = 0, 0
+			if c == ':' {
+				if fields != 4 || !allDigits(addr[i+1:]) {
+					return "", false
+				}
+				end = i
+				i = len(addr)
+			} else if fields == 4 {
+				return "", false
+			}
+		default:
+			return "", false
+		}
+	}
+	if end == len(addr) {
+		if digits == 0 || fields != 3 {
+			return "", false
+		}
+	}
+	return addr[:end], true
+}
+
+// allDigits reports whether s is one or more ASCII digits.
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,24 @@
+package sharedstate
+
+import (
+	"crypto/sha256"
+	"strings"
+	"testing"
+)
+
+func TestSHA256MatchesCrypto(t *testing.T) {
+	for n := 0; n <= 300; n++ {
+		v := strings.Repeat("ab\xff", n)[:n]
+		if got, want := sha256String(v), sha256.Sum256([]byte(v)); got != want {
+			t.Fatalf("len %d: got %x, want %x", n, got, want)
+		}
+	}
+}
+
+func BenchmarkSHA256String(b *testing.B) {
+	v := strings.Repeat("x", 200)
+	b.ReportAllocs()
+	for b.Loop() {
+		sha256String(v)
+	}
+}
