@@ -106,6 +106,10 @@ type Options struct {
 	// DisableTicks stops the host from calling proxy_on_tick on its own
 	// after the filter sets a tick period; Tick still works.
 	DisableTicks bool
+	// TimeHostCalls makes the host measure the time spent inside host
+	// functions (ExchangeResult.HostNanos), for benchmarks; it costs two
+	// clock reads per host call.
+	TimeHostCalls bool
 }
 
 // LogEntry is one log line kept by a Host.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tetratelabs/wazero/api"
 
@@ -69,6 +70,7 @@ func (h *Host) instantiateEnv(ctx context.Context) error {
 // wrap adapts a hostFn to wazero. A panic in the host function becomes
 // INTERNAL_FAILURE and a log line, never a trap.
 func (h *Host) wrap(name string, fn hostFn) api.GoModuleFunc {
+	idx := importIndex(name)
 	return func(ctx context.Context, mod api.Module, stack []uint64) {
 		w, _ := ctx.Value(workerKey{}).(*worker)
 		defer func() {
@@ -81,6 +83,11 @@ func (h *Host) wrap(name string, fn hostFn) api.GoModuleFunc {
 			h.hostLog(nil, LogCritical, name+": called outside a host callback")
 			stack[0] = uint64(StatusInternalFailure)
 			return
+		}
+		w.count(idx)
+		if h.opts.TimeHostCalls {
+			t0 := time.Now()
+			defer func() { w.hostNanos += int64(time.Since(t0)) }()
 		}
 		stack[0] = uint64(fn(ctx, w, mod.Memory(), stack))
 	}
@@ -370,6 +377,8 @@ func (h *Host) storeStatus(w *worker, op string, err error) Status {
 		return StatusNotFound
 	case errors.Is(err, sharedstate.ErrCASMismatch):
 		return StatusCASMismatch
+	case errors.Is(err, sharedstate.ErrUnimplemented):
+		return StatusUnimplemented // APISIX's wasm-nginx-module
 	}
 	h.hostLog(w, LogDebug, op+": "+err.Error())
 	return StatusInternalFailure

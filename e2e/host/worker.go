@@ -46,6 +46,9 @@ type worker struct {
 
 	tickPeriod atomic.Uint32 // milliseconds; 0 = no ticks
 
+	calls     []uint64 // host calls by importNames index; see Host.HostCalls
+	hostNanos int64    // time in host functions, with Options.TimeHostCalls
+
 	starting  bool
 	startErrs []string // error-level lines logged while starting
 }

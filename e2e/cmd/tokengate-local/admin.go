@@ -7,9 +7,8 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/tidwall/gjson"
-
 	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -71,29 +70,16 @@ func writeSharedData(w io.Writer, entries []sharedstate.Entry, bytes int) error 
 // ruleNames lists the rule names in a plugin configuration, whichever
 // layout it uses: policies[].spec.rules[].name, rules[].name, or a single
 // top-level name.
+// ruleNames returns the names of the configuration's rules, fallback
+// limits included, as the filter itself parses them.
 func ruleNames(cfg []byte) ([]string, error) {
-	if len(cfg) == 0 {
-		return nil, errors.New("(empty configuration)")
-	}
-	if !gjson.ValidBytes(cfg) {
-		return nil, errors.New("(configuration is not valid JSON)")
+	c, err := filter.ParseConfig(cfg)
+	if err != nil {
+		return nil, errors.New("(invalid configuration: " + err.Error() + ")")
 	}
 	var names []string
-	add := func(r gjson.Result) {
-		if r.Type == gjson.String {
-			names = append(names, r.Str)
-		}
-	}
-	for _, p := range gjson.GetBytes(cfg, "policies.#.spec.rules.#.name").Array() {
-		for _, n := range p.Array() {
-			add(n)
-		}
-	}
-	for _, n := range gjson.GetBytes(cfg, "rules.#.name").Array() {
-		add(n)
-	}
-	if len(names) == 0 {
-		add(gjson.GetBytes(cfg, "name"))
+	for _, r := range c.Rules() {
+		names = append(names, r.Name)
 	}
 	return names, nil
 }

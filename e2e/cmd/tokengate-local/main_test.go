@@ -16,13 +16,16 @@ func TestRuleNames(t *testing.T) {
 		expected    []string
 		expectedErr string
 	}{
-		{name: "policies", input: `{"policies":[{"spec":{"rules":[{"name":"a"},{"name":"b"}]}},{"spec":{"rules":[{"name":"c"}]}}]}`,
-			expected: []string{"a", "b", "c"}},
-		{name: "rules", input: `{"rules":[{"name":"per-ip"},{"name":7},{"x":1}]}`, expected: []string{"per-ip"}},
-		{name: "single", input: `{"name":"only","tokens_per_second":5}`, expected: []string{"only"}},
-		{name: "none", input: `{"tokens_per_second":5}`, expected: nil},
-		{name: "empty", input: ``, expectedErr: "(empty configuration)"},
-		{name: "not json", input: `{"rules":`, expectedErr: "(configuration is not valid JSON)"},
+		{name: "bundle with fallbacks", input: `{"bundle_version":1,"policies":[
+			{"id":"api","spec":{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":1}},{"name":"b","algorithm_config":{"rps":1,"burst":1}}],
+			 "fallback_limit":{"algorithm_config":{"rps":1,"burst":1}}}},
+			{"id":"x","spec":{"rules":[{"name":"c","algorithm_config":{"rps":1,"burst":1}}]}}]}`,
+			expected: []string{"a", "b", "api-fallback", "c"}},
+		{name: "rules", input: `{"rules":[{"name":"per-ip","algorithm_config":{"rps":1,"burst":1}}]}`, expected: []string{"per-ip"}},
+		{name: "single", input: `{"name":"only","algorithm_config":{"rps":5,"burst":5}}`, expected: []string{"only"}},
+		{name: "empty", input: ``, expectedErr: "(invalid configuration: configuration is empty)"},
+		{name: "not json", input: `{"rules":`, expectedErr: "(invalid configuration: configuration is not valid JSON)"},
+		{name: "invalid", input: `{"name":"a","algorithm_config":{"rps":5}}`, expectedErr: "(invalid configuration: algorithm_config.burst: is required)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
