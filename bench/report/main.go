@@ -1,0 +1,412 @@
+// Command report prints the one table of `make bench` (bench/run.sh) as
+// Markdown, from the raw outputs run.sh leaves in a directory: Go benchmark
+// output (go-*.txt; the median of repeated runs is shown), wrk output
+// (http-a-*.txt, http-b-*.txt), redis-benchmark CSV (redis-*.csv), module
+// sizes (size.txt) and the machine (machine.txt). Missing inputs give
+// "not measured" rows. BENCHMARKS.md explains every row.
+//
+//	go run ./bench/report -dir build/bench
+package main
+
+import (
+	"bufio"
+	"encoding/csv"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+func main() {
+	dir := flag.String("dir", "build/bench", "directory with run.sh's raw outputs")
+	flag.Parse()
+	r := &report{dir: *dir, bench: map[string]map[string][]float64{}}
+	if err := r.load(); err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
+	r.print(os.Stdout)
+}
+
+type report struct {
+	dir   string
+	bench map[string]map[string][]float64 // benchmark name → unit → values
+}
+
+// benchLine matches "BenchmarkX/y-2   1000   123 ns/op   4.0 unit ...".
+var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)
+
+func (r *report) load() error {
+	files, err := filepath.Glob(filepath.Join(r.dir, "go-*.txt"))
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		tag := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "go-"), ".txt")
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			m := benchLine.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			name := m[1]
+			if tag == "memory-100k" || tag == "memory-1m" || strings.HasPrefix(tag, "zerohost-") {
+				name += "@" + tag
+			}
+			f := strings.Fields(m[2])
+			for i := 0; i+1 < len(f); i += 2 {
+				v, err := strconv.ParseFloat(f[i], 64)
+				if err != nil {
+					continue
+				}
+				if r.bench[name] == nil {
+					r.bench[name] = map[string][]float64{}
+				}
+				r.bench[name][f[i+1]] = append(r.bench[name][f[i+1]], v)
+			}
+		}
+	}
+	return nil
+}
+
+// get returns the median of a benchmark's unit, and whether it was measured.
+func (r *report) get(name, unit string) (float64, bool) {
+	vs := r.bench[name][unit]
+	if len(vs) == 0 {
+		return 0, false
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2], true
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2, true
+}
+
+func (r *report) file(name string) string {
+	b, err := os.ReadFile(filepath.Join(r.dir, name))
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// row is one line of the table.
+type row struct{ id, what, result, ratio, target string }
+
+func (r *report) print(w io.Writer) {
+	var rows []row
+	add := func(id, what, result, ratio, target string) {
+		rows = append(rows, row{id, what, result, ratio, target})
+	}
+	na := "not measured"
+
+	// 1. bucket vs x/time/rate.
+	take, okT := r.get("BenchmarkTake", "ns/op")
+	xt, okX := r.get("BenchmarkXTimeRateAllowN", "ns/op")
+	if okT {
+		a, _ := r.get("BenchmarkTake", "allocs/op")
+		ratio := ""
+		if okX {
+			ratio = fmt.Sprintf("%.2f× x/time/rate", take/xt)
+		}
+		add("1", "bucket.Limit.Take", fmt.Sprintf("%s ns/op, %s allocs/op", f3(take), f0(a)), ratio, "0 allocs, < 1×")
+	} else {
+		add("1", "bucket.Limit.Take", na, "", "")
+	}
+	if okX {
+		a, _ := r.get("BenchmarkXTimeRateAllowN", "allocs/op")
+		add("1", "x/time/rate Limiter.AllowN (mutex included)", fmt.Sprintf("%s ns/op, %s allocs/op", f3(xt), f0(a)), "1.00×", "")
+	}
+
+	// 2. sharedstate.
+	for _, c := range []struct{ name, what string }{
+		{"BenchmarkTakeAll/serial", "TakeAll, serial, 1 bucket"},
+		{"BenchmarkTakeAll/serial-3-buckets", "TakeAll, serial, 3 buckets"},
+		{"BenchmarkTakeAll/parallel-8-one-key", "TakeAll, 8 goroutines, one key, no back-off"},
+		{"BenchmarkTakeAll/parallel-8-one-key-spin-backoff", "TakeAll, 8 goroutines, one key, spin back-off"},
+		{"BenchmarkTakeAll/parallel-8-10000-keys", "TakeAll, 8 goroutines, 10,000 keys"},
+	} {
+		ns, ok := r.get(c.name, "ns/op")
+		if !ok {
+			add("2", c.what, na, "", "")
+			continue
+		}
+		a, _ := r.get(c.name, "allocs/op")
+		res := fmt.Sprintf("%s ns/op, %s allocs/op", f0(ns), f0(a))
+		if cr, ok := r.get(c.name, "casretries/op"); ok {
+			fo, _ := r.get(c.name, "failopen/op")
+			res += fmt.Sprintf(", %s CAS retries/op, %s fail-open/op", f3(cr), f3(fo))
+		}
+		add("2", c.what, res, fmt.Sprintf("%s decisions/s", si(1e9/ns)), "")
+	}
+
+	// 3. The module in wazero.
+	cases := []struct{ id, name, what string }{
+		{"3a", "a-passthrough", "passthrough (no rule applies)"},
+		{"3b", "b-one-rule", "one per-IP rule, allowed"},
+		{"3c", "c-four-rules", "four rules, allowed"},
+		{"3d", "d-rejected", "one rule, rejected (429)"},
+		{"3e", "e-100000-ips", "one per-IP rule over 100,000 IPs"},
+	}
+	pass, okPass := r.get("BenchmarkGuestRequest/a-passthrough", "ns/op")
+	for _, c := range cases {
+		name := "BenchmarkGuestRequest/" + c.name
+		ns, ok := r.get(name, "ns/op")
+		if !ok {
+			add(c.id, "wasm request: "+c.what, na, "", "")
+			continue
+		}
+		hc, _ := r.get(name, "hostcalls/op")
+		gb, _ := r.get(name, "guestB/op")
+		ga, _ := r.get(name, "guestallocs/op")
+		res := fmt.Sprintf("%s ns/req, %s host calls/req, guest heap %s B/req in %s allocs/req", f0(ns), f2(hc), f0(gb), f2(ga))
+		ratio, target := "", ""
+		if okPass {
+			ratio = fmt.Sprintf("%.2f× (a)", ns/pass)
+		}
+		if c.id == "3b" {
+			target = "≤ 3× (a)"
+		}
+		add(c.id, "wasm request: "+c.what, res, ratio, target)
+	}
+	for _, c := range []struct{ id, name, what string }{
+		{"3a", "a-passthrough", "passthrough"},
+		{"3b", "b-one-rule", "one rule, allowed"},
+	} {
+		name := "BenchmarkHostShare/" + c.name
+		if h, ok := r.get(name, "hostfn-ns/op"); ok {
+			g, _ := r.get(name, "guest-ns/op")
+			add(c.id+"′", "split of ("+c.id[1:]+"), "+c.what+": inside host functions / the rest",
+				fmt.Sprintf("%s ns / %s ns", f0(h), f0(g)), fmt.Sprintf("%.0f%% host", 100*h/(h+g)), "")
+		}
+	}
+	for _, c := range []struct{ id, name, what string }{
+		{"3a", "a-passthrough", "passthrough"},
+		{"3b", "b-one-rule", "one rule, allowed"},
+		{"3d", "d-rejected", "rejected"},
+	} {
+		name := "BenchmarkZeroCostHost/" + c.name
+		w, okw := r.get(name+"@zerohost-wasm", "ns/op")
+		n, okn := r.get(name+"@zerohost-native", "ns/op")
+		if !okw && !okn {
+			continue
+		}
+		a, _ := r.get(name+"@zerohost-native", "allocs/op")
+		res := fmt.Sprintf("native %s ns, %s allocs", f3(n), f0(a))
+		ratio := ""
+		if okw {
+			res = fmt.Sprintf("wasm %s ns; ", f0(w)) + res
+			if okn {
+				ratio = fmt.Sprintf("wasm %.1f× native", w/n)
+			}
+		}
+		add(c.id+"″", "filter code only, zero-cost host: "+c.what, res, ratio, "")
+	}
+	if s, ok := r.get("BenchmarkGuestMemory@memory-1m", "linmem-start-MiB"); ok {
+		e, _ := r.get("BenchmarkGuestMemory@memory-1m", "linmem-end-MiB")
+		gs, _ := r.get("BenchmarkGuestMemory@memory-1m", "goruntime-start-MiB")
+		ge, _ := r.get("BenchmarkGuestMemory@memory-1m", "goruntime-end-MiB")
+		add("3f", "guest memory over 1,000,000 requests (100,000 IPs, 10% rejected)",
+			fmt.Sprintf("linear memory %s → %s MiB; Go runtime %s → %s MiB", f2(s), f2(e), f2(gs), f2(ge)),
+			fmt.Sprintf("%.2f× start", e/s), "flat")
+	} else {
+		add("3f", "guest memory over 1,000,000 requests", na, "", "flat")
+	}
+
+	// 4. HTTP.
+	a := wrkRuns(r.dir, "http-a-")
+	b := wrkRuns(r.dir, "http-b-")
+	if len(a) > 0 && len(b) > 0 {
+		ma, mb := medianWrk(a), medianWrk(b)
+		add("4a", "HTTP via tokengate-local: passthrough (wrk)", ma.String(), "1.00×", "")
+		add("4b", "HTTP via tokengate-local: one per-IP rule (wrk)", mb.String(), fmt.Sprintf("%.0f%% of (4a) req/s", 100*mb.rps/ma.rps), "≥ 90%")
+	} else {
+		add("4", "HTTP via tokengate-local (wrk)", na+" (no wrk)", "", "≥ 90%")
+	}
+
+	// 5. Contention.
+	if m, ok := r.get("BenchmarkContention", "cas-attempts-mean"); ok {
+		p99, _ := r.get("BenchmarkContention", "cas-attempts-p99")
+		mx, _ := r.get("BenchmarkContention", "cas-attempts-max")
+		fo, _ := r.get("BenchmarkContention", "fail-open")
+		ns, _ := r.get("BenchmarkContention", "ns/op")
+		add("5", "contention: 8 worker VMs, one hot key, 100,000 requests",
+			fmt.Sprintf("CAS attempts/req mean %s, p99 %s, max %s; fail_open %s", f3(m), f0(p99), f0(mx), f0(fo)),
+			fmt.Sprintf("%s decisions/s", si(1e9/ns)), "fail_open 0, mean < 1.5")
+	} else {
+		add("5", "contention", na, "", "fail_open 0, mean < 1.5")
+	}
+
+	// 6. Redis peer.
+	for _, c := range []struct{ file, what string }{
+		{"redis-keys.csv", "Redis Lua token bucket (EVALSHA), 100,000 keys"},
+		{"redis-hot.csv", "Redis Lua token bucket (EVALSHA), one hot key"},
+	} {
+		rps, p50, p99, ok := redisCSV(filepath.Join(r.dir, c.file))
+		if !ok {
+			add("6", c.what, na+" (no redis-server)", "", "")
+			continue
+		}
+		ratio := ""
+		if okb := r.bench["BenchmarkGuestRequest/b-one-rule"]; okb != nil {
+			ns, _ := r.get("BenchmarkGuestRequest/b-one-rule", "ns/op")
+			ratio = fmt.Sprintf("tokengate (3b) %s/s per VM", si(1e9/ns))
+		}
+		add("6", c.what, fmt.Sprintf("%s checks/s, p50 %s ms, p99 %s ms", si(rps), p50, p99), ratio, "")
+	}
+
+	// 7. Module.
+	sizes := map[string]float64{}
+	for _, line := range strings.Split(r.file("size.txt"), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "size" {
+			v, _ := strconv.ParseFloat(f[2], 64)
+			sizes[f[1]] = v
+		}
+	}
+	for _, c := range []struct{ key, what string }{
+		{"default", "module size, `make build`"},
+		{"stripped", "module size, -ldflags='-s -w'"},
+		{"wasm-opt", "module size, -s -w + wasm-opt -Oz (`make build-small`)"},
+	} {
+		if v, ok := sizes[c.key]; ok {
+			add("7", c.what, fmt.Sprintf("%.2f MB (%s bytes)", v/1e6, f0(v)), "", "≤ 3 MB")
+		}
+	}
+	if ns, ok := r.get("BenchmarkInstantiateWorker", "ns/op"); ok {
+		lm, _ := r.get("BenchmarkInstantiateWorker", "linmem-MiB")
+		add("7", "instantiate + start one more worker VM", fmt.Sprintf("%s ms, linear memory %s MiB", f2(ns/1e6), f2(lm)), "", "")
+	}
+	if e, ok := r.get("BenchmarkGuestMemory@memory-100k", "linmem-end-MiB"); ok {
+		add("7", "linear memory per VM after 100,000 requests", fmt.Sprintf("%s MiB", f2(e)), "", "")
+	}
+
+	fmt.Fprintln(w, "| # | measurement | result | ratio | target |")
+	fmt.Fprintln(w, "|---|---|---|---|---|")
+	for _, x := range rows {
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", x.id, x.what, x.result, x.ratio, x.target)
+	}
+	fmt.Fprintln(w)
+	for _, line := range strings.Split(strings.TrimSpace(r.file("machine.txt")), "\n") {
+		if line != "" {
+			fmt.Fprintln(w, "- "+line)
+		}
+	}
+}
+
+// wrkResult is one wrk run.
+type wrkResult struct {
+	rps, p50, p99 float64 // requests/s, latency in ms
+	non2xx        int
+}
+
+func (w wrkResult) String() string {
+	s := fmt.Sprintf("%s req/s, p50 %s ms, p99 %s ms", si(w.rps), f3(w.p50), f3(w.p99))
+	if w.non2xx > 0 {
+		s += fmt.Sprintf(", %d non-2xx", w.non2xx)
+	}
+	return s
+}
+
+var (
+	wrkRPS     = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	wrkPct     = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)\s*$`)
+	wrkNon2xx  = regexp.MustCompile(`Non-2xx or 3xx responses:\s+(\d+)`)
+	unitToMSec = map[string]float64{"us": 1e-3, "ms": 1, "s": 1e3}
+)
+
+func wrkRuns(dir, prefix string) []wrkResult {
+	files, _ := filepath.Glob(filepath.Join(dir, prefix+"*.txt"))
+	var out []wrkResult
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		m := wrkRPS.FindSubmatch(b)
+		if m == nil {
+			continue
+		}
+		var res wrkResult
+		res.rps, _ = strconv.ParseFloat(string(m[1]), 64)
+		for _, p := range wrkPct.FindAllSubmatch(b, -1) {
+			v, _ := strconv.ParseFloat(string(p[2]), 64)
+			v *= unitToMSec[string(p[3])]
+			if string(p[1]) == "50" {
+				res.p50 = v
+			} else {
+				res.p99 = v
+			}
+		}
+		if n := wrkNon2xx.FindSubmatch(b); n != nil {
+			res.non2xx, _ = strconv.Atoi(string(n[1]))
+		}
+		out = append(out, res)
+	}
+	return out
+}
+
+// medianWrk returns the run with the median throughput.
+func medianWrk(rs []wrkResult) wrkResult {
+	s := slices.Clone(rs)
+	slices.SortFunc(s, func(a, b wrkResult) int { return int(math.Copysign(1, a.rps-b.rps)) })
+	return s[len(s)/2]
+}
+
+func redisCSV(path string) (rps float64, p50, p99 string, ok bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, "", "", false
+	}
+	defer f.Close()
+	recs, err := csv.NewReader(bufio.NewReader(f)).ReadAll()
+	if err != nil || len(recs) < 2 {
+		return 0, "", "", false
+	}
+	h, v := recs[0], recs[len(recs)-1]
+	col := func(name string) string {
+		for i, n := range h {
+			if n == name && i < len(v) {
+				return v[i]
+			}
+		}
+		return ""
+	}
+	rps, err = strconv.ParseFloat(col("rps"), 64)
+	return rps, col("p50_latency_ms"), col("p99_latency_ms"), err == nil
+}
+
+func f0(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) }
+func f2(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
+
+// f3 prints three significant digits.
+func f3(v float64) string {
+	switch {
+	case v >= 100:
+		return f0(v)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return f2(v)
+}
+
+// si prints a rate with a k or M suffix.
+func si(v float64) string {
+	switch {
+	case v >= 1e6:
+		return f3(v/1e6) + " M"
+	case v >= 1e3:
+		return f3(v/1e3) + " k"
+	}
+	return f3(v)
+}
