@@ -334,3 +334,53 @@ func TestSeedKeeper(t *testing.T) {
 		}
 	})
 }
+
+// TestSlotsMillionIdentities sprays 1,000,000 distinct client IPs, about
+// 10,000 new ones a second, at a rule with the default 65,536 slots: the
+// store never holds more keys than the bound, a hot client inside the spray
+// is limited exactly, and a client that was idle long enough for its slot
+// to be taken over gets a full bucket back.
+func TestSlotsMillionIdentities(t *testing.T) {
+	const n, identities = 65536, 1_000_000
+	m := NewMemStore(Envoy)
+	u := &Updater{Store: m}
+	lim := bucket.Limit{Rate: 1, Burst: 3}
+	req := func(owner string) Request {
+		a, b := SlotPair(slotSeed, owner, n)
+		return Request{Key: string(AppendSlotKey(nil, false, "per-ip", a)), Alt: string(AppendSlotKey(nil, false, "per-ip", b)),
+			Owner: owner, Slotted: true, Limit: lim, Cost: 1}
+	}
+	hot := req("198.51.100.7")
+	hot.Limit = bucket.Limit{Rate: 50, Burst: 100}
+	idle := req("203.0.113.99")
+	res := make([]bucket.Result, 1)
+	take1 := func(r Request, now float64) bool { return u.TakeAll([]Request{r}, now, res).Allowed }
+	for i := 0; i < 3; i++ {
+		take1(idle, t0) // the idle client empties its bucket, then goes away
+	}
+	admitted, maxKeys := 0, 0
+	now := t0
+	for i := 0; i < identities; i++ {
+		now = t0 + float64(i)/10000
+		ip := "10." + strconv.Itoa(i>>16&255) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)
+		take1(req(ip), now)
+		if i%50 == 0 && take1(hot, now) { // 200 requests a second, 4 × its rate
+			admitted++
+		}
+		if i%10000 == 0 {
+			maxKeys = max(maxKeys, m.Len())
+		}
+	}
+	maxKeys = max(maxKeys, m.Len())
+	if maxKeys > n {
+		t.Errorf("keys: up to %d, want at most %d", maxKeys, n)
+	}
+	ceiling := hot.Limit.Burst + hot.Limit.Rate*(now-t0)
+	if float64(admitted) > ceiling || float64(admitted) < ceiling-1 {
+		t.Errorf("hot client: admitted %d, want within [%.1f, %.1f]", admitted, ceiling-1, ceiling)
+	}
+	if out := u.TakeAll([]Request{idle}, now, res); !out.Allowed || out.Results[0].Tokens != lim.Burst-1 {
+		t.Errorf("idle client after the spray: got %+v, want a full bucket (not punished)", out)
+	}
+	t.Logf("%d identities: at most %d keys; hot client %d admitted of ceiling %.1f", identities, maxKeys, admitted, ceiling)
+}
