@@ -314,15 +314,10 @@ func (r *request) value(d Descriptor) (string, bool) {
 	}
 }
 
-// identity returns what seeds a client's Retry-After jitter: the JWT subject
-// if there is one, otherwise the client IP, otherwise the path.
-func (r *request) identity() string {
-	prefix, v := r.identityParts()
-	return prefix + v
-}
-
-// identityParts is identity as a prefix and a value, so that it can be
-// hashed without concatenating them (identityHash).
+// identityParts returns what seeds a client's Retry-After jitter, as a
+// prefix and a value so that it can be hashed without concatenating them:
+// the JWT subject if there is one, otherwise the client IP, otherwise the
+// path.
 func (r *request) identityParts() (prefix, value string) {
 	if sub, ok := claim(r.jwtClaims(), "sub"); ok {
 		return "sub:", sub
@@ -333,7 +328,7 @@ func (r *request) identityParts() (prefix, value string) {
 	return "path:", r.urlPath()
 }
 
-// identityHash is fnv64(r.identity()).
+// identityHash is the FNV-1a hash of the identity's prefix and value.
 func (r *request) identityHash() uint64 {
 	prefix, v := r.identityParts()
 	return fnv64Add(fnv64Add(fnvOffset, prefix), v)

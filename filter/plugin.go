@@ -182,7 +182,6 @@ type Stream struct {
 // quota is what the RateLimit headers say about one bucket.
 type quota struct {
 	r         *Rule
-	rule      string
 	limit     int64 // whole tokens the bucket holds when full
 	remaining int64 // whole tokens left
 	reset     int64 // seconds until full
@@ -192,7 +191,6 @@ type quota struct {
 func quotaOf(r *Rule, tokens float64) quota {
 	return quota{
 		r:         r,
-		rule:      r.Name,
 		limit:     int64(r.Limit.Burst),
 		remaining: int64(math.Floor(tokens)),
 		reset:     seconds(r.Limit.ResetAfter(tokens)),
@@ -521,14 +519,10 @@ func (p *Plugin) logDescribe(prefix string, g *group, i int, retry int64) {
 }
 
 // reqHash identifies a bucket's identity in logs without revealing it.
-func reqHash(r *sharedstate.Request) string {
-	if r.Slotted {
-		return keyHash(r.Owner)
-	}
-	return keyHash(r.Key)
-}
+func reqHash(r *sharedstate.Request) string { return string(appendReqHash(nil, r)) }
 
-// appendReqHash appends reqHash(r) to dst.
+// appendReqHash appends reqHash(r) to dst: the top 32 bits of the FNV-1a
+// hash of the owner (slotted rules) or the key, in hex.
 func appendReqHash(dst []byte, r *sharedstate.Request) []byte {
 	k := r.Key
 	if r.Slotted {
@@ -543,12 +537,6 @@ func ruleNames(rules []*Rule) string {
 		names[i] = r.Name
 	}
 	return strings.Join(names, ",")
-}
-
-// keyHash is a short, stable FNV-1a hash of a shared-data key for logs.
-func keyHash(key string) string {
-	h := fnv64(key)
-	return strconv.FormatUint(h>>32, 16)
 }
 
 func fnv64(s string) uint64 {
@@ -590,14 +578,9 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 	return Continue
 }
 
-// rateLimit is the RateLimit header: "<rule>";r=<remaining>;t=<reset>.
-func (q *quota) rateLimit() string {
-	return strconv.Quote(q.rule) + ";r=" + strconv.FormatInt(q.remaining, 10) + ";t=" + strconv.FormatInt(q.reset, 10)
-}
-
 // policy is the RateLimit-Policy header: "<rule>";q=<burst>;w=<window>.
 func (q *quota) policy() string {
-	return strconv.Quote(q.rule) + ";q=" + strconv.FormatInt(q.limit, 10) + ";w=" + strconv.FormatInt(q.window, 10)
+	return strconv.Quote(q.r.Name) + ";q=" + strconv.FormatInt(q.limit, 10) + ";w=" + strconv.FormatInt(q.window, 10)
 }
 
 // recoverTo turns a panic in a callback into a critical log, a count, and
