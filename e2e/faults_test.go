@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -365,5 +366,40 @@ func TestNoSharedDataPerWorker(t *testing.T) {
 	}
 	if ms.Len() != 0 {
 		t.Errorf("the host store holds %d keys, want none", ms.Len())
+	}
+}
+
+// TestNoSharedDataManyClients interleaves many clients on one worker whose
+// buckets live in the guest (APISIX): each client is admitted exactly its
+// burst at one instant. The filter hands the store its keys as views of a
+// buffer it rewrites for every request, so this fails if the in-guest store
+// kept a key without copying it (its map, grown past a few keys, would hash
+// them by bytes that have since changed).
+func TestNoSharedDataManyClients(t *testing.T) {
+	cfg := `{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":3}}]}`
+	unimplemented := &sharedstate.FaultStore{Store: sharedstate.NewMemStore(sharedstate.Envoy),
+		GetErr: func(string) error { return sharedstate.ErrUnimplemented },
+		SetErr: func(string, []byte, uint32) error { return sharedstate.ErrUnimplemented }}
+	h, _ := startHost(t, hostOpts(cfg, false, 1, host.NewFakeClock(t0), unimplemented))
+	const clients = 300
+	admitted := make([]int, clients)
+	ex := &host.Exchange{Request: []host.Header{{Name: ":authority", Value: "example.com"},
+		{Name: ":path", Value: "/"}, {Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"}}}
+	for range 5 {
+		for i := range clients {
+			ex.RemoteAddr = "10.2." + strconv.Itoa(i>>8) + "." + strconv.Itoa(i&255) + ":5000"
+			res, err := h.Exchange(0, ex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Status == http.StatusOK {
+				admitted[i]++
+			}
+		}
+	}
+	for i, n := range admitted {
+		if n != 3 {
+			t.Errorf("client %d: admitted %d of 5 at one instant, want the burst, 3", i, n)
+		}
 	}
 }

@@ -60,6 +60,17 @@ type bytesLogger interface {
 	LogBytes(level LogLevel, msg []byte)
 }
 
+// bytesViewer is implemented by hosts that can give a string view of a
+// byte slice without copying it (filter/abi, which alone may use unsafe).
+// The filter uses it for the request's shared-data keys, whose buffer it
+// does not touch again until the next request; the Store contract already
+// forbids keeping a key past the call (sharedstate.Store).
+type bytesViewer interface {
+	// ViewString returns a string sharing b's bytes: valid while b is not
+	// modified.
+	ViewString(b []byte) string
+}
+
 // sourceAddress is the path of the client address property, allocated once
 // (a variadic call through an interface would allocate it per request).
 var sourceAddress = []string{"source", "address"}

@@ -38,6 +38,7 @@ type Plugin struct {
 	// Optional host methods that save a copy; nil when the host lacks them.
 	hbs headerBytesSetter
 	ps  propertyStringer
+	bv  bytesViewer
 	// hdrBufs hold the response header values formatted per request, one
 	// buffer per header: some hosts (the SDK's proxytest emulator) keep a
 	// view of the value instead of copying it.
@@ -77,6 +78,15 @@ func (g *group) reset() {
 	g.rules, g.reqs, g.spans = g.rules[:0], g.reqs[:0], g.spans[:0]
 }
 
+// view returns b as a string: a view of b's bytes where the host offers one
+// (b must then stay untouched while the string is in use), otherwise a copy.
+func (p *Plugin) view(b []byte) string {
+	if p.bv != nil {
+		return p.bv.ViewString(b)
+	}
+	return string(b)
+}
+
 // setKeys points every request's Key, Alt and Owner into keys, the string
 // of Plugin.keyBuf.
 func (g *group) setKeys(keys string) {
@@ -96,6 +106,7 @@ func NewPlugin(h Host) *Plugin {
 	p.hbs, _ = h.(headerBytesSetter)
 	p.ps, _ = h.(propertyStringer)
 	p.bl, _ = h.(bytesLogger)
+	p.bv, _ = h.(bytesViewer)
 	// Workers that collide on a key must not retry in lockstep; seed each
 	// plugin instance (one per worker VM) differently.
 	p.upd.Backoff = sharedstate.SpinBackoff(uint64(time.Now().UnixNano()))
@@ -283,9 +294,9 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 		}
 	}
 	if len(p.enforce.reqs)+len(p.shadow.reqs) > 0 {
-		// One string, and so one allocation, holds every key of the
-		// request.
-		keys := string(p.keyBuf)
+		// One string holds every key of the request: keyBuf stays
+		// untouched until the next request.
+		keys := p.view(p.keyBuf)
 		p.enforce.setKeys(keys)
 		p.shadow.setKeys(keys)
 	}

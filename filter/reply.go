@@ -55,15 +55,16 @@ func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result, retry i
 	q.remaining = 0
 	reason := reasonOf(res)
 	plan := r.planOf()
-	// The values that vary go into one buffer and become one string; the
-	// others were built at configuration time.
+	// The values that vary go into one buffer, viewed as one string
+	// (replyBuf stays untouched until the next rejection; the host copies
+	// the headers); the others were built at configuration time.
 	b := strconv.AppendInt(p.replyBuf[:0], retry, 10)
 	endRetry := len(b)
 	b = strconv.AppendInt(b, q.reset, 10)
 	endReset := len(b)
 	b = q.appendRateLimit(b, plan.quoted)
 	p.replyBuf = b
-	vals := string(b)
+	vals := p.view(b)
 	headers := p.replyHdrs[:0]
 	if retry > 0 {
 		headers = append(headers, [2]string{"retry-after", vals[:endRetry]})

@@ -34,6 +34,10 @@ var (
 // parse it at once and copy what they keep, as Updater does.
 // Set writes value if cas is accepted by the host, or returns ErrCASMismatch.
 // What cas 0 and a missing key mean differs between hosts; see Semantics.
+//
+// Neither may keep key or value after returning: the filter passes keys
+// that are views of a buffer it reuses for the next request, and hosts copy
+// both, as Envoy does.
 type Store interface {
 	Get(key string) (value []byte, cas uint32, err error)
 	Set(key string, value []byte, cas uint32) error
@@ -76,12 +80,12 @@ type MemStore struct {
 
 	mu      sync.Mutex
 	nextCAS uint32
-	data    map[string]entry
+	data    map[string]*entry
 }
 
 // NewMemStore returns an empty store with the given semantics.
 func NewMemStore(sem Semantics) *MemStore {
-	return &MemStore{sem: sem, nextCAS: 1, data: make(map[string]entry)}
+	return &MemStore{sem: sem, nextCAS: 1, data: make(map[string]*entry)}
 }
 
 // Semantics returns the CAS semantics the store was created with.
@@ -103,21 +107,32 @@ func (m *MemStore) Set(key string, value []byte, cas uint32) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.data[key]
+	var cur uint32
+	if ok {
+		cur = e.cas
+	}
 	switch m.sem {
 	case Kong:
-		if (!ok && cas != 0) || (ok && cas != e.cas) {
+		if (!ok && cas != 0) || (ok && cas != cur) {
 			return ErrCASMismatch
 		}
 	default:
-		if ok && cas != 0 && cas != e.cas {
+		if ok && cas != 0 && cas != cur {
 			return ErrCASMismatch
 		}
 	}
-	next := e.cas + 1 // Kong: per key, from 1
+	next := cur + 1 // Kong: per key, from 1
 	if m.sem != Kong {
 		next = m.takeCAS()
 	}
-	m.data[key] = entry{value: append([]byte(nil), value...), cas: next}
+	if !ok {
+		// Assigning to an existing key would store key again, and the
+		// caller may reuse key's bytes: only a new key is stored, copied.
+		e = &entry{}
+		m.data[strings.Clone(key)] = e
+	}
+	e.value = append(e.value[:0], value...)
+	e.cas = next
 	return nil
 }
 

@@ -132,6 +132,11 @@ func (h host) PropertyString(path ...string) (string, bool) {
 	return str(b), ok
 }
 
+// ViewString returns a string sharing b's bytes, without a copy: the filter
+// builds its shared-data keys in a buffer it leaves alone until the next
+// request, and the host copies keys during each call.
+func (host) ViewString(b []byte) string { return str(b) }
+
 // SetResponseHeaderBytes is SetResponseHeader without converting value to
 // a string: the host copies it during the call.
 func (host) SetResponseHeaderBytes(name string, value []byte) {
