@@ -22,12 +22,13 @@ type rulePlan struct {
 
 // compile fills r.plan; ParseConfig calls it on every rule it returns.
 func (r *Rule) compile() {
-	q := quotaOf(r, r.Limit.Burst) // limit and window do not depend on tokens
+	limit := strconv.FormatInt(int64(r.Limit.Burst), 10)
+	quoted := strconv.Quote(r.Name)
 	r.plan = rulePlan{
 		compiled: true,
-		limit:    strconv.FormatInt(q.limit, 10),
-		policy:   q.policy(),
-		quoted:   strconv.Quote(r.Name),
+		limit:    limit,
+		policy:   quoted + ";q=" + limit + ";w=" + strconv.FormatInt(seconds(r.Limit.FillTime()), 10),
+		quoted:   quoted,
 	}
 }
 
@@ -84,14 +85,26 @@ func (p *Plugin) setHeader(name string, buf []byte) {
 	p.host.SetResponseHeader(name, string(buf))
 }
 
+// rateLimitValue locates the numbers of a RateLimit header value in the
+// buffer it was appended to (offsets from the buffer's start): they are also
+// the RateLimit-Remaining and RateLimit-Reset values, formatted once.
+type rateLimitValue struct {
+	remaining, remainingEnd int // value[remaining:remainingEnd]
+	reset                   int // value[reset:], the end of the value
+}
+
 // appendRateLimit appends the RateLimit header value,
-// "<rule>";r=<remaining>;t=<reset>, to dst.
-func (q *quota) appendRateLimit(dst []byte, quoted string) []byte {
+// "<rule>";r=<remaining>;t=<reset>, to dst, and says where its numbers are.
+func (q *quota) appendRateLimit(dst []byte, quoted string) ([]byte, rateLimitValue) {
+	var n rateLimitValue
 	dst = append(dst, quoted...)
 	dst = append(dst, ";r="...)
+	n.remaining = len(dst)
 	dst = strconv.AppendInt(dst, q.remaining, 10)
+	n.remainingEnd = len(dst)
 	dst = append(dst, ";t="...)
-	return strconv.AppendInt(dst, q.reset, 10)
+	n.reset = len(dst)
+	return strconv.AppendInt(dst, q.reset, 10), n
 }
 
 // fastIPv4 returns the address part of "a.b.c.d" or "a.b.c.d:port" when it

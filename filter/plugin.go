@@ -39,10 +39,11 @@ type Plugin struct {
 	hbs headerBytesSetter
 	ps  propertyStringer
 	bv  bytesViewer
-	// hdrBufs hold the response header values formatted per request, one
-	// buffer per header: some hosts (the SDK's proxytest emulator) keep a
-	// view of the value instead of copying it.
-	hdrBufs [3][]byte
+	// hdrBuf holds the RateLimit value formatted per request; the
+	// RateLimit-Remaining and -Reset values are slices of it. Some hosts
+	// (the SDK's proxytest emulator) keep a view of a header value instead
+	// of copying it, so nothing rewrites it until the next request.
+	hdrBuf []byte
 	// free holds released streams for NewStream to reuse.
 	free []*Stream
 	// Scratch for local replies and log lines (reply.go, logDescribe).
@@ -190,22 +191,19 @@ type Stream struct {
 	hasHdr bool
 }
 
-// quota is what the RateLimit headers say about one bucket.
+// quota is what the RateLimit headers say about one bucket that varies per
+// request; the rest is in the rule's plan.
 type quota struct {
 	r         *Rule
-	limit     int64 // whole tokens the bucket holds when full
 	remaining int64 // whole tokens left
 	reset     int64 // seconds until full
-	window    int64 // seconds to refill from empty
 }
 
 func quotaOf(r *Rule, tokens float64) quota {
 	return quota{
 		r:         r,
-		limit:     int64(r.Limit.Burst),
 		remaining: int64(math.Floor(tokens)),
 		reset:     seconds(r.Limit.ResetAfter(tokens)),
-		window:    seconds(r.Limit.FillTime()),
 	}
 }
 
@@ -577,21 +575,15 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 	p := s.p
 	q := &s.hdr
 	plan := q.r.planOf()
+	var n rateLimitValue
+	p.hdrBuf, n = q.appendRateLimit(p.hdrBuf[:0], plan.quoted)
+	b := p.hdrBuf
 	p.host.SetResponseHeader("ratelimit-limit", plan.limit)
-	b := &p.hdrBufs
-	b[0] = strconv.AppendInt(b[0][:0], q.remaining, 10)
-	p.setHeader("ratelimit-remaining", b[0])
-	b[1] = strconv.AppendInt(b[1][:0], q.reset, 10)
-	p.setHeader("ratelimit-reset", b[1])
-	b[2] = q.appendRateLimit(b[2][:0], plan.quoted)
-	p.setHeader("ratelimit", b[2])
+	p.setHeader("ratelimit-remaining", b[n.remaining:n.remainingEnd])
+	p.setHeader("ratelimit-reset", b[n.reset:])
+	p.setHeader("ratelimit", b)
 	p.host.SetResponseHeader("ratelimit-policy", plan.policy)
 	return Continue
-}
-
-// policy is the RateLimit-Policy header: "<rule>";q=<burst>;w=<window>.
-func (q *quota) policy() string {
-	return strconv.Quote(q.r.Name) + ";q=" + strconv.FormatInt(q.limit, 10) + ";w=" + strconv.FormatInt(q.window, 10)
 }
 
 // recoverTo turns a panic in a callback into a critical log, a count, and

@@ -59,21 +59,19 @@ func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result, retry i
 	// (replyBuf stays untouched until the next rejection; the host copies
 	// the headers); the others were built at configuration time.
 	b := strconv.AppendInt(p.replyBuf[:0], retry, 10)
-	endRetry := len(b)
-	b = strconv.AppendInt(b, q.reset, 10)
-	endReset := len(b)
-	b = q.appendRateLimit(b, plan.quoted)
+	start := len(b)
+	b, n := q.appendRateLimit(b, plan.quoted)
 	p.replyBuf = b
 	vals := p.view(b)
 	headers := p.replyHdrs[:0]
 	if retry > 0 {
-		headers = append(headers, [2]string{"retry-after", vals[:endRetry]})
+		headers = append(headers, [2]string{"retry-after", vals[:start]})
 	}
 	headers = append(headers,
 		[2]string{"ratelimit-limit", plan.limit},
 		[2]string{"ratelimit-remaining", "0"},
-		[2]string{"ratelimit-reset", vals[endRetry:endReset]},
-		[2]string{"ratelimit", vals[endReset:]},
+		[2]string{"ratelimit-reset", vals[n.reset:]},
+		[2]string{"ratelimit", vals[start:]},
 		[2]string{"ratelimit-policy", plan.policy},
 		[2]string{"x-tokengate-reason", reason},
 		[2]string{"x-tokengate-rule", r.Name},
