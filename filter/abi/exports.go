@@ -21,7 +21,7 @@ func proxyOnVMStart(rootID, vmConfigSize uint32) (ok bool) {
 	defer guard("proxy_on_vm_start", func() { ok = false })
 	cfg, err := bufferBytes(bufferVMConfiguration, vmConfigSize)
 	if err != nil {
-		host{}.Log(filter.LogError, "tokengate: cannot read the VM configuration: "+err.Error())
+		theHost.Log(filter.LogError, "tokengate: cannot read the VM configuration: "+err.Error())
 		return false
 	}
 	return root(rootID).OnVMStart(cfg)
@@ -46,7 +46,7 @@ func proxyOnContextCreate(id, parent uint32) {
 func root(id uint32) *filter.Plugin {
 	p, ok := roots[id]
 	if !ok {
-		p = filter.NewPlugin(host{})
+		p = filter.NewPlugin(theHost)
 		p.Clock = realtime
 		roots[id] = p
 	}
@@ -59,7 +59,7 @@ func proxyOnConfigure(rootID, size uint32) (ok bool) {
 	defer guard("proxy_on_configure", func() { ok = false })
 	cfg, err := bufferBytes(bufferPluginConfiguration, size)
 	if err != nil {
-		host{}.Log(filter.LogError, "tokengate: cannot read the plugin configuration: "+err.Error())
+		theHost.Log(filter.LogError, "tokengate: cannot read the plugin configuration: "+err.Error())
 		return false
 	}
 	return root(rootID).OnConfigure(cfg)

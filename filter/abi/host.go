@@ -11,10 +11,15 @@ import (
 )
 
 // host implements filter.Host over the imports. Calls act on the context
-// the host is currently calling into.
+// the host is currently calling into. Its methods have pointer receivers:
+// called through the interface, a value receiver would go through a
+// compiler-generated wrapper, one more guest call per host call.
 type host struct{}
 
-var _ filter.Host = host{}
+// theHost is the one host value every plugin uses.
+var theHost = &host{}
+
+var _ filter.Host = (*host)(nil)
 
 // ret holds the return slots the host writes through. They are package
 // variables because a local whose address reaches a wasmimport call escapes
@@ -34,18 +39,18 @@ func (s statusError) Error() string {
 
 var errBadReturn = errors.New("proxy-wasm: host returned memory it did not allocate")
 
-func (host) Log(level filter.LogLevel, msg string) {
+func (*host) Log(level filter.LogLevel, msg string) {
 	proxyLog(uint32(level), ptr(msg), uint32(len(msg)))
 }
 
 // LogBytes is Log with the message in a byte slice, which the host copies.
-func (host) LogBytes(level filter.LogLevel, msg []byte) {
+func (*host) LogBytes(level filter.LogLevel, msg []byte) {
 	proxyLog(uint32(level), bptr(msg), uint32(len(msg)))
 }
 
 // Get returns the value in memory that stays valid until the callback
 // returns (see memory.go); sharedstate parses it at once.
-func (host) Get(key string) ([]byte, uint32, error) {
+func (*host) Get(key string) ([]byte, uint32, error) {
 	unpin()
 	switch st := proxyGetSharedData(ptr(key), uint32(len(key)), &ret.data, &ret.size, &ret.cas); st {
 	case statusOK:
@@ -63,7 +68,7 @@ func (host) Get(key string) ([]byte, uint32, error) {
 	return b, ret.cas, nil
 }
 
-func (host) Set(key string, value []byte, cas uint32) error {
+func (*host) Set(key string, value []byte, cas uint32) error {
 	switch st := proxySetSharedData(ptr(key), uint32(len(key)), bptr(value), uint32(len(value)), cas); st {
 	case statusOK:
 		return nil
@@ -79,20 +84,20 @@ func (host) Set(key string, value []byte, cas uint32) error {
 	}
 }
 
-func (host) DefineCounter(name string) (uint32, error) {
+func (*host) DefineCounter(name string) (uint32, error) {
 	if st := proxyDefineMetric(metricCounter, ptr(name), uint32(len(name)), &ret.data); st != statusOK {
 		return 0, statusError(st)
 	}
 	return ret.data, nil
 }
 
-func (host) IncrementCounter(id uint32, delta int64) {
+func (*host) IncrementCounter(id uint32, delta int64) {
 	proxyIncrementMetric(id, delta)
 }
 
 // RequestHeader returns the value without copying it: the string is valid
 // until the callback returns (see memory.go and filter.Host).
-func (host) RequestHeader(name string) (string, bool) {
+func (*host) RequestHeader(name string) (string, bool) {
 	unpin()
 	if proxyGetHeaderMapValue(mapRequestHeaders, ptr(name), uint32(len(name)), &ret.data, &ret.size) != statusOK {
 		return "", false
@@ -109,7 +114,7 @@ var propertyPath []byte
 
 // Property returns the value without copying it; it is valid until the
 // callback returns.
-func (host) Property(path ...string) ([]byte, bool) {
+func (*host) Property(path ...string) ([]byte, bool) {
 	unpin()
 	p := propertyPath[:0]
 	for i, seg := range path {
@@ -127,7 +132,7 @@ func (host) Property(path ...string) ([]byte, bool) {
 
 // PropertyString is Property returning a string without a copy, valid
 // until the callback returns.
-func (h host) PropertyString(path ...string) (string, bool) {
+func (h *host) PropertyString(path ...string) (string, bool) {
 	b, ok := h.Property(path...)
 	return str(b), ok
 }
@@ -135,19 +140,19 @@ func (h host) PropertyString(path ...string) (string, bool) {
 // ViewString returns a string sharing b's bytes, without a copy: the filter
 // builds its shared-data keys in a buffer it leaves alone until the next
 // request, and the host copies keys during each call.
-func (host) ViewString(b []byte) string { return str(b) }
+func (*host) ViewString(b []byte) string { return str(b) }
 
 // SetResponseHeaderBytes is SetResponseHeader without converting value to
 // a string: the host copies it during the call.
-func (host) SetResponseHeaderBytes(name string, value []byte) {
+func (*host) SetResponseHeaderBytes(name string, value []byte) {
 	proxyReplaceHeaderMapValue(mapResponseHeaders, ptr(name), uint32(len(name)), bptr(value), uint32(len(value)))
 }
 
-func (host) SetResponseHeader(name, value string) {
+func (*host) SetResponseHeader(name, value string) {
 	proxyReplaceHeaderMapValue(mapResponseHeaders, ptr(name), uint32(len(name)), ptr(value), uint32(len(value)))
 }
 
-func (host) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) error {
+func (*host) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) error {
 	headerMapBuf = appendHeaderMap(headerMapBuf[:0], headers)
 	hm := headerMapBuf
 	st := proxySendLocalResponse(status, ptr(details), uint32(len(details)), bptr(body), uint32(len(body)),
