@@ -63,9 +63,10 @@ type bytesLogger interface {
 
 // bytesViewer is implemented by hosts that can give a string view of a
 // byte slice without copying it (filter/abi, which alone may use unsafe).
-// The filter uses it for the request's shared-data keys, whose buffer it
-// does not touch again until the next request; the Store contract already
-// forbids keeping a key past the call (sharedstate.Store).
+// The filter uses it for buffers it does not touch again until the next
+// request or rejection: the request's shared-data keys (sharedstate.Store
+// forbids keeping a key past the call) and the 429's header values (hosts
+// copy them).
 type bytesViewer interface {
 	// ViewString returns a string sharing b's bytes: valid while b is not
 	// modified.

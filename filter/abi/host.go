@@ -138,8 +138,9 @@ func (h *host) PropertyString(path ...string) (string, bool) {
 }
 
 // ViewString returns a string sharing b's bytes, without a copy: the filter
-// builds its shared-data keys in a buffer it leaves alone until the next
-// request, and the host copies keys during each call.
+// only asks for it on buffers it leaves alone until the next request (its
+// shared-data keys, its 429 header values), and the host copies both
+// during each call.
 func (*host) ViewString(b []byte) string { return str(b) }
 
 // SetResponseHeaderBytes is SetResponseHeader without converting value to
