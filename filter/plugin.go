@@ -29,6 +29,9 @@ type Plugin struct {
 	// now is the time of the request being decided, read once (see time).
 	now    float64
 	nowSet bool
+	// seeded reports whether seed was refreshed for the request being
+	// decided: once a request, however many of its rules are slotted.
+	seeded bool
 	store  *sharedstate.LocalFallback
 
 	enforce, shadow group
@@ -233,7 +236,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		return Continue
 	}
 	req := request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops}
-	p.nowSet = false
+	p.nowSet, p.seeded = false, false
 	p.collect(cfg, &req)
 	if len(p.shadow.reqs) == 0 && len(p.enforce.reqs) == 0 {
 		return Continue
@@ -329,7 +332,10 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 	var sp keySpans
 	if r.MaxKeys > 0 {
 		sr.Slotted = true
-		p.refreshSeed()
+		if !p.seeded {
+			p.refreshSeed()
+			p.seeded = true
+		}
 		sp.owner[0] = len(p.keyBuf)
 		p.keyBuf = sharedstate.AppendComposite(p.keyBuf, p.vals)
 		sp.owner[1] = len(p.keyBuf)
