@@ -37,7 +37,7 @@ test: build
 
 ## run: build and serve the filter on 127.0.0.1:10000 with envoy.yaml's configuration.
 run: build
-	$(GO) run ./e2e/cmd/tokengate-local -wasm $(WASM) -envoy envoy.yaml
+	$(GO) run ./cmd/tokengate-local -wasm $(WASM) -envoy envoy.yaml
 
 ## envoy: run Envoy (>= 1.33, on PATH) with envoy.yaml, from the repository root.
 envoy: build

@@ -119,7 +119,7 @@ run_bench -test.bench '^BenchmarkInstantiateWorker$' -test.benchtime 20x -test.c
 # (a) and with one per-IP rule (b), measured alternately in the same run.
 if ensure_tool wrk wrk; then
 	log "HTTP: wrk -c $CONC, ${HTTP_SECS}s x $HTTP_ROUNDS rounds per configuration"
-	$GO build -o "$OUT/tokengate-local" ./e2e/cmd/tokengate-local
+	$GO build -o "$OUT/tokengate-local" ./cmd/tokengate-local
 	cat >"$OUT/http-a.json" <<-'EOF'
 		{"bundle_version":1,"policies":[{"id":"api","spec":{"selector":{"pathPrefix":"/api/"},
 		 "rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}]}}]}

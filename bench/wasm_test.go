@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
 // The configurations of benchmark 3. Every rule admits everything the
@@ -59,20 +59,20 @@ func module(tb testing.TB) []byte {
 
 // newHost starts the module with config on workers VMs; logs are dropped,
 // as Envoy drops the filter's debug lines at its default level.
-func newHost(tb testing.TB, config string, workers int) *host.Host {
+func newHost(tb testing.TB, config string, workers int) *wasmhost.Host {
 	tb.Helper()
 	return newHostOpts(tb, config, workers, false)
 }
 
-func newHostOpts(tb testing.TB, config string, workers int, timeHostCalls bool) *host.Host {
+func newHostOpts(tb testing.TB, config string, workers int, timeHostCalls bool) *wasmhost.Host {
 	tb.Helper()
-	h, err := host.New(context.Background(), host.Options{
+	h, err := wasmhost.New(context.Background(), wasmhost.Options{
 		TimeHostCalls: timeHostCalls,
 		Wasm:          module(tb),
 		PluginConfig:  []byte(config),
 		Workers:       workers,
-		LogSink:       func(host.LogLevel, string) {},
-		MinLogLevel:   host.LogCritical,
+		LogSink:       func(wasmhost.LogLevel, string) {},
+		MinLogLevel:   wasmhost.LogCritical,
 		MaxLogs:       16,
 		DisableTicks:  true,
 	})
@@ -85,9 +85,9 @@ func newHostOpts(tb testing.TB, config string, workers int, timeHostCalls bool) 
 
 // request returns the request of the benchmarks: a GET of path with an API
 // key, as a client library sends it.
-func request(path string) []host.Header {
-	h := func(name, value string) host.Header { return host.Header{Name: name, Value: value} }
-	return []host.Header{
+func request(path string) []wasmhost.Header {
+	h := func(name, value string) wasmhost.Header { return wasmhost.Header{Name: name, Value: value} }
+	return []wasmhost.Header{
 		h(":authority", "api.example.com"), h(":path", path), h(":method", "GET"), h(":scheme", "http"),
 		h("accept", "*/*"), h("user-agent", "bench/1.0"), h("x-api-key", "key-0123456789"),
 		h("x-forwarded-proto", "http"), h("x-request-id", "6f1c1d52-8a38-4c1e-9a43-2b7f0c2b5a8e"),
@@ -125,7 +125,7 @@ func BenchmarkGuestRequest(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			h := newHost(b, c.config, 1)
-			ex := &host.Exchange{Request: request(c.path)}
+			ex := &wasmhost.Exchange{Request: request(c.path)}
 			// Warm up: seed the buckets (and spend reject's one token) so
 			// that the loop measures the steady state.
 			for _, a := range c.addrs[:min(len(c.addrs), 2)] {
@@ -166,7 +166,7 @@ func BenchmarkGuestRequest(b *testing.B) {
 
 // BenchmarkHostShare splits benchmark 3's (a) and (b) into the time spent
 // inside the host's functions (hostfn-ns/op: the work of the host, here
-// wazero and e2e/host, including the guest malloc calls it makes to return
+// wazero and internal/wasmhost, including the guest malloc calls it makes to return
 // values) and the rest (guest-ns/op: the guest's code and the cost of
 // entering it), with two clock reads added per host call.
 func BenchmarkHostShare(b *testing.B) {
@@ -176,7 +176,7 @@ func BenchmarkHostShare(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			h := newHostOpts(b, c.config, 1, true)
-			ex := &host.Exchange{Request: request(c.path), RemoteAddr: "10.0.0.1:40000"}
+			ex := &wasmhost.Exchange{Request: request(c.path), RemoteAddr: "10.0.0.1:40000"}
 			if _, err := h.Exchange(0, ex); err != nil {
 				b.Fatal(err)
 			}
@@ -209,8 +209,8 @@ func BenchmarkGuestMemory(b *testing.B) {
 		{"name":"probe","limit_keys":["header:x-probe"],"algorithm_config":{"rps":0.001,"burst":1}}]}`
 	h := newHost(b, cfg, 1)
 	addrs := ips(100_000)
-	allowed := &host.Exchange{Request: request("/api/items")}
-	rejected := &host.Exchange{Request: append(request("/api/items"), host.Header{Name: "x-probe", Value: "p"})}
+	allowed := &wasmhost.Exchange{Request: request("/api/items")}
+	rejected := &wasmhost.Exchange{Request: append(request("/api/items"), wasmhost.Header{Name: "x-probe", Value: "p"})}
 	start, err := h.GuestMemory(0)
 	if err != nil {
 		b.Fatal(err)
@@ -247,8 +247,8 @@ func BenchmarkContention(b *testing.B) {
 	const workers = 8
 	h := newHost(b, hotKeyConfig, workers)
 	per := make([][]int, workers)
-	ex := func() *host.Exchange {
-		return &host.Exchange{Request: request("/api/items"), RemoteAddr: "192.0.2.1:40000"}
+	ex := func() *wasmhost.Exchange {
+		return &wasmhost.Exchange{Request: request("/api/items"), RemoteAddr: "192.0.2.1:40000"}
 	}
 	if _, err := h.Exchange(0, ex()); err != nil { // seed the key
 		b.Fatal(err)

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
 // TestGuestSteadyStateAllocations counts what the built module allocates
@@ -32,15 +32,15 @@ func TestGuestSteadyStateAllocations(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h, err := host.New(context.Background(), host.Options{
+			h, err := wasmhost.New(context.Background(), wasmhost.Options{
 				Wasm: loadModule(t), PluginConfig: []byte(c.config), Workers: 1,
-				LogSink: func(host.LogLevel, string) {}, MinLogLevel: host.LogCritical, DisableTicks: true,
+				LogSink: func(wasmhost.LogLevel, string) {}, MinLogLevel: wasmhost.LogCritical, DisableTicks: true,
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer h.Close(context.Background())
-			ex := &host.Exchange{Request: []host.Header{
+			ex := &wasmhost.Exchange{Request: []wasmhost.Header{
 				{Name: ":authority", Value: "api.example.com"}, {Name: ":path", Value: "/api/items"},
 				{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"},
 				{Name: "x-api-key", Value: "key-0123456789"},
@@ -49,7 +49,7 @@ func TestGuestSteadyStateAllocations(t *testing.T) {
 				i %= c.addrs
 				return "10.1." + strconv.Itoa(i>>8) + "." + strconv.Itoa(i&255) + ":40000"
 			}
-			run := func(i int) host.ExchangeResult {
+			run := func(i int) wasmhost.ExchangeResult {
 				ex.RemoteAddr = addr(i)
 				res, err := h.Exchange(0, ex)
 				if err != nil {

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
 // TestInvalidConfig: the host refuses to start a plugin whose configuration
@@ -64,11 +64,11 @@ func TestInvalidConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
 			var lines []string
-			h, err := host.New(context.Background(), host.Options{
+			h, err := wasmhost.New(context.Background(), wasmhost.Options{
 				Wasm:         loadModule(t),
 				PluginConfig: []byte(tc.config),
 				Workers:      2,
-				LogSink: func(l host.LogLevel, msg string) {
+				LogSink: func(l wasmhost.LogLevel, msg string) {
 					mu.Lock()
 					defer mu.Unlock()
 					lines = append(lines, "["+l.String()+"] "+msg)
@@ -76,10 +76,10 @@ func TestInvalidConfig(t *testing.T) {
 			})
 			if err == nil {
 				closeHost(t, h)
-				t.Fatalf("host.New accepted %s", tc.config)
+				t.Fatalf("wasmhost.New accepted %s", tc.config)
 			}
 			if h != nil {
-				t.Errorf("host.New returned a host with its error")
+				t.Errorf("wasmhost.New returned a host with its error")
 			}
 			want := "tokengate: invalid configuration: " + tc.expectedErr
 			if !strings.Contains(err.Error(), want) {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -43,7 +43,7 @@ func onErr(on *atomic.Bool) error {
 // hasLog reports whether the filter logged a line at level that mentions
 // rule and one of events (the wording may be "event=fail_open" or "fail
 // open").
-func hasLog(h *host.Host, level host.LogLevel, rule string, events ...string) bool {
+func hasLog(h *wasmhost.Host, level wasmhost.LogLevel, rule string, events ...string) bool {
 	for _, e := range h.Logs() {
 		if e.Host || e.Level != level || !strings.Contains(e.Message, rule) {
 			continue
@@ -67,7 +67,7 @@ func TestStoreFaultsFailOpen(t *testing.T) {
 	for _, sem := range semantics {
 		for _, op := range []string{"get", "set"} {
 			t.Run(sem.name+"/"+op, func(t *testing.T) {
-				clk := host.NewFakeClock(t0)
+				clk := wasmhost.NewFakeClock(t0)
 				ms := sharedstate.NewMemStore(sem.sem)
 				var on atomic.Bool
 				h, srv := startHost(t, hostOpts(perIPConfig, sem.kong, 2, clk, switchable(ms, op == "get", &on)))
@@ -102,7 +102,7 @@ func TestStoreFaultsFailOpen(t *testing.T) {
 						t.Errorf("%s counter: got %d, want %d", c, got, want)
 					}
 				}
-				if !hasLog(h, host.LogWarn, "per-ip", "fail_open", "fail open") {
+				if !hasLog(h, wasmhost.LogWarn, "per-ip", "fail_open", "fail open") {
 					t.Errorf("no fail-open warning for per-ip in %v", h.Logs())
 				}
 				// Recovered: the bucket holds 7 tokens, as before the failure.
@@ -123,7 +123,7 @@ func TestStoreFaultsDeny(t *testing.T) {
 	for _, sem := range semantics {
 		for _, op := range []string{"get", "set"} {
 			t.Run(sem.name+"/"+op, func(t *testing.T) {
-				clk := host.NewFakeClock(t0)
+				clk := wasmhost.NewFakeClock(t0)
 				ms := sharedstate.NewMemStore(sem.sem)
 				var on atomic.Bool
 				h, srv := startHost(t, hostOpts(cfg, sem.kong, 2, clk, switchable(ms, op == "get", &on)))
@@ -159,7 +159,7 @@ func TestStoreFaultsDeny(t *testing.T) {
 						t.Errorf("%s counter: got %d, want %d", c, got, want)
 					}
 				}
-				if !hasLog(h, host.LogWarn, "strict", "store_denied", "store error") {
+				if !hasLog(h, wasmhost.LogWarn, "strict", "store_denied", "store error") {
 					t.Errorf("no store-error warning in %v", h.Logs())
 				}
 			})
@@ -167,7 +167,7 @@ func TestStoreFaultsDeny(t *testing.T) {
 	}
 }
 
-// TestCASStorm: while every Set answers CAS_MISMATCH (host.CASStorm), each
+// TestCASStorm: while every Set answers CAS_MISMATCH (wasmhost.CASStorm), each
 // request makes at most cas_max_attempts (8) rounds, then fails open and is
 // counted; 48 concurrent requests (a known client IP, whose bucket exists,
 // and new client IPs, whose bucket must first be created) all complete
@@ -179,11 +179,11 @@ func TestCASStorm(t *testing.T) {
 		`"settings":{"cas_max_attempts":8}}`
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
-			clk := host.NewFakeClock(t0)
+			clk := wasmhost.NewFakeClock(t0)
 			ms := sharedstate.NewMemStore(sem.sem)
 			var sets atomic.Int64
 			var on atomic.Bool
-			storm := host.CASStorm(ms, &sets)
+			storm := wasmhost.CASStorm(ms, &sets)
 			stormErr := storm.SetErr
 			storm.SetErr = func(k string, v []byte, cas uint32) error {
 				if !on.Load() {
@@ -248,7 +248,7 @@ func TestCASStorm(t *testing.T) {
 			if after := ms.Snapshot(""); !reflect.DeepEqual(after, before) {
 				t.Errorf("the store changed during the storm:\nbefore %v\nafter  %v", before, after)
 			}
-			if !hasLog(h, host.LogWarn, "per-ip", "fail_open", "fail open") {
+			if !hasLog(h, wasmhost.LogWarn, "per-ip", "fail_open", "fail open") {
 				t.Errorf("no fail-open warning for per-ip in the log")
 			}
 			t.Logf("%s: known key %d Sets / %d requests; new keys %d Sets / %d requests; cas_retries %d",
@@ -307,7 +307,7 @@ func TestSeedDisagreementSplitsBuckets(t *testing.T) {
 				}
 				return tc.onSeedRead(ms, reads.Add(1))
 			}}
-			clk := host.NewFakeClock(t0)
+			clk := wasmhost.NewFakeClock(t0)
 			h, srv := startHost(t, hostOpts(cfg, tc.sem == sharedstate.Kong, 2, clk, fs))
 			c := clientFrom("127.0.0.1", 1)
 			admitted := 0
@@ -346,7 +346,7 @@ func TestNoSharedDataPerWorker(t *testing.T) {
 	unimplemented := &sharedstate.FaultStore{Store: ms,
 		GetErr: func(string) error { return sharedstate.ErrUnimplemented },
 		SetErr: func(string, []byte, uint32) error { return sharedstate.ErrUnimplemented }}
-	clk := host.NewFakeClock(t0)
+	clk := wasmhost.NewFakeClock(t0)
 	h, srv := startHost(t, hostOpts(cfg, false, 2, clk, unimplemented))
 	c := clientFrom("127.0.0.1", 1)
 	admitted := 0
@@ -380,10 +380,10 @@ func TestNoSharedDataManyClients(t *testing.T) {
 	unimplemented := &sharedstate.FaultStore{Store: sharedstate.NewMemStore(sharedstate.Envoy),
 		GetErr: func(string) error { return sharedstate.ErrUnimplemented },
 		SetErr: func(string, []byte, uint32) error { return sharedstate.ErrUnimplemented }}
-	h, _ := startHost(t, hostOpts(cfg, false, 1, host.NewFakeClock(t0), unimplemented))
+	h, _ := startHost(t, hostOpts(cfg, false, 1, wasmhost.NewFakeClock(t0), unimplemented))
 	const clients = 300
 	admitted := make([]int, clients)
-	ex := &host.Exchange{Request: []host.Header{{Name: ":authority", Value: "example.com"},
+	ex := &wasmhost.Exchange{Request: []wasmhost.Header{{Name: ":authority", Value: "example.com"},
 		{Name: ":path", Value: "/"}, {Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"}}}
 	for range 5 {
 		for i := range clients {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -58,7 +58,7 @@ func (tl *tally) add(key string, r response, rule string) {
 // requests, the last time before the final advanceEvery requests, so the
 // phase ends with demand at the final instant.
 func hammerPhase(t *testing.T, c *http.Client, srv *httptest.Server, rule string, n int, keyOf func(int) string,
-	apiKey bool, clk *host.FakeClock, tl *tally) {
+	apiKey bool, clk *wasmhost.FakeClock, tl *tally) {
 	t.Helper()
 	var done atomic.Int64
 	var header func(int) map[string]string
@@ -163,7 +163,7 @@ func TestHammerOneKey(t *testing.T) {
 			`"algorithm_config":{"tokens_per_second":1000,"burst":1000}}]}`
 		for _, sem := range semantics {
 			t.Run(kind.name+"/"+sem.name, func(t *testing.T) {
-				clk := host.NewFakeClock(t0)
+				clk := wasmhost.NewFakeClock(t0)
 				ms := sharedstate.NewMemStore(sem.sem)
 				h, srv := startHost(t, hostOpts(cfg, sem.kong, hammerWorkers, clk, ms))
 				c := clientFrom("127.0.0.1", hammerClients)
@@ -219,7 +219,7 @@ func TestHammerManyKeys(t *testing.T) {
 	keyOf := func(i int) string { return fmt.Sprintf("key-%02d", i%keys) }
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
-			clk := host.NewFakeClock(t0)
+			clk := wasmhost.NewFakeClock(t0)
 			ms := sharedstate.NewMemStore(sem.sem)
 			h, srv := startHost(t, hostOpts(cfg, sem.kong, hammerWorkers, clk, ms))
 			c := clientFrom("127.0.0.1", hammerClients)

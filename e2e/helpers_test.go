@@ -1,5 +1,5 @@
 // Package e2e holds the end-to-end tests: the real build/tokengate.wasm
-// served over loopback HTTP by the local proxy-wasm host (e2e/host).
+// served over loopback HTTP by the local proxy-wasm host (internal/wasmhost).
 package e2e
 
 import (
@@ -13,7 +13,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
 var (
@@ -62,15 +62,15 @@ func loadModule(t testing.TB) []byte {
 
 // startHost runs the real module with opts (Wasm filled in, logs kept but
 // not printed unless the test fails) behind an httptest server on loopback.
-func startHost(t testing.TB, opts host.Options) (*host.Host, *httptest.Server) {
+func startHost(t testing.TB, opts wasmhost.Options) (*wasmhost.Host, *httptest.Server) {
 	t.Helper()
 	opts.Wasm = loadModule(t)
 	if opts.LogSink == nil {
-		opts.LogSink = func(host.LogLevel, string) {}
+		opts.LogSink = func(wasmhost.LogLevel, string) {}
 	}
-	h, err := host.New(context.Background(), opts)
+	h, err := wasmhost.New(context.Background(), opts)
 	if err != nil {
-		t.Fatalf("host.New: %v", err)
+		t.Fatalf("wasmhost.New: %v", err)
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(func() {
@@ -81,7 +81,7 @@ func startHost(t testing.TB, opts host.Options) (*host.Host, *httptest.Server) {
 			}
 		}
 		if err := h.Close(context.Background()); err != nil {
-			t.Errorf("host.Close: %v", err)
+			t.Errorf("wasmhost.Close: %v", err)
 		}
 	})
 	return h, srv

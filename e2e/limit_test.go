@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -60,7 +60,7 @@ func TestBurstThen429(t *testing.T) {
 	)
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
-			clk := host.NewFakeClock(t0)
+			clk := wasmhost.NewFakeClock(t0)
 			ms := sharedstate.NewMemStore(sem.sem)
 			h, srv := startHost(t, hostOpts(perIPConfig, sem.kong, 4, clk, ms))
 			clients := map[string]*http.Client{a: clientFrom(a, 1), b: clientFrom(b, 1)}
@@ -96,7 +96,7 @@ func TestBurstThen429(t *testing.T) {
 							t.Errorf("step %d: got %s %q on a 200", i, k, v)
 						}
 					}
-					var echo host.Echo
+					var echo wasmhost.Echo
 					if err := json.Unmarshal([]byte(r.body), &echo); err != nil || echo.Path != "/hello" {
 						t.Errorf("step %d: the upstream's echo: got %q (%v), want path /hello", i, r.body, err)
 					}
@@ -154,11 +154,11 @@ func TestIPv6Client(t *testing.T) {
 			if err != nil {
 				t.Skipf("no IPv6 loopback: %v", err)
 			}
-			clk := host.NewFakeClock(t0)
+			clk := wasmhost.NewFakeClock(t0)
 			ms := sharedstate.NewMemStore(sem.sem)
 			opts := hostOpts(perIPConfig, sem.kong, 2, clk, ms)
-			opts.Wasm, opts.LogSink = loadModule(t), func(host.LogLevel, string) {}
-			h, err := host.New(context.Background(), opts)
+			opts.Wasm, opts.LogSink = loadModule(t), func(wasmhost.LogLevel, string) {}
+			h, err := wasmhost.New(context.Background(), opts)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,19 +7,19 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // TestPrometheusNames pins, for the README, the metric names the filter
-// defines and the names the host's /stats (host.WritePrometheus, what
+// defines and the names the host's /stats (wasmhost.WritePrometheus, what
 // tokengate-local serves) prints for them: Envoy >= 1.20 without stats_tags
 // strips the "wasmcustom." namespace and turns every character outside
 // [A-Za-z0-9_] into '_', with no "envoy_" prefix (with envoy.yaml's
 // stats_tags Envoy instead prints tokengate_rule_<counter>{rule="per-ip"};
 // this host does not apply tag extraction).
 func TestPrometheusNames(t *testing.T) {
-	clk := host.NewFakeClock(t0)
+	clk := wasmhost.NewFakeClock(t0)
 	h, srv := startHost(t, hostOpts(perIPConfig, false, 2, clk, nil))
 	// Every per-rule counter, exactly; the plugin-wide counters listed here
 	// at least.
@@ -38,15 +38,15 @@ func TestPrometheusNames(t *testing.T) {
 	for range 11 {
 		mustDo(t, srv.Client(), srv, "/", nil)
 	}
-	text := host.FormatPrometheus(h.Metrics())
+	text := wasmhost.FormatPrometheus(h.Metrics())
 	samples, types := parsePrometheus(t, text)
 
 	gotRule := map[string]string{}
 	var all []string
 	for _, m := range h.Metrics() {
-		prom, ok := host.PrometheusName(m.Name)
+		prom, ok := wasmhost.PrometheusName(m.Name)
 		all = append(all, m.Name+" → "+prom)
-		if !ok || m.Type != host.MetricCounter || types[prom] != "counter" {
+		if !ok || m.Type != wasmhost.MetricCounter || types[prom] != "counter" {
 			t.Errorf("%s: Prometheus name %q (ok %v), type %s / %q, want a counter", m.Name, prom, ok, m.Type, types[prom])
 		}
 		if _, ok := samples[prom]; !ok {
@@ -90,14 +90,14 @@ func TestPrometheusNames(t *testing.T) {
 func TestRuleNamesCollideInPrometheus(t *testing.T) {
 	cfg := `{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":5,"burst":10}},` +
 		`{"name":"per_ip","limit_keys":["header:x-api-key"],"algorithm_config":{"rps":5,"burst":10}}]}`
-	h, err := host.New(context.Background(), host.Options{Wasm: loadModule(t), PluginConfig: []byte(cfg), Workers: 2,
-		Store: sharedstate.NewMemStore(sharedstate.Envoy), LogSink: func(host.LogLevel, string) {}})
+	h, err := wasmhost.New(context.Background(), wasmhost.Options{Wasm: loadModule(t), PluginConfig: []byte(cfg), Workers: 2,
+		Store: sharedstate.NewMemStore(sharedstate.Envoy), LogSink: func(wasmhost.LogLevel, string) {}})
 	if err != nil {
 		return // refused: fine
 	}
 	defer closeHost(t, h)
 	seen := map[string]int{}
-	for _, line := range strings.Split(host.FormatPrometheus(h.Metrics()), "\n") {
+	for _, line := range strings.Split(wasmhost.FormatPrometheus(h.Metrics()), "\n") {
 		if strings.HasPrefix(line, "# TYPE ") {
 			seen[strings.Fields(line)[2]]++
 		}

@@ -78,7 +78,7 @@ var (
 	localErr  error
 )
 
-// buildLocal builds e2e/cmd/tokengate-local once per test process.
+// buildLocal builds cmd/tokengate-local once per test process.
 func buildLocal(t testing.TB) string {
 	t.Helper()
 	root := repoRoot(t)
@@ -89,7 +89,7 @@ func buildLocal(t testing.TB) string {
 			return
 		}
 		localBin = filepath.Join(dir, "tokengate-local")
-		build := exec.Command("go", "build", "-o", localBin, "./e2e/cmd/tokengate-local")
+		build := exec.Command("go", "build", "-o", localBin, "./cmd/tokengate-local")
 		build.Dir = root
 		if out, err := build.CombinedOutput(); err != nil {
 			localErr = fmt.Errorf("go build: %v\n%s", err, out)

@@ -5,14 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
 // TestModuleStarts is the first end-to-end check: the built module passes
 // the host's import check, starts on every worker, and limits a burst.
 func TestModuleStarts(t *testing.T) {
-	clk := host.NewFakeClock(time.Unix(1_700_000_000, 0))
-	h, srv := startHost(t, host.Options{
+	clk := wasmhost.NewFakeClock(time.Unix(1_700_000_000, 0))
+	h, srv := startHost(t, wasmhost.Options{
 		Workers:      2,
 		PluginConfig: []byte(`{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm":"token_bucket","algorithm_config":{"rps":1,"burst":2}}]}`),
 		Walltime:     clk.Walltime,
@@ -31,7 +31,7 @@ func TestModuleStarts(t *testing.T) {
 }
 
 func BenchmarkServeHTTP(b *testing.B) {
-	_, srv := startHost(b, host.Options{
+	_, srv := startHost(b, wasmhost.Options{
 		PluginConfig: []byte(`{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm":"token_bucket","algorithm_config":{"rps":1000000,"burst":1000000}}]}`),
 	})
 	b.ReportAllocs()

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -33,7 +33,7 @@ func sprayRequests(t *testing.T) int {
 
 // serve runs one request from remoteAddr straight through the host's
 // ServeHTTP (no TCP) and returns the recorded response.
-func serve(h *host.Host, remoteAddr string) *httptest.ResponseRecorder {
+func serve(h *wasmhost.Host, remoteAddr string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	req.RemoteAddr = remoteAddr
 	rec := httptest.NewRecorder()
@@ -65,7 +65,7 @@ func TestSprayBoundedKeys(t *testing.T) {
 	)
 	n := sprayRequests(t)
 	cfg := `{"rules":[{"name":"spray","limit_keys":["ip:address"],"algorithm_config":{"rps":10,"burst":20}}]}`
-	clk := host.NewFakeClock(t0)
+	clk := wasmhost.NewFakeClock(t0)
 	ms := sharedstate.NewMemStore(sharedstate.Envoy)
 	h, _ := startHost(t, hostOpts(cfg, false, 4, clk, ms))
 	const hot = "192.0.2.1"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -33,7 +33,7 @@ var semantics = []struct {
 
 // metric returns the value of the rule's counter, failing if the filter did
 // not define it.
-func metric(t testing.TB, h *host.Host, rule, counter string) uint64 {
+func metric(t testing.TB, h *wasmhost.Host, rule, counter string) uint64 {
 	t.Helper()
 	name := "tokengate.rule." + rule + "." + counter
 	v, ok := h.Metric(name)
@@ -156,8 +156,8 @@ func checkNoRateLimitHeaders(t testing.TB, step string, r response) {
 }
 
 // hostOpts returns host options for a rule configuration on a fake clock.
-func hostOpts(cfg string, kong bool, workers int, clk *host.FakeClock, st sharedstate.Store) host.Options {
-	return host.Options{
+func hostOpts(cfg string, kong bool, workers int, clk *wasmhost.FakeClock, st sharedstate.Store) wasmhost.Options {
+	return wasmhost.Options{
 		PluginConfig: []byte(cfg),
 		Kong:         kong,
 		Workers:      workers,
@@ -168,10 +168,10 @@ func hostOpts(cfg string, kong bool, workers int, clk *host.FakeClock, st shared
 }
 
 // closeHost is for tests that start a host without startHost.
-func closeHost(t testing.TB, h *host.Host) {
+func closeHost(t testing.TB, h *wasmhost.Host) {
 	t.Helper()
 	if err := h.Close(context.Background()); err != nil {
-		t.Errorf("host.Close: %v", err)
+		t.Errorf("wasmhost.Close: %v", err)
 	}
 }
 

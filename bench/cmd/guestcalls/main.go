@@ -1,5 +1,5 @@
 // Command guestcalls profiles the built module by counting calls: it runs
-// requests through one worker VM of the local host (e2e/host, without HTTP)
+// requests through one worker VM of the local host (internal/wasmhost, without HTTP)
 // with a wazero function listener on every guest function and host import,
 // and prints how many times each was called per request, most first.
 //
@@ -28,7 +28,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
 func main() {
@@ -71,15 +71,15 @@ func Measure(wasm, config []byte, path, addr string, n int) (Profile, error) {
 	c := &counter{calls: map[string]uint64{}}
 	// The listener must be in the context the module is compiled with.
 	ctx := experimental.WithFunctionListenerFactory(context.Background(), c)
-	h, err := host.New(ctx, host.Options{
+	h, err := wasmhost.New(ctx, wasmhost.Options{
 		Wasm: wasm, PluginConfig: config, Workers: 1, DisableTicks: true,
-		LogSink: func(host.LogLevel, string) {}, MinLogLevel: host.LogCritical,
+		LogSink: func(wasmhost.LogLevel, string) {}, MinLogLevel: wasmhost.LogCritical,
 	})
 	if err != nil {
 		return Profile{}, err
 	}
 	defer h.Close(context.Background())
-	ex := &host.Exchange{RemoteAddr: addr, Request: []host.Header{
+	ex := &wasmhost.Exchange{RemoteAddr: addr, Request: []wasmhost.Header{
 		{Name: ":authority", Value: "api.example.com"}, {Name: ":path", Value: path},
 		{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"},
 		{Name: "user-agent", Value: "guestcalls/1.0"}, {Name: "x-api-key", Value: "key-0123456789"},

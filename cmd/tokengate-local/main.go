@@ -27,8 +27,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tokengate/tokengate/e2e/envoyconf"
-	"github.com/tokengate/tokengate/e2e/host"
+	"github.com/tokengate/tokengate/internal/envoyconf"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
 func main() {
@@ -74,9 +74,9 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	return s, nil
 }
 
-func parseLevel(s string) (host.LogLevel, error) {
-	for l := host.LogTrace; l <= host.LogCritical; l++ {
-		if s == l.String() || (s == "warn" && l == host.LogWarn) {
+func parseLevel(s string) (wasmhost.LogLevel, error) {
+	for l := wasmhost.LogTrace; l <= wasmhost.LogCritical; l++ {
+		if s == l.String() || (s == "warn" && l == wasmhost.LogWarn) {
 			return l, nil
 		}
 	}
@@ -85,8 +85,8 @@ func parseLevel(s string) (host.LogLevel, error) {
 
 // loadPlugin returns the host options the configuration source describes
 // and a one-line description of where they came from.
-func loadPlugin(s settings) (host.Options, string, error) {
-	var opts host.Options
+func loadPlugin(s settings) (wasmhost.Options, string, error) {
+	var opts wasmhost.Options
 	if s.config != "" {
 		cfg, err := os.ReadFile(s.config)
 		if err != nil {
@@ -127,17 +127,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w (run `make build` first)", err)
 	}
 	opts.Workers, opts.Kong, opts.MinLogLevel = s.workers, s.kong, level
-	opts.LogSink = func(l host.LogLevel, msg string) { fmt.Fprintf(stderr, "[%s] %s\n", l, msg) }
+	opts.LogSink = func(l wasmhost.LogLevel, msg string) { fmt.Fprintf(stderr, "[%s] %s\n", l, msg) }
 	upstream := "embedded echo"
 	if s.upstream != "" {
 		u, err := url.Parse(s.upstream)
 		if err != nil || u.Scheme == "" || u.Host == "" {
 			return fmt.Errorf("-upstream: want an absolute URL like http://127.0.0.1:8080, got %q", s.upstream)
 		}
-		opts.Upstream, upstream = host.ProxyTo(u), u.String()
+		opts.Upstream, upstream = wasmhost.ProxyTo(u), u.String()
 	}
 
-	h, err := host.New(ctx, opts)
+	h, err := wasmhost.New(ctx, opts)
 	if err != nil {
 		return err
 	}

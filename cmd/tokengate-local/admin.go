@@ -7,17 +7,17 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/tokengate/tokengate/e2e/host"
 	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // adminHandler serves the admin endpoints of a running host.
-func adminHandler(h *host.Host) http.Handler {
+func adminHandler(h *wasmhost.Host) http.Handler {
 	mux := http.NewServeMux()
 	stats := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		_ = host.WritePrometheus(w, h.Metrics())
+		_ = wasmhost.WritePrometheus(w, h.Metrics())
 	}
 	mux.HandleFunc("GET /stats", stats)
 	mux.HandleFunc("GET /stats/prometheus", stats)

@@ -20,7 +20,7 @@
 //	srv := httptest.NewServer(h)
 //	defer srv.Close()
 //	resp, err := http.Get(srv.URL + "/")
-package host
+package wasmhost
 
 import (
 	"context"
