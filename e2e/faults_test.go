@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -13,31 +12,30 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/internal/wasmhost"
-	"github.com/tokengate/tokengate/sharedstate"
 )
 
-// errInjected is not a sharedstate error, so the host answers the guest
-// with INTERNAL_FAILURE.
-var errInjected = errors.New("injected store failure")
+// seedKey is where the filter keeps its slot seed in shared data (its
+// documented key, written here rather than imported from the product).
+const seedKey = "tokengate:seed"
 
-// switchable returns a FaultStore over ms whose Get (failGet) or Set fails
-// with errInjected while on is set. Faults are switched on only after the
+// switchable returns a FaultData over ms whose gets (failGet) or sets answer
+// INTERNAL_FAILURE while on is set. Faults are switched on only after the
 // host has started, so the plugin's slot seed is loaded normally.
-func switchable(ms *sharedstate.MemStore, failGet bool, on *atomic.Bool) *sharedstate.FaultStore {
-	f := &sharedstate.FaultStore{Store: ms}
+func switchable(ms *wasmhost.MemData, failGet bool, on *atomic.Bool) *wasmhost.FaultData {
+	f := &wasmhost.FaultData{SharedData: ms}
 	if failGet {
-		f.GetErr = func(string) error { return onErr(on) }
+		f.GetFault = func(string) wasmhost.Status { return onStatus(on) }
 	} else {
-		f.SetErr = func(string, []byte, uint32) error { return onErr(on) }
+		f.SetFault = func(string, []byte, uint32) wasmhost.Status { return onStatus(on) }
 	}
 	return f
 }
 
-func onErr(on *atomic.Bool) error {
+func onStatus(on *atomic.Bool) wasmhost.Status {
 	if on.Load() {
-		return errInjected
+		return wasmhost.StatusInternalFailure
 	}
-	return nil
+	return wasmhost.StatusOK
 }
 
 // hasLog reports whether the filter logged a line at level that mentions
@@ -68,7 +66,7 @@ func TestStoreFaultsFailOpen(t *testing.T) {
 		for _, op := range []string{"get", "set"} {
 			t.Run(sem.name+"/"+op, func(t *testing.T) {
 				clk := wasmhost.NewFakeClock(t0)
-				ms := sharedstate.NewMemStore(sem.sem)
+				ms := wasmhost.NewSharedData(sem.kong)
 				var on atomic.Bool
 				h, srv := startHost(t, hostOpts(perIPConfig, sem.kong, 2, clk, switchable(ms, op == "get", &on)))
 				a, b := clientFrom("127.0.0.1", 1), clientFrom("127.0.0.2", 1)
@@ -124,7 +122,7 @@ func TestStoreFaultsDeny(t *testing.T) {
 		for _, op := range []string{"get", "set"} {
 			t.Run(sem.name+"/"+op, func(t *testing.T) {
 				clk := wasmhost.NewFakeClock(t0)
-				ms := sharedstate.NewMemStore(sem.sem)
+				ms := wasmhost.NewSharedData(sem.kong)
 				var on atomic.Bool
 				h, srv := startHost(t, hostOpts(cfg, sem.kong, 2, clk, switchable(ms, op == "get", &on)))
 				c := clientFrom("127.0.0.1", 1)
@@ -180,16 +178,16 @@ func TestCASStorm(t *testing.T) {
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
 			clk := wasmhost.NewFakeClock(t0)
-			ms := sharedstate.NewMemStore(sem.sem)
+			ms := wasmhost.NewSharedData(sem.kong)
 			var sets atomic.Int64
 			var on atomic.Bool
 			storm := wasmhost.CASStorm(ms, &sets)
-			stormErr := storm.SetErr
-			storm.SetErr = func(k string, v []byte, cas uint32) error {
+			stormFault := storm.SetFault
+			storm.SetFault = func(k string, v []byte, cas uint32) wasmhost.Status {
 				if !on.Load() {
-					return nil
+					return wasmhost.StatusOK
 				}
-				return stormErr(k, v, cas)
+				return stormFault(k, v, cas)
 			}
 			h, srv := startHost(t, hostOpts(cfg, sem.kong, hammerWorkers, clk, storm))
 			known := clientFrom("127.0.0.1", hammerClients)
@@ -275,40 +273,40 @@ func TestSeedDisagreementSplitsBuckets(t *testing.T) {
 	cfg := `{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":5}}]}`
 	tests := []struct {
 		name string
-		sem  sharedstate.Semantics
+		kong bool
 		// onSeedRead runs on every read of the seed once it exists; n counts
 		// those reads from 1 (worker 0's read after creating it is 1,
 		// worker 1's first read is 2).
-		onSeedRead func(ms *sharedstate.MemStore, n int64) error
+		onSeedRead func(ms *wasmhost.MemData, n int64) wasmhost.Status
 	}{
-		{name: "get fails", sem: sharedstate.Envoy, onSeedRead: func(_ *sharedstate.MemStore, n int64) error {
+		{name: "get fails", onSeedRead: func(_ *wasmhost.MemData, n int64) wasmhost.Status {
 			if n == 2 {
-				return errInjected
+				return wasmhost.StatusInternalFailure
 			}
-			return nil
+			return wasmhost.StatusOK
 		}},
-		{name: "evicted (kong)", sem: sharedstate.Kong, onSeedRead: func(ms *sharedstate.MemStore, n int64) error {
+		{name: "evicted (kong)", kong: true, onSeedRead: func(ms *wasmhost.MemData, n int64) wasmhost.Status {
 			if n == 2 {
-				ms.Delete(sharedstate.SeedKey) // LRU eviction just before worker 1 reads it
+				ms.Evict(seedKey) // LRU eviction just before worker 1 reads it
 			}
-			return nil
+			return wasmhost.StatusOK
 		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ms := sharedstate.NewMemStore(tc.sem)
+			ms := wasmhost.NewSharedData(tc.kong)
 			var reads atomic.Int64
-			fs := &sharedstate.FaultStore{Store: ms, GetErr: func(key string) error {
-				if key != sharedstate.SeedKey {
-					return nil
+			fs := &wasmhost.FaultData{SharedData: ms, GetFault: func(key string) wasmhost.Status {
+				if key != seedKey {
+					return wasmhost.StatusOK
 				}
-				if _, _, err := ms.Get(key); err != nil {
-					return nil // not created yet
+				if _, _, st := ms.Get(key); st != wasmhost.StatusOK {
+					return wasmhost.StatusOK // not created yet
 				}
 				return tc.onSeedRead(ms, reads.Add(1))
 			}}
 			clk := wasmhost.NewFakeClock(t0)
-			h, srv := startHost(t, hostOpts(cfg, tc.sem == sharedstate.Kong, 2, clk, fs))
+			h, srv := startHost(t, hostOpts(cfg, tc.kong, 2, clk, fs))
 			c := clientFrom("127.0.0.1", 1)
 			admitted := 0
 			for range 20 {
@@ -317,7 +315,7 @@ func TestSeedDisagreementSplitsBuckets(t *testing.T) {
 				}
 			}
 			seedErrors, _ := h.Metric("tokengate.seed_errors")
-			if tc.sem == sharedstate.Envoy && admitted != 5 {
+			if !tc.kong && admitted != 5 {
 				t.Errorf("one client IP over 2 workers at one instant: admitted %d, want the burst, 5 "+
 					"(seed_errors %d; buckets %q)", admitted, seedErrors, bucketKeys(ms, "per-ip"))
 			}
@@ -342,10 +340,8 @@ func TestSeedDisagreementSplitsBuckets(t *testing.T) {
 // least its burst, instead of being let through without limit.
 func TestNoSharedDataPerWorker(t *testing.T) {
 	cfg := `{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":5}}]}`
-	ms := sharedstate.NewMemStore(sharedstate.Envoy)
-	unimplemented := &sharedstate.FaultStore{Store: ms,
-		GetErr: func(string) error { return sharedstate.ErrUnimplemented },
-		SetErr: func(string, []byte, uint32) error { return sharedstate.ErrUnimplemented }}
+	ms := wasmhost.NewSharedData(false)
+	unimplemented := wasmhost.FailingData(ms, wasmhost.StatusUnimplemented, wasmhost.StatusUnimplemented)
 	clk := wasmhost.NewFakeClock(t0)
 	h, srv := startHost(t, hostOpts(cfg, false, 2, clk, unimplemented))
 	c := clientFrom("127.0.0.1", 1)
@@ -377,9 +373,7 @@ func TestNoSharedDataPerWorker(t *testing.T) {
 // them by bytes that have since changed).
 func TestNoSharedDataManyClients(t *testing.T) {
 	cfg := `{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":3}}]}`
-	unimplemented := &sharedstate.FaultStore{Store: sharedstate.NewMemStore(sharedstate.Envoy),
-		GetErr: func(string) error { return sharedstate.ErrUnimplemented },
-		SetErr: func(string, []byte, uint32) error { return sharedstate.ErrUnimplemented }}
+	unimplemented := wasmhost.FailingData(wasmhost.NewSharedData(false), wasmhost.StatusUnimplemented, wasmhost.StatusUnimplemented)
 	h, _ := startHost(t, hostOpts(cfg, false, 1, wasmhost.NewFakeClock(t0), unimplemented))
 	const clients = 300
 	admitted := make([]int, clients)

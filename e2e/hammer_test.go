@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/internal/wasmhost"
-	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // Hammer parameters: at least 4 worker VMs and 8 concurrent HTTP clients.
@@ -164,7 +163,7 @@ func TestHammerOneKey(t *testing.T) {
 		for _, sem := range semantics {
 			t.Run(kind.name+"/"+sem.name, func(t *testing.T) {
 				clk := wasmhost.NewFakeClock(t0)
-				ms := sharedstate.NewMemStore(sem.sem)
+				ms := wasmhost.NewSharedData(sem.kong)
 				h, srv := startHost(t, hostOpts(cfg, sem.kong, hammerWorkers, clk, ms))
 				c := clientFrom("127.0.0.1", hammerClients)
 				key := func(int) string { return "127.0.0.1" }
@@ -220,7 +219,7 @@ func TestHammerManyKeys(t *testing.T) {
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
 			clk := wasmhost.NewFakeClock(t0)
-			ms := sharedstate.NewMemStore(sem.sem)
+			ms := wasmhost.NewSharedData(sem.kong)
 			h, srv := startHost(t, hostOpts(cfg, sem.kong, hammerWorkers, clk, ms))
 			c := clientFrom("127.0.0.1", hammerClients)
 			start := time.Now()

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/internal/wasmhost"
-	"github.com/tokengate/tokengate/sharedstate"
 )
 
 const perIPConfig = `{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm":"token_bucket",` +
@@ -61,7 +60,7 @@ func TestBurstThen429(t *testing.T) {
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
 			clk := wasmhost.NewFakeClock(t0)
-			ms := sharedstate.NewMemStore(sem.sem)
+			ms := wasmhost.NewSharedData(sem.kong)
 			h, srv := startHost(t, hostOpts(perIPConfig, sem.kong, 4, clk, ms))
 			clients := map[string]*http.Client{a: clientFrom(a, 1), b: clientFrom(b, 1)}
 			allowed, rejected := 0, 0
@@ -155,7 +154,7 @@ func TestIPv6Client(t *testing.T) {
 				t.Skipf("no IPv6 loopback: %v", err)
 			}
 			clk := wasmhost.NewFakeClock(t0)
-			ms := sharedstate.NewMemStore(sem.sem)
+			ms := wasmhost.NewSharedData(sem.kong)
 			opts := hostOpts(perIPConfig, sem.kong, 2, clk, ms)
 			opts.Wasm, opts.LogSink = loadModule(t), func(wasmhost.LogLevel, string) {}
 			h, err := wasmhost.New(context.Background(), opts)

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/tokengate/tokengate/internal/wasmhost"
-	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // TestPrometheusNames pins, for the README, the metric names the filter
@@ -91,7 +90,7 @@ func TestRuleNamesCollideInPrometheus(t *testing.T) {
 	cfg := `{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":5,"burst":10}},` +
 		`{"name":"per_ip","limit_keys":["header:x-api-key"],"algorithm_config":{"rps":5,"burst":10}}]}`
 	h, err := wasmhost.New(context.Background(), wasmhost.Options{Wasm: loadModule(t), PluginConfig: []byte(cfg), Workers: 2,
-		Store: sharedstate.NewMemStore(sharedstate.Envoy), LogSink: func(wasmhost.LogLevel, string) {}})
+		Store: wasmhost.NewSharedData(false), LogSink: func(wasmhost.LogLevel, string) {}})
 	if err != nil {
 		return // refused: fine
 	}

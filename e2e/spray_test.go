@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/internal/wasmhost"
-	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // sprayRequests is the number of distinct client IPs TestSprayBoundedKeys
@@ -66,7 +65,7 @@ func TestSprayBoundedKeys(t *testing.T) {
 	n := sprayRequests(t)
 	cfg := `{"rules":[{"name":"spray","limit_keys":["ip:address"],"algorithm_config":{"rps":10,"burst":20}}]}`
 	clk := wasmhost.NewFakeClock(t0)
-	ms := sharedstate.NewMemStore(sharedstate.Envoy)
+	ms := wasmhost.NewSharedData(false)
 	h, _ := startHost(t, hostOpts(cfg, false, 4, clk, ms))
 	const hot = "192.0.2.1"
 	legitIP := func(i int) string { return fmt.Sprintf("198.51.100.%d", i+1) }

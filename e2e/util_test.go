@@ -25,10 +25,9 @@ var t0 = time.Unix(1_700_000_000, 0)
 var semantics = []struct {
 	name string
 	kong bool
-	sem  sharedstate.Semantics
 }{
-	{name: "envoy", kong: false, sem: sharedstate.Envoy},
-	{name: "kong", kong: true, sem: sharedstate.Kong},
+	{name: "envoy", kong: false},
+	{name: "kong", kong: true},
 }
 
 // metric returns the value of the rule's counter, failing if the filter did
@@ -53,7 +52,7 @@ type stored struct {
 // the client IP) under rule: either the unbounded key "tb:{rule}:{owner}"
 // holding "{tokens}:{last}", or a slot "tb:{rule}:${n}" whose value is
 // "{tokens}:{last}:{owner}".
-func findBucket(t testing.TB, ms *sharedstate.MemStore, rule, owner string) (stored, bool) {
+func findBucket(t testing.TB, ms *wasmhost.MemData, rule, owner string) (stored, bool) {
 	t.Helper()
 	prefix := "tb:" + rule + ":"
 	for _, e := range ms.Snapshot(prefix) {
@@ -75,7 +74,7 @@ func findBucket(t testing.TB, ms *sharedstate.MemStore, rule, owner string) (sto
 }
 
 // bucketKeys returns the keys that hold rule's buckets.
-func bucketKeys(ms *sharedstate.MemStore, rule string) []string {
+func bucketKeys(ms *wasmhost.MemData, rule string) []string {
 	var keys []string
 	for _, e := range ms.Snapshot("tb:" + rule + ":") {
 		keys = append(keys, e.Key)
@@ -156,7 +155,7 @@ func checkNoRateLimitHeaders(t testing.TB, step string, r response) {
 }
 
 // hostOpts returns host options for a rule configuration on a fake clock.
-func hostOpts(cfg string, kong bool, workers int, clk *wasmhost.FakeClock, st sharedstate.Store) wasmhost.Options {
+func hostOpts(cfg string, kong bool, workers int, clk *wasmhost.FakeClock, st wasmhost.SharedData) wasmhost.Options {
 	return wasmhost.Options{
 		PluginConfig: []byte(cfg),
 		Kong:         kong,

@@ -9,7 +9,6 @@ import (
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/internal/wasmhost"
-	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // adminHandler serves the admin endpoints of a running host.
@@ -22,7 +21,7 @@ func adminHandler(h *wasmhost.Host) http.Handler {
 	mux.HandleFunc("GET /stats", stats)
 	mux.HandleFunc("GET /stats/prometheus", stats)
 	mux.HandleFunc("GET /shared_data", func(w http.ResponseWriter, _ *http.Request) {
-		ms, ok := sharedStore(h.Store())
+		ms, ok := wasmhost.Unwrap(h.Store())
 		if !ok {
 			http.Error(w, "the store cannot be listed", http.StatusNotImplemented)
 			return
@@ -39,23 +38,9 @@ func adminHandler(h *wasmhost.Host) http.Handler {
 	return mux
 }
 
-// sharedStore finds the MemStore under any FaultStore wrappers.
-func sharedStore(s sharedstate.Store) (*sharedstate.MemStore, bool) {
-	for {
-		switch v := s.(type) {
-		case *sharedstate.MemStore:
-			return v, true
-		case *sharedstate.FaultStore:
-			s = v.Store
-		default:
-			return nil, false
-		}
-	}
-}
-
 // writeSharedData writes one line per key: the key, its cas and its value,
 // quoted as Go strings so binary values stay on one line.
-func writeSharedData(w io.Writer, entries []sharedstate.Entry, bytes int) error {
+func writeSharedData(w io.Writer, entries []wasmhost.Entry, bytes int) error {
 	if _, err := fmt.Fprintf(w, "# %d keys, %d bytes of keys and values\n", len(entries), bytes); err != nil {
 		return err
 	}

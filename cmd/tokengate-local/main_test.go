@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokengate/tokengate/sharedstate"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
 func TestRuleNames(t *testing.T) {
@@ -45,7 +45,7 @@ func TestRuleNames(t *testing.T) {
 
 func TestWriteSharedData(t *testing.T) {
 	var b strings.Builder
-	err := writeSharedData(&b, []sharedstate.Entry{{Key: "tg:a", Value: "4.5:1700000000", CAS: 3}, {Key: "tg:b", Value: "\x00\n", CAS: 9}}, 42)
+	err := writeSharedData(&b, []wasmhost.Entry{{Key: "tg:a", Value: "4.5:1700000000", CAS: 3}, {Key: "tg:b", Value: "\x00\n", CAS: 9}}, 42)
 	want := "# 2 keys, 42 bytes of keys and values\n" +
 		`"tg:a" cas=3 value="4.5:1700000000"` + "\n" +
 		`"tg:b" cas=9 value="\x00\n"` + "\n"

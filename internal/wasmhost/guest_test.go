@@ -17,8 +17,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // guestWasm is testdata/guest built as a wasip1 reactor by TestMain.
@@ -123,7 +121,7 @@ func TestGuestStartFailures(t *testing.T) {
 		},
 		{
 			name:        "store semantics mismatch",
-			opts:        Options{Kong: true, Store: sharedstate.NewMemStore(sharedstate.Envoy)},
+			opts:        Options{Kong: true, Store: NewSharedData(false)},
 			expectedErr: []string{"Options.Store has envoy semantics but the host runs in kong mode"},
 		},
 		{
@@ -397,14 +395,14 @@ func TestGuestSharedData(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		v, cas, err := h.Store().Get("counter")
-		if err != nil || string(v) != strconv.Itoa(clients*each) {
-			t.Fatalf("counter = %q (cas %d, err %v), want %d: lost updates", v, cas, err, clients*each)
+		v, cas, st := h.Store().Get("counter")
+		if st != StatusOK || string(v) != strconv.Itoa(clients*each) {
+			t.Fatalf("counter = %q (cas %d, status %d), want %d: lost updates", v, cas, st, clients*each)
 		}
 	})
 	t.Run("cas storm", func(t *testing.T) {
 		var sets atomic.Int64
-		_, srv := newGuestHost(t, Options{Workers: 2, Store: CASStorm(sharedstate.NewMemStore(sharedstate.Envoy), &sets)})
+		_, srv := newGuestHost(t, Options{Workers: 2, Store: CASStorm(NewSharedData(false), &sets)})
 		got := test(t, srv, "shared").header.Get("X-Result")
 		if want := strings.TrimSuffix(strings.Repeat("set=8,", 10), ","); got != want {
 			t.Errorf("x-result %q, want %q", got, want)
@@ -414,11 +412,11 @@ func TestGuestSharedData(t *testing.T) {
 		}
 	})
 	t.Run("store failure", func(t *testing.T) {
-		h, srv := newGuestHost(t, Options{Workers: 2, Store: FailingStore(sharedstate.NewMemStore(sharedstate.Envoy), io.ErrUnexpectedEOF, nil)})
-		if got := test(t, srv, "shared").header.Get("X-Result"); got != "get=10" {
+		h, srv := newGuestHost(t, Options{Workers: 2, Store: FailingData(NewSharedData(false), StatusInternalFailure, StatusOK)})
+		if got := test(t, srv, "shared").header.Get("X-Result"); got != "get=10" { // INTERNAL_FAILURE
 			t.Errorf("x-result %q, want get=10", got)
 		}
-		if h.Store().(*sharedstate.FaultStore).Store.(*sharedstate.MemStore).Len() != 0 {
+		if h.Store().(*FaultData).SharedData.(*MemData).Len() != 0 {
 			t.Errorf("store was written")
 		}
 	})
@@ -428,15 +426,19 @@ func TestGuestSharedData(t *testing.T) {
 			expected string // status of set(key, NULL, 0, cas)
 		}{
 			{kong: false, expected: "0"}, // Envoy stores an empty value
-			{kong: true, expected: "12"}, // Kong deletes; MemStore cannot delete under CAS
+			{kong: true, expected: "0"},  // Kong deletes the key
 		}
 		for _, tc := range tests {
 			h, srv := newGuestHost(t, Options{Kong: tc.kong, Workers: 2})
 			if got := test(t, srv, "delete").header.Get("X-Result"); got != tc.expected {
 				t.Errorf("kong=%v: x-result %q, want %q", tc.kong, got, tc.expected)
 			}
-			if v, _, err := h.Store().Get("doomed"); tc.kong == false && (err != nil || len(v) != 0) {
-				t.Errorf("envoy: doomed = %q, %v; want an empty value", v, err)
+			v, _, st := h.Store().Get("doomed")
+			if !tc.kong && (st != StatusOK || len(v) != 0) {
+				t.Errorf("envoy: doomed = %q, status %d; want an empty value", v, st)
+			}
+			if tc.kong && st != StatusNotFound {
+				t.Errorf("kong: doomed = %q, status %d; want NOT_FOUND (deleted)", v, st)
 			}
 		}
 	})
@@ -447,8 +449,8 @@ func TestGuestSharedData(t *testing.T) {
 				t.Errorf("request %d: x-result %q", i, got)
 			}
 		}
-		if ms := h.Store().(*sharedstate.MemStore); ms.Semantics() != sharedstate.Kong {
-			t.Errorf("default Kong store has %s semantics", ms.Semantics())
+		if md := h.Store().(*MemData); !md.Kong() {
+			t.Errorf("default Kong store has Envoy semantics")
 		}
 	})
 }

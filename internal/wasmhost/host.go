@@ -9,7 +9,7 @@
 // proxy_on_configure. It serves HTTP itself (Host implements http.Handler):
 // each request is a stream context on one worker, with the request and
 // response headers, local replies, properties, shared data and metrics
-// behaving as in Envoy. Shared data lives in one sharedstate.Store shared by
+// behaving as in Envoy. Shared data lives in one SharedData shared by
 // every worker, as Envoy shares one store per vm_id across threads.
 //
 // A test typically does:
@@ -39,8 +39,6 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 	"github.com/tetratelabs/wazero/sys"
-
-	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // compilationCache is shared by every Host in the process, so a module is
@@ -65,11 +63,10 @@ type Options struct {
 	// Zero means runtime.NumCPU(), at least 2.
 	Workers int
 
-	// Store is the shared-data store shared by all workers. Nil means
-	// sharedstate.NewMemStore(sharedstate.Envoy), or (Kong) when Kong is
-	// set. Wrap it in a sharedstate.FaultStore to inject failures; see
-	// CASStorm and FailingStore.
-	Store sharedstate.Store
+	// Store is the shared data shared by all workers. Nil means
+	// NewSharedData(Kong). Wrap it in a FaultData to inject failures; see
+	// CASStorm and FailingData.
+	Store SharedData
 	// Kong selects Kong ngx_wasm_module behaviour instead of Envoy's: the
 	// default store has Kong's CAS semantics, proxy_set_shared_data with a
 	// NULL value pointer deletes the key, source.address has no port and
@@ -138,7 +135,7 @@ func (e LogEntry) String() string {
 // safe for concurrent use.
 type Host struct {
 	opts     Options
-	store    sharedstate.Store
+	store    SharedData
 	upstream http.Handler
 
 	rt       wazero.Runtime
@@ -190,14 +187,10 @@ func New(ctx context.Context, opts Options) (*Host, error) {
 		metrics:   newRegistry(),
 		stopTicks: make(chan struct{}),
 	}
-	want := sharedstate.Envoy
-	if opts.Kong {
-		want = sharedstate.Kong
-	}
 	if h.store == nil {
-		h.store = sharedstate.NewMemStore(want)
-	} else if ms, ok := h.store.(*sharedstate.MemStore); ok && ms.Semantics() != want {
-		return nil, fmt.Errorf("host: Options.Store has %s semantics but the host runs in %s mode", ms.Semantics(), want)
+		h.store = NewSharedData(opts.Kong)
+	} else if md, ok := Unwrap(h.store); ok && md.Kong() != opts.Kong {
+		return nil, fmt.Errorf("host: Options.Store has %s semantics but the host runs in %s mode", semName(md.Kong()), semName(opts.Kong))
 	}
 	if h.upstream == nil {
 		h.upstream = EchoHandler()
@@ -297,7 +290,14 @@ func (h *Host) Close(ctx context.Context) error {
 }
 
 // Store returns the shared-data store the workers share.
-func (h *Host) Store() sharedstate.Store { return h.store }
+func (h *Host) Store() SharedData { return h.store }
+
+func semName(kong bool) string {
+	if kong {
+		return "kong"
+	}
+	return "envoy"
+}
 
 // Workers returns the number of worker VMs.
 func (h *Host) Workers() int { return len(h.workers) }

@@ -2,13 +2,10 @@ package wasmhost
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/tetratelabs/wazero/api"
-
-	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // hostFn implements one env import. p holds the call's parameters, already
@@ -368,29 +365,13 @@ func (h *Host) sendLocalResponse(_ context.Context, w *worker, mem api.Memory, p
 	return StatusOK
 }
 
-// storeStatus maps a sharedstate error to the Status the guest sees.
-func (h *Host) storeStatus(w *worker, op string, err error) Status {
-	switch {
-	case err == nil:
-		return StatusOK
-	case errors.Is(err, sharedstate.ErrNotFound):
-		return StatusNotFound
-	case errors.Is(err, sharedstate.ErrCASMismatch):
-		return StatusCASMismatch
-	case errors.Is(err, sharedstate.ErrUnimplemented):
-		return StatusUnimplemented // APISIX's wasm-nginx-module
-	}
-	h.hostLog(w, LogDebug, op+": "+err.Error())
-	return StatusInternalFailure
-}
-
 func (h *Host) getSharedData(ctx context.Context, w *worker, mem api.Memory, p []uint64) Status {
 	key, ok := readString(mem, p[0], p[1])
 	if !ok {
 		return StatusInvalidMemoryAccess
 	}
-	value, cas, err := h.store.Get(key)
-	if st := h.storeStatus(w, "proxy_get_shared_data", err); st != StatusOK {
+	value, cas, st := h.store.Get(key)
+	if st != StatusOK {
 		return st
 	}
 	if st := w.copyOut(ctx, mem, value, p[2], p[3]); st != StatusOK {
@@ -400,12 +381,6 @@ func (h *Host) getSharedData(ctx context.Context, w *worker, mem api.Memory, p [
 		return StatusInvalidMemoryAccess
 	}
 	return StatusOK
-}
-
-// casDeleter is implemented by stores that can delete a key under CAS, as
-// Kong's proxy_set_shared_data does for a NULL value pointer.
-type casDeleter interface {
-	DeleteCAS(key string, cas uint32) error
 }
 
 func (h *Host) setSharedData(_ context.Context, w *worker, mem api.Memory, p []uint64) Status {
@@ -421,15 +396,15 @@ func (h *Host) setSharedData(_ context.Context, w *worker, mem api.Memory, p []u
 	if h.opts.Kong && uint32(p[2]) == 0 {
 		// ngx_wasm_module: a NULL value pointer deletes the key (cas must
 		// match; a missing key needs cas 0 and is a CAS mismatch anyway).
-		d, ok := h.store.(casDeleter)
+		d, ok := h.store.(sharedDeleter)
 		if !ok {
 			h.hostLog(w, LogError, "proxy_set_shared_data with a NULL value deletes the key on Kong, "+
 				"but the store cannot delete under CAS; answering UNIMPLEMENTED")
 			return StatusUnimplemented
 		}
-		return h.storeStatus(w, "proxy_set_shared_data(delete)", d.DeleteCAS(key, cas))
+		return d.DeleteCAS(key, cas)
 	}
-	return h.storeStatus(w, "proxy_set_shared_data", h.store.Set(key, value, cas))
+	return h.store.Set(key, value, cas)
 }
 
 func (h *Host) getProperty(ctx context.Context, w *worker, mem api.Memory, p []uint64) Status {
