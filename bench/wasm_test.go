@@ -3,13 +3,13 @@ package bench
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/wasmbuild"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
@@ -34,27 +34,21 @@ const (
 	hotKeyConfig = `{"name":"global","algorithm_config":{"rps":1000000000,"burst":1000000000}}`
 )
 
-var (
-	moduleOnce sync.Once
-	moduleWasm []byte
-	moduleErr  error
-)
-
-// module returns $TOKENGATE_WASM or build/tokengate.wasm. The benchmarks
-// fail, never skip, when it is missing.
+// module returns the module built from this tree (or $TOKENGATE_WASM; see
+// internal/wasmbuild). The benchmarks fail, never skip, without it.
 func module(tb testing.TB) []byte {
 	tb.Helper()
-	moduleOnce.Do(func() {
-		path := os.Getenv("TOKENGATE_WASM")
-		if path == "" {
-			path = filepath.Join("..", "build", "tokengate.wasm")
-		}
-		moduleWasm, moduleErr = os.ReadFile(path)
-	})
-	if moduleErr != nil {
-		tb.Fatalf("%v: run `make build` first (or set TOKENGATE_WASM)", moduleErr)
+	wasm, err := wasmbuild.Module()
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return moduleWasm
+	return wasm
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	wasmbuild.Cleanup()
+	os.Exit(code)
 }
 
 // newHost starts the module with config on workers VMs; logs are dropped,

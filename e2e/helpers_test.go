@@ -1,63 +1,28 @@
-// Package e2e holds the end-to-end tests: the real build/tokengate.wasm
+// Package e2e holds the end-to-end tests: the real tokengate.wasm
 // served over loopback HTTP by the local proxy-wasm host (internal/wasmhost).
 package e2e
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"sync"
 	"testing"
 
+	"github.com/tokengate/tokengate/internal/wasmbuild"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
-var (
-	moduleOnce sync.Once
-	moduleWasm []byte
-	moduleErr  error
-)
-
-// modulePath is build/tokengate.wasm at the repository root, or
-// $TOKENGATE_WASM.
-func modulePath() (string, error) {
-	if p := os.Getenv("TOKENGATE_WASM"); p != "" {
-		return p, nil
-	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "build", "tokengate.wasm"), nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the test directory")
-		}
-		dir = parent
-	}
-}
-
-// loadModule returns the built filter. It fails the test, never skips it,
-// when the module is missing: the end-to-end tests are the point.
+// loadModule returns the filter module, built from this tree by the test
+// binary (internal/wasmbuild). It fails the test, never skips it: the
+// end-to-end tests are the point.
 func loadModule(t testing.TB) []byte {
 	t.Helper()
-	moduleOnce.Do(func() {
-		var path string
-		if path, moduleErr = modulePath(); moduleErr == nil {
-			moduleWasm, moduleErr = os.ReadFile(path)
-		}
-	})
-	if moduleErr != nil {
-		t.Fatalf("loading the filter module: %v\nrun `make build` first (or set TOKENGATE_WASM)", moduleErr)
+	wasm, err := wasmbuild.Module()
+	if err != nil {
+		t.Fatalf("the filter module: %v", err)
 	}
-	return moduleWasm
+	return wasm
 }
 
 // startHost runs the real module with opts (Wasm filled in, logs kept but

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tokengate/tokengate/internal/wasmbuild"
 )
 
 // syncBuffer is a bytes.Buffer safe for a child process writing and a test
@@ -65,11 +67,11 @@ func parsePrometheus(t testing.TB, text string) (samples map[string]float64, typ
 // repoRoot is the directory holding go.mod.
 func repoRoot(t testing.TB) string {
 	t.Helper()
-	p, err := modulePath()
+	root, err := wasmbuild.Root()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return filepath.Dir(filepath.Dir(p))
+	return root
 }
 
 var (
@@ -115,11 +117,8 @@ type local struct {
 // test has not stopped it.
 func startLocal(t *testing.T) *local {
 	t.Helper()
-	wasm, err := modulePath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	loadModule(t) // fails the test if the module is missing
+	loadModule(t) // builds the module, or fails the test
+	wasm, _ := wasmbuild.Path()
 	l := &local{exited: make(chan error, 1), stdout: &syncBuffer{}, stderr: &syncBuffer{}}
 	l.cmd = exec.Command(buildLocal(t), "-wasm", wasm, "-envoy", filepath.Join(repoRoot(t), "envoy.yaml"),
 		"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-workers", "2")
@@ -176,7 +175,7 @@ func (l *local) interrupt(t *testing.T) {
 }
 
 // TestMakeRun smoke-tests what `make run` starts: the tokengate-local
-// command is built and run with build/tokengate.wasm and the repository's
+// command is built and run with the freshly built module and the repository's
 // envoy.yaml on free loopback ports. Over a real HTTP client, "/" answers
 // 200s then 429s (the "edge" policy: rps 5, burst 10 per client IP); the
 // admin /stats shows the per-ip counters with the values seen and the

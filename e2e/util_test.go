@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/wasmbuild"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -174,9 +175,11 @@ func closeHost(t testing.TB, h *wasmhost.Host) {
 	}
 }
 
-// TestMain removes the tokengate-local binary buildLocal made.
+// TestMain removes the module and the tokengate-local binary the tests
+// built.
 func TestMain(m *testing.M) {
 	code := m.Run()
+	wasmbuild.Cleanup()
 	if localBin != "" {
 		_ = os.RemoveAll(filepath.Dir(localBin))
 	}

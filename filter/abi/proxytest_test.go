@@ -1,6 +1,6 @@
 package abi_test
 
-// These tests run the built build/tokengate.wasm in wazero through the
+// These tests run the module, built from this tree, in wazero through the
 // tetratelabs SDK's proxytest host emulator: an independent implementation
 // of the host side of the ABI, so they check that the module speaks
 // proxy-wasm 0.2.1 correctly, not just that it agrees with our own host.
@@ -9,7 +9,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -20,16 +19,23 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/internal/wasmbuild"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
-// loadModule reads the built module; the test fails when it is missing.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	wasmbuild.Cleanup()
+	os.Exit(code)
+}
+
+// loadModule returns the module built from this tree (internal/wasmbuild),
+// so a stale build/tokengate.wasm cannot pass; the test fails without it.
 func loadModule(t *testing.T) []byte {
 	t.Helper()
-	path := filepath.Join("..", "..", "build", "tokengate.wasm")
-	b, err := os.ReadFile(path)
+	b, err := wasmbuild.Module()
 	if err != nil {
-		t.Fatalf("%v: run `make build` first (these tests drive the real module)", err)
+		t.Fatal(err)
 	}
 	return b
 }

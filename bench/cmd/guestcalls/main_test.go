@@ -3,20 +3,23 @@ package main
 import (
 	"bytes"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tokengate/tokengate/internal/wasmbuild"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	wasmbuild.Cleanup()
+	os.Exit(code)
+}
 
 func module(t *testing.T) []byte {
 	t.Helper()
-	path := os.Getenv("TOKENGATE_WASM")
-	if path == "" {
-		path = filepath.Join("..", "..", "..", "build", "tokengate.wasm")
-	}
-	wasm, err := os.ReadFile(path)
+	wasm, err := wasmbuild.Module()
 	if err != nil {
-		t.Fatalf("%v: run `make build` first", err)
+		t.Fatal(err)
 	}
 	return wasm
 }
@@ -63,9 +66,9 @@ func TestMeasure(t *testing.T) {
 }
 
 func TestRunPrints(t *testing.T) {
-	path := os.Getenv("TOKENGATE_WASM")
-	if path == "" {
-		path = filepath.Join("..", "..", "..", "build", "tokengate.wasm")
+	path, err := wasmbuild.Path()
+	if err != nil {
+		t.Fatal(err)
 	}
 	var out bytes.Buffer
 	if err := run([]string{"-wasm", path, "-n", "10", "-top", "3"}, &out); err != nil {
