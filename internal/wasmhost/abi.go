@@ -220,6 +220,14 @@ var envImports = map[string]signature{
 	"proxy_get_buffer_bytes":             sig(5),
 	"proxy_set_buffer_bytes":             sig(5),
 	"proxy_http_call":                    sig(10),
+	"proxy_grpc_call":                    sig(12),
+	"proxy_grpc_stream":                  sig(9),
+	"proxy_grpc_send":                    sig(4),
+	"proxy_grpc_cancel":                  sig(1),
+	"proxy_grpc_close":                   sig(1),
+	"proxy_get_status":                   sig(3),
+	"proxy_get_log_level":                sig(1),
+	"proxy_get_current_time_nanoseconds": sig(1),
 	"proxy_call_foreign_function":        sig(6),
 	"proxy_set_tick_period_milliseconds": sig(1),
 	"proxy_set_effective_context":        sig(1),
@@ -252,6 +260,11 @@ var guestExports = map[string]signature{
 	"proxy_on_tick":               {params: []api.ValueType{i32}},
 	"proxy_on_queue_ready":        {params: []api.ValueType{i32, i32}},
 	"proxy_on_http_call_response": {params: []api.ValueType{i32, i32, i32, i32, i32}},
+
+	"proxy_on_grpc_receive_initial_metadata":  {params: []api.ValueType{i32, i32, i32}},
+	"proxy_on_grpc_receive":                   {params: []api.ValueType{i32, i32, i32}},
+	"proxy_on_grpc_receive_trailing_metadata": {params: []api.ValueType{i32, i32, i32}},
+	"proxy_on_grpc_close":                     {params: []api.ValueType{i32, i32, i32}},
 }
 
 const abiMarker = "proxy_abi_version_0_2_1"

@@ -178,7 +178,7 @@ func TestImportCheck(t *testing.T) {
 		Wasm:    wasmWithImports("proxy_log", "proxy_get_log_level", "proxy_nope"),
 		LogSink: discard,
 	})
-	want := "host: module imports functions the host does not provide; missing (2): env.proxy_get_log_level, env.proxy_nope; " +
+	want := "host: module imports functions the host does not provide; missing (1): env.proxy_nope; " +
 		"wrong signature (1): env.proxy_log: module wants (i32) -> (i32), host provides (i32,i32,i32) -> (i32)"
 	if err == nil || err.Error() != want {
 		t.Fatalf("got %v\nwant %s", err, want)
@@ -192,7 +192,7 @@ func TestImportCheck(t *testing.T) {
 func TestGuestRequests(t *testing.T) {
 	clk := NewFakeClock(time.Unix(1_700_000_000, 123))
 	h, srv := newGuestHost(t, Options{Workers: 2, Walltime: clk.Walltime, Nanotime: clk.Nanotime,
-		PluginConfig: []byte("cfg-1"), VMID: "vm", RootID: "root"})
+		PluginConfig: []byte("cfg-1"), VMID: "vm", RootID: "root", PauseTimeout: 200 * time.Millisecond})
 
 	tests := []struct {
 		name       string
@@ -229,7 +229,7 @@ func TestGuestRequests(t *testing.T) {
 			name: "grpc status ignored for http", header: map[string]string{"x-test": "grpc-status"}, status: 429,
 			headers: map[string]string{"Grpc-Status": "", "Content-Type": ""},
 		},
-		{name: "pause without reply", header: map[string]string{"x-test": "pause"}, status: 500, bodyHas: "never resumed"},
+		{name: "pause without reply", header: map[string]string{"x-test": "pause"}, status: 504, bodyHas: "never resumed"},
 		{name: "bad pointers", header: map[string]string{"x-test": "badptr"}, status: 200, resultHas: []string{"6,6,6,6,6"}},
 		{name: "header pairs", header: map[string]string{"x-test": "pairs", "a": "1", "b": "2"}, status: 200,
 			// :authority :path :method :scheme accept-encoding a b user-agent x-test x-forwarded-proto x-request-id

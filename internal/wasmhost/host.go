@@ -91,6 +91,15 @@ type Options struct {
 	// means 10000.
 	MaxLogs int
 
+	// Clusters are the upstreams proxy_http_call and proxy_grpc_call can
+	// reach, by Envoy cluster name (e.g. the STATIC clusters of envoy.yaml).
+	// A call to another name fails as in Envoy.
+	Clusters map[string]Cluster
+	// PauseTimeout bounds how long a request paused by the filter waits
+	// for proxy_continue_stream or a local reply before the host answers
+	// 504, like a stream timeout. Zero means 60 s.
+	PauseTimeout time.Duration
+
 	// Upstream answers the requests the filter lets through. Nil means
 	// EchoHandler(). Use ProxyTo to forward to a URL.
 	Upstream http.Handler
@@ -155,6 +164,8 @@ type Host struct {
 	closeOnce sync.Once
 	stopTicks chan struct{}
 	tickDone  sync.WaitGroup
+
+	calloutGroup
 }
 
 // New compiles opts.Wasm, checks its imports and exports, and starts
@@ -187,6 +198,7 @@ func New(ctx context.Context, opts Options) (*Host, error) {
 		metrics:   newRegistry(),
 		stopTicks: make(chan struct{}),
 	}
+	h.calloutCtx, h.stopCallouts = context.WithCancel(context.Background())
 	if h.store == nil {
 		h.store = NewSharedData(opts.Kong)
 	} else if md, ok := Unwrap(h.store); ok && md.Kong() != opts.Kong {
@@ -276,14 +288,18 @@ func (h *Host) Close(ctx context.Context) error {
 	h.closeOnce.Do(func() {
 		close(h.stopTicks)
 		h.tickDone.Wait()
+		h.stopCallouts()
 		for _, w := range h.workers {
 			if w == nil {
 				continue
 			}
 			w.mu.Lock()
 			w.closed = true
+			w.dropCallouts()
+			w.wakeAll()
 			w.mu.Unlock()
 		}
+		h.calloutsWG.Wait()
 		err = h.rt.Close(ctx)
 	})
 	return err
@@ -356,7 +372,11 @@ func (h *Host) tickLoop() {
 		case now := <-t.C:
 			for i, w := range h.workers {
 				p := time.Duration(w.tickPeriod.Load()) * time.Millisecond
-				if p == 0 || now.Sub(last[i]) < p {
+				from := last[i]
+				if set := time.Unix(0, w.tickSetAt.Load()); set.After(from) {
+					from = set // the timer was recreated
+				}
+				if p == 0 || now.Sub(from) < p {
 					continue
 				}
 				last[i] = now

@@ -39,11 +39,11 @@ func (h *Host) hostFuncs() map[string]hostFn {
 		"proxy_set_effective_context":        h.setEffectiveContext,
 		"proxy_done":                         h.done,
 		"proxy_http_call":                    h.httpCall,
+		"proxy_grpc_call":                    h.grpcCall,
+		"proxy_grpc_cancel":                  h.grpcCancel,
+		"proxy_grpc_close":                   h.grpcCancel, // a unary call: closing is cancelling
+		"proxy_get_status":                   h.getStatus,
 		"proxy_call_foreign_function":        h.callForeignFunction,
-		"proxy_register_shared_queue":        h.registerSharedQueue,
-		"proxy_resolve_shared_queue":         h.resolveSharedQueue,
-		"proxy_enqueue_shared_queue":         h.enqueueSharedQueue,
-		"proxy_dequeue_shared_queue":         h.dequeueSharedQueue,
 	}
 }
 
@@ -54,7 +54,7 @@ func (h *Host) instantiateEnv(ctx context.Context) error {
 	for name, s := range envImports {
 		fn, ok := impls[name]
 		if !ok {
-			return fmt.Errorf("no implementation of %s", name)
+			fn = h.unimplemented(name)
 		}
 		b.NewFunctionBuilder().
 			WithGoModuleFunction(h.wrap(name, fn), s.params, s.results).
@@ -161,6 +161,10 @@ func (h *Host) buffer(w *worker, t BufferType) (*[]byte, Status) {
 		if s := w.cur; s != nil && s.phase == phaseResponseBody {
 			return &s.respBody, StatusOK
 		}
+	case BufferHTTPCallResponse, BufferGRPCReceive:
+		if r := w.callouts.current; r != nil {
+			return &r.body, StatusOK
+		}
 	}
 	if t > BufferPluginConfiguration {
 		return nil, StatusBadArgument
@@ -221,6 +225,14 @@ func (h *Host) setBufferBytes(_ context.Context, w *worker, mem api.Memory, p []
 func (w *worker) headerMap(t MapType) (*headerMap, Status) {
 	if t > MapHTTPCallResponseTrailer {
 		return nil, StatusBadArgument
+	}
+	if r := w.callouts.current; r != nil {
+		switch t {
+		case MapHTTPCallResponseHeaders, MapGRPCInitialMetadata:
+			return &r.headers, StatusOK
+		case MapHTTPCallResponseTrailer, MapGRPCTrailingMetadata:
+			return &r.trailers, StatusOK
+		}
 	}
 	s := w.cur
 	if s == nil {
@@ -362,6 +374,7 @@ func (h *Host) sendLocalResponse(_ context.Context, w *worker, mem api.Memory, p
 		headers:    hs,
 		grpcStatus: int32(uint32(p[7])),
 	}
+	s.wakeUp()
 	return StatusOK
 }
 
@@ -512,8 +525,13 @@ func (h *Host) getMetric(_ context.Context, w *worker, mem api.Memory, p []uint6
 	return StatusOK
 }
 
+// setTickPeriod records the period and when it was set: Envoy recreates
+// the timer on every call, so the next tick is one period after the latest
+// call (setting it on every request postpones ticks for as long as requests
+// keep coming).
 func (h *Host) setTickPeriod(_ context.Context, w *worker, _ api.Memory, p []uint64) Status {
 	w.tickPeriod.Store(uint32(p[0]))
+	w.tickSetAt.Store(time.Now().UnixNano())
 	return StatusOK
 }
 
@@ -525,6 +543,7 @@ func (h *Host) continueStream(_ context.Context, w *worker, _ api.Memory, p []ui
 		return StatusBadArgument
 	}
 	w.cur.continued = true
+	w.cur.wakeUp()
 	return StatusOK
 }
 
@@ -536,6 +555,7 @@ func (h *Host) closeStream(_ context.Context, w *worker, _ api.Memory, p []uint6
 		return StatusBadArgument
 	}
 	w.cur.reset = true
+	w.cur.wakeUp()
 	return StatusOK
 }
 
@@ -559,19 +579,6 @@ func (h *Host) done(context.Context, *worker, api.Memory, []uint64) Status {
 	return StatusOK
 }
 
-func (h *Host) httpCall(_ context.Context, w *worker, mem api.Memory, p []uint64) Status {
-	for i := 0; i < 8; i += 2 {
-		if _, ok := mem.Read(uint32(p[i]), uint32(p[i+1])); !ok {
-			return StatusInvalidMemoryAccess
-		}
-	}
-	if !mem.WriteUint32Le(uint32(p[9]), 0) {
-		return StatusInvalidMemoryAccess
-	}
-	h.hostLog(w, LogWarn, "proxy_http_call is not supported by the local host; answering UNIMPLEMENTED")
-	return StatusUnimplemented
-}
-
 func (h *Host) callForeignFunction(_ context.Context, _ *worker, mem api.Memory, p []uint64) Status {
 	if _, ok := mem.Read(uint32(p[0]), uint32(p[1])); !ok {
 		return StatusInvalidMemoryAccess
@@ -582,23 +589,19 @@ func (h *Host) callForeignFunction(_ context.Context, _ *worker, mem api.Memory,
 	return StatusNotFound // no foreign functions are registered, as in a bare Envoy
 }
 
-func (h *Host) queueUnsupported(w *worker, name string) Status {
-	h.hostLog(w, LogWarn, name+" is not supported by the local host; answering UNIMPLEMENTED")
-	return StatusUnimplemented
-}
-
-func (h *Host) registerSharedQueue(_ context.Context, w *worker, _ api.Memory, _ []uint64) Status {
-	return h.queueUnsupported(w, "proxy_register_shared_queue")
-}
-
-func (h *Host) resolveSharedQueue(_ context.Context, w *worker, _ api.Memory, _ []uint64) Status {
-	return h.queueUnsupported(w, "proxy_resolve_shared_queue")
-}
-
-func (h *Host) enqueueSharedQueue(_ context.Context, w *worker, _ api.Memory, _ []uint64) Status {
-	return h.queueUnsupported(w, "proxy_enqueue_shared_queue")
-}
-
-func (h *Host) dequeueSharedQueue(_ context.Context, w *worker, _ api.Memory, _ []uint64) Status {
-	return h.queueUnsupported(w, "proxy_dequeue_shared_queue")
+// unimplemented is the one answer to every ABI function the local host
+// knows but does not model (shared queues, gRPC streams): a warning, once
+// per worker and function, and UNIMPLEMENTED, as a host without the feature
+// answers.
+func (h *Host) unimplemented(name string) hostFn {
+	return func(_ context.Context, w *worker, _ api.Memory, _ []uint64) Status {
+		if w.warned == nil {
+			w.warned = map[string]bool{}
+		}
+		if !w.warned[name] {
+			w.warned[name] = true
+			h.hostLog(w, LogWarn, name+" is not implemented by the local host; answering UNIMPLEMENTED")
+		}
+		return StatusUnimplemented
+	}
 }

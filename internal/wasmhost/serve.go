@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // phase is the stream callback that is running, which decides what the
@@ -42,9 +43,10 @@ type stream struct {
 	reqHeld bool
 
 	local      *localReply
-	continued  bool // proxy_continue_stream was called
-	reset      bool // proxy_close_stream was called
-	localReply bool // the response callbacks are running on a local reply
+	continued  bool          // proxy_continue_stream was called
+	wake       chan struct{} // signalled when a paused stream may go on
+	reset      bool          // proxy_close_stream was called
+	localReply bool          // the response callbacks are running on a local reply
 
 	remoteAddr string // "ip:port" of the client
 	localAddr  string // "ip:port" the client connected to
@@ -133,6 +135,15 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 	}
 	paused := Action(action) == ActionPause
 	s.reqHeld = paused
+	if paused && s.local == nil && !s.reset && !s.continued {
+		// Held, as Envoy holds a stream after StopAllIteration: until a
+		// later callback (a tick, a callout's report) continues it or
+		// replies, the client leaves, or the stream times out.
+		if st, hs, b, done := h.hold(w, s, r); done {
+			return st, hs, b
+		}
+		paused = !s.continued
+	}
 	if !paused && s.local == nil && !s.reset && len(s.reqBody) > 0 {
 		action, err = w.callStream(s, phaseRequestBody, "proxy_on_request_body",
 			uint64(s.id), uint64(len(s.reqBody)), 1)
@@ -150,11 +161,11 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 		s.localReply = true
 		s.resp.h, s.respBody = buildLocalReply(s.local, s.grpc, s.head)
 	case paused && !s.continued:
-		h.hostLog(w, LogError, "the filter paused the request without a local reply or proxy_continue_stream; "+
-			"Envoy would hold it until the stream timeout; answering 500")
+		h.hostLog(w, LogError, "the filter paused the request body without a local reply or proxy_continue_stream; "+
+			"the local host does not hold bodies; answering 500")
 		s.localReply = true
 		s.resp.h, s.respBody = buildLocalReply(&localReply{status: 500, grpcStatus: -1,
-			body: []byte("tokengate-local: the filter paused the request and never resumed it\n")}, s.grpc, s.head)
+			body: []byte("tokengate-local: the filter paused the request body and never resumed it\n")}, s.grpc, s.head)
 	default:
 		s.resp.h, s.respBody = h.forward(s, r)
 	}
@@ -193,6 +204,60 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 		return http.StatusBadGateway, nil, nil
 	}
 	return status, s.resp.h, s.respBody
+}
+
+// hold waits, with w.mu released, until the paused stream s is continued,
+// answered or reset from another callback, the client goes away, or the
+// pause times out. It returns with w.mu held and done false when the
+// request goes on; with done true (and w.mu released) when hold itself
+// produced the answer.
+func (h *Host) hold(w *worker, s *stream, r *http.Request) (status int, hs []Header, body []byte, done bool) {
+	s.wake = make(chan struct{}, 1)
+	timeout := h.opts.PauseTimeout
+	if timeout <= 0 {
+		timeout = 60 * time.Second
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		w.mu.Unlock()
+		gone, timedOut := false, false
+		select {
+		case <-s.wake:
+		case <-r.Context().Done():
+			gone = true
+		case <-timer.C:
+			timedOut = true
+		}
+		if err := w.acquire(); err != nil {
+			return http.StatusServiceUnavailable, nil, nil, true
+		}
+		if w.streams[s.id] != s {
+			// The VM trapped and restarted: this stream died with it.
+			w.mu.Unlock()
+			hs, b := buildLocalReply(&localReply{status: 503, details: "wasm_fail_stream", grpcStatus: 14}, s.grpc, s.head)
+			return 503, hs, b, true
+		}
+		switch {
+		case s.local != nil || s.reset || s.continued:
+			return 0, nil, nil, false
+		case gone:
+			// The client left while held: Envoy ends the stream, and the
+			// filter hears of it through proxy_on_done and proxy_on_delete.
+			err := w.finish(s)
+			w.mu.Unlock()
+			if err != nil {
+				h.hostLog(w, LogCritical, fmt.Sprintf("worker %d: wasm VM failed: %v", w.index, err))
+			}
+			return 499, nil, nil, true
+		case timedOut:
+			h.hostLog(w, LogError, "the filter paused the request and neither resumed nor answered it within "+
+				timeout.String()+"; answering 504 as a stream timeout")
+			s.local = &localReply{status: 504, details: "stream_timeout", grpcStatus: 4,
+				body: []byte("tokengate-local: the filter paused the request and never resumed it\n")}
+			return 0, nil, nil, false
+		}
+	}
 }
 
 // finish runs proxy_on_log, proxy_on_done and proxy_on_delete and forgets

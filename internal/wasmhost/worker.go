@@ -45,6 +45,10 @@ type worker struct {
 	nextMetricID [3]uint32
 
 	tickPeriod atomic.Uint32 // milliseconds; 0 = no ticks
+	tickSetAt  atomic.Int64  // unix nanoseconds of the last period change
+
+	callouts calloutState
+	warned   map[string]bool // unimplemented functions already logged
 
 	calls     []uint64 // host calls by importNames index; see Host.HostCalls
 	hostNanos int64    // time in host functions, with Options.TimeHostCalls
@@ -77,6 +81,8 @@ func (w *worker) start() error {
 	}
 	w.ctx = context.WithValue(context.Background(), workerKey{}, w)
 	w.fns = make(map[string]api.Function)
+	w.dropCallouts()
+	w.wakeAll() // streams paused in the old VM cannot be resumed
 	w.streams = make(map[uint32]*stream)
 	w.metricIDs = make(map[uint32]*metric)
 	w.nextMetricID = [3]uint32{uint32(MetricCounter), uint32(MetricGauge), uint32(MetricHistogram)}
@@ -185,6 +191,37 @@ func (w *worker) callStream(s *stream, p phase, name string, args ...uint64) (ui
 	return w.call(name, args...)
 }
 
+// callRoot calls a root-context callback (tick, callout reports): no stream
+// is current unless the guest makes one effective, and none stays current
+// afterwards.
+func (w *worker) callRoot(name string, args ...uint64) (uint64, error) {
+	w.cur = nil
+	w.curID.Store(0)
+	defer func() {
+		w.cur = nil
+		w.curID.Store(0)
+	}()
+	return w.call(name, args...)
+}
+
+// wake tells the request goroutine of a paused stream to look again
+// (continued, local reply, reset, or the VM is gone).
+func (s *stream) wakeUp() {
+	if s.wake != nil {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// wakeAll wakes every paused stream of the worker. w.mu must be held.
+func (w *worker) wakeAll() {
+	for _, s := range w.streams {
+		s.wakeUp()
+	}
+}
+
 // allocate returns guest memory of size n from the guest's allocator.
 func (w *worker) allocate(ctx context.Context, n uint32) (uint32, bool) {
 	if w.alloc == nil {
@@ -207,7 +244,7 @@ func (w *worker) tick() error {
 		return err
 	}
 	defer w.mu.Unlock()
-	_, err := w.call("proxy_on_tick", rootContextID)
+	_, err := w.callRoot("proxy_on_tick", rootContextID)
 	return err
 }
 

@@ -63,6 +63,29 @@ func proxyGetMetric(id uint32, v unsafe.Pointer) uint32
 //go:wasmimport env proxy_set_tick_period_milliseconds
 func proxySetTickPeriod(ms uint32) uint32
 
+//go:wasmimport env proxy_http_call
+func proxyHTTPCall(up unsafe.Pointer, ulen uint32, hs unsafe.Pointer, hlen uint32, body unsafe.Pointer, blen uint32,
+	tr unsafe.Pointer, tlen uint32, timeout uint32, id unsafe.Pointer) uint32
+
+//go:wasmimport env proxy_grpc_call
+func proxyGRPCCall(up unsafe.Pointer, ulen uint32, svc unsafe.Pointer, slen uint32, method unsafe.Pointer, mlen uint32,
+	md unsafe.Pointer, mdlen uint32, msg unsafe.Pointer, msglen uint32, timeout uint32, id unsafe.Pointer) uint32
+
+//go:wasmimport env proxy_grpc_cancel
+func proxyGRPCCancel(id uint32) uint32
+
+//go:wasmimport env proxy_get_status
+func proxyGetStatus(code unsafe.Pointer, msg unsafe.Pointer, n unsafe.Pointer) uint32
+
+//go:wasmimport env proxy_set_effective_context
+func proxySetEffectiveContext(id uint32) uint32
+
+//go:wasmimport env proxy_continue_stream
+func proxyContinueStream(t uint32) uint32
+
+//go:wasmimport env proxy_register_shared_queue
+func proxyRegisterSharedQueue(name unsafe.Pointer, n uint32, id unsafe.Pointer) uint32
+
 // allocs keeps memory handed to the host alive until the next callback.
 var allocs [][]byte
 
@@ -144,6 +167,14 @@ func encodeHeaders(hs [][2]string) string {
 func itoa(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
 
 var (
+	// calls maps a callout id to the context that waits for it; ticking
+	// lists the contexts waiting for a tick; lastHeld is the last context
+	// paused with "hold", dones counts proxy_on_done calls.
+	calls    = map[uint32]uint32{}
+	ticking  []uint32
+	lastHeld uint32
+	dones    int
+
 	requests, logged, gauge, hist uint32
 	pluginConfig                  string
 	contexts                      = map[uint32]*httpContext{}
@@ -205,6 +236,76 @@ func onConfigure(root, size uint32) uint32 {
 func onTick(root uint32) {
 	allocs = nil
 	proxyIncrementMetric(gauge, 1)
+	if len(ticking) == 0 {
+		return
+	}
+	for _, id := range ticking {
+		if proxySetEffectiveContext(id) == 0 {
+			contexts[id].add("ticked")
+			proxyContinueStream(0)
+		}
+	}
+	ticking = nil
+	proxySetTickPeriod(0)
+}
+
+// resume makes the waiting context effective, records r and continues it.
+func resume(callID uint32, r string) {
+	id, ok := calls[callID]
+	if !ok {
+		return
+	}
+	delete(calls, callID)
+	if st := proxySetEffectiveContext(id); st != 0 {
+		return // the stream is gone: never continue another one
+	}
+	contexts[id].add(r)
+	proxyContinueStream(0)
+}
+
+//go:wasmexport proxy_on_http_call_response
+func onHTTPCallResponse(root, callID, nHeaders, bodySize, nTrailers uint32) {
+	allocs = nil
+	if nHeaders == 0 {
+		resume(callID, "call=failed")
+		return
+	}
+	status, _ := header(6, ":status")
+	body, _ := buffer(4)
+	trailer, _ := header(7, "x-trailer")
+	resume(callID, "call="+status+"/"+body+"/"+trailer)
+}
+
+//go:wasmexport proxy_on_grpc_receive
+func onGRPCReceive(root, callID, size uint32) {
+	allocs = nil
+	msg, _ := buffer(5)
+	resume(callID, "grpc="+msg)
+}
+
+//go:wasmexport proxy_on_grpc_close
+func onGRPCClose(root, callID, code uint32) {
+	allocs = nil
+	var c, p, n uint32
+	proxyGetStatus(unsafe.Pointer(&c), unsafe.Pointer(&p), unsafe.Pointer(&n))
+	resume(callID, "close="+itoa(code)+"/"+itoa(c)+"/"+bytesAt(p, n))
+}
+
+func httpCall(cluster string, timeout uint32) (uint32, uint32) {
+	hs := encodeHeaders([][2]string{{":method", "POST"}, {":path", "/echo"}, {":authority", "up"}})
+	body := "ping"
+	var id uint32
+	st := proxyHTTPCall(ptr(cluster), uint32(len(cluster)), ptr(hs), uint32(len(hs)), ptr(body), uint32(len(body)),
+		nil, 0, timeout, unsafe.Pointer(&id))
+	return id, st
+}
+
+func grpcCall(cluster string, timeout uint32) (uint32, uint32) {
+	svc, method, msg := "test.Echo", "Say", "ping"
+	var id uint32
+	st := proxyGRPCCall(ptr(cluster), uint32(len(cluster)), ptr(svc), uint32(len(svc)), ptr(method), uint32(len(method)),
+		nil, 0, ptr(msg), uint32(len(msg)), timeout, unsafe.Pointer(&id))
+	return id, st
 }
 
 //go:wasmexport proxy_on_request_headers
@@ -229,6 +330,43 @@ func onRequestHeaders(id, n, eos uint32) uint32 {
 		return 1
 	case "pause":
 		return 1
+	case "http-call", "grpc-call", "grpc-slow", "grpc-cancel":
+		cluster, _ := header(0, "x-cluster")
+		var callID, st uint32
+		if c.test == "http-call" {
+			callID, st = httpCall(cluster, 1000)
+		} else {
+			timeout := uint32(1000)
+			if c.test == "grpc-slow" {
+				timeout = 50
+			}
+			callID, st = grpcCall(cluster, timeout)
+		}
+		if st != 0 {
+			c.add("st=" + itoa(st))
+			return 0
+		}
+		if c.test == "grpc-cancel" {
+			c.add("cancel=" + itoa(proxyGRPCCancel(callID)) + "/" + itoa(proxyGRPCCancel(callID)))
+			return 0
+		}
+		calls[callID] = id
+		return 1
+	case "tick-resume":
+		ticking = append(ticking, id)
+		proxySetTickPeriod(20)
+		return 1
+	case "hold":
+		lastHeld = id
+		return 1
+	case "effective-gone":
+		c.add("effective=" + itoa(proxySetEffectiveContext(lastHeld)))
+		proxySetEffectiveContext(id)
+		c.add("dones=" + itoa(uint32(dones)))
+	case "unimplemented":
+		name := "q"
+		var qid uint32
+		c.add("queue=" + itoa(proxyRegisterSharedQueue(ptr(name), 1, unsafe.Pointer(&qid))))
 	case "badptr":
 		var p, sz uint32
 		c.add(itoa(proxyGetHeaderMapValue(0, unsafe.Pointer(uintptr(0xFFFFFFF0)), 64, unsafe.Pointer(&p), unsafe.Pointer(&sz))))
@@ -355,7 +493,7 @@ func onLog(id uint32) {
 }
 
 //go:wasmexport proxy_on_done
-func onDone(id uint32) uint32 { allocs = nil; return 1 }
+func onDone(id uint32) uint32 { allocs = nil; dones++; return 1 }
 
 //go:wasmexport proxy_on_delete
 func onDelete(id uint32) {
