@@ -13,6 +13,7 @@ build: $(WASM)
 
 $(WASM): $(GUEST_SRC)
 	@mkdir -p build
+	@echo 'building the module into $(WASM)'
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(WASM) ./cmd/tokengate
 
 # Packages whose tests are plain Go (run under the race detector); the others
@@ -33,11 +34,21 @@ test: build
 	$(GO) test -race -timeout 5m $(RACE_PKGS)
 	$(GO) test -timeout 8m $$($(GO) list ./... | grep -v -e '/bucket$$' -e '/sharedstate$$' -e '/filter$$' -e '/filtertest$$')
 	cd internal/pretty && $(GO) vet ./... && $(GO) test ./...
+	cd deploy && $(GO) test ./...
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./... > /dev/null
 
-## run: build and serve the filter on 127.0.0.1:10000 with envoy.yaml's configuration.
-run: build
-	$(GO) run ./cmd/tokengate-local -wasm $(WASM) -envoy envoy.yaml
+## run: build and serve the filter on 127.0.0.1:10000 with envoy.yaml's configuration (or CONFIG=file.json).
+LOCAL     := build/tokengate-local
+LOCAL_SRC := $(shell find cmd/tokengate-local internal -name '*.go' -not -name '*_test.go' -not -path '*/testdata/*' 2>/dev/null) go.mod go.sum
+CONFIG    ?=
+
+run: build $(LOCAL)
+	$(LOCAL) -wasm $(WASM) $(if $(CONFIG),-config $(CONFIG),-envoy envoy.yaml)
+
+$(LOCAL): $(LOCAL_SRC)
+	@mkdir -p build
+	@echo 'building the local host into $(LOCAL): the first build compiles wazero and takes a minute or two on a cold cache; later runs reuse it'
+	$(GO) build -o $(LOCAL) ./cmd/tokengate-local
 
 ## envoy: run Envoy (>= 1.33, on PATH) with envoy.yaml, from the repository root.
 envoy: build
@@ -51,7 +62,7 @@ envoy: build
 ## image: write build/oci, an OCI image layout of the module in Istio's Wasm image format.
 IMAGE_TAG ?= latest
 image: build
-	$(GO) run ./deploy/cmd/wasm-oci -wasm $(WASM) -out $(dir $(WASM))oci -tag $(IMAGE_TAG)
+	cd deploy && $(GO) run ./cmd/wasm-oci -wasm ../$(WASM) -out ../build/oci -tag $(IMAGE_TAG)
 
 ## bench: every benchmark of BENCHMARKS.md, printed as one table (installs wrk and redis-server with apt if missing).
 bench: build
@@ -66,16 +77,31 @@ fuzz:
 	  done; \
 	done
 
-## lint: gofmt and go vet.
-lint:
+## lint: gofmt, go vet and staticcheck, on the product module, the guest build and the deploy module.
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK         := build/bin/staticcheck-$(STATICCHECK_VERSION)
+GUEST_PKGS          := ./cmd/tokengate ./filter/... ./bucket/... ./sharedstate/...
+
+$(STATICCHECK):
+	@mkdir -p build/bin
+	GOBIN=$(abspath build/bin) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv build/bin/staticcheck $@
+
+lint: $(STATICCHECK)
 	@test -z "$$(gofmt -l .)" || (gofmt -l . && echo 'gofmt: the files above need formatting' && exit 1)
 	$(GO) vet ./...
-	GOOS=wasip1 GOARCH=wasm $(GO) vet ./cmd/... ./filter/... ./bucket/... ./sharedstate/...
+	GOOS=wasip1 GOARCH=wasm $(GO) vet $(GUEST_PKGS)
+	cd deploy && $(GO) vet ./...
+	$(STATICCHECK) ./...
+	@# staticcheck does not see //go:wasmexport as a use, so U1000 is off for the guest build.
+	GOOS=wasip1 GOARCH=wasm $(STATICCHECK) -checks inherit,-U1000 $(GUEST_PKGS)
+	cd deploy && $(abspath $(STATICCHECK)) ./...
 
 ## check: lint, then fail if formatting or go mod tidy changed anything.
 check: lint
 	$(GO) mod tidy
-	@test -z "$$(git status --porcelain go.mod go.sum)" || (git diff go.mod go.sum; echo 'go mod tidy changed go.mod/go.sum' && exit 1)
+	cd deploy && $(GO) mod tidy
+	@test -z "$$(git status --porcelain go.mod go.sum deploy/go.mod deploy/go.sum)" || (git diff go.mod go.sum deploy/go.mod deploy/go.sum; echo 'go mod tidy changed go.mod/go.sum' && exit 1)
 
 clean:
 	rm -rf build

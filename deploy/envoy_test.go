@@ -192,7 +192,7 @@ func checkEnvoyYAML(doc []byte) (*envoyPlugin, error) {
 		return nil, fmt.Errorf("vm_config.code.local.filename %q, want %q", vm.GetCode().GetLocal().GetFilename(), wantWasmFile)
 	case pc.GetFailurePolicy() != wantFailPolicy:
 		return nil, fmt.Errorf("failure_policy %v, want %v", pc.GetFailurePolicy(), wantFailPolicy)
-	case pc.GetFailOpen():
+	case pc.ProtoReflect().Has(pc.ProtoReflect().Descriptor().Fields().ByName("fail_open")):
 		return nil, errors.New("deprecated fail_open is set; use failure_policy")
 	}
 	sv := &wrapperspb.StringValue{}
@@ -285,7 +285,7 @@ func checkStatsTags(bs *bootstrapv3.Bootstrap, cfg *filter.Config) error {
 // out of the name, the second (or else the first) is the tag value.
 func extractTag(re *regexp.Regexp, stat string) (name, value string, ok bool) {
 	m := re.FindStringSubmatchIndex(stat)
-	if m == nil || len(m) < 4 || m[2] < 0 {
+	if len(m) < 4 || m[2] < 0 {
 		return stat, "", false
 	}
 	value = stat[m[2]:m[3]]

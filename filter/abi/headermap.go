@@ -1,15 +1,12 @@
+//go:build wasip1
+
 package abi
 
 import "encoding/binary"
 
-// encodeHeaderMap serializes pairs in the proxy-wasm header map format:
+// appendHeaderMap appends pairs to dst in the proxy-wasm header map format:
 // u32 count, count × (u32 key length, u32 value length), then every key and
 // value followed by a NUL. All integers are little-endian.
-func encodeHeaderMap(pairs [][2]string) []byte {
-	return appendHeaderMap(nil, pairs)
-}
-
-// appendHeaderMap appends the encoding of pairs to dst.
 func appendHeaderMap(dst []byte, pairs [][2]string) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(pairs)))
 	for _, p := range pairs {

@@ -195,9 +195,11 @@ func sig(n int, extra ...api.ValueType) signature {
 	return signature{params: p, results: []api.ValueType{i32}}
 }
 
-// envImports is the ABI 0.2.1 surface the host provides in module "env":
-// the 29 functions of the tetratelabs proxy-wasm-go-sdk v0.24.0 proxytest
-// wrapper, with their wasm signatures. Every one returns an i32 Status.
+// envImports is the ABI 0.2.1 surface the host provides in module "env",
+// with the wasm signatures: the 29 functions of the tetratelabs
+// proxy-wasm-go-sdk v0.24.0 proxytest wrapper, the gRPC callouts and the
+// rest of Envoy's set. Every one returns an i32 Status. Those without an
+// implementation in hostFuncs answer UNIMPLEMENTED (Host.unimplemented).
 var envImports = map[string]signature{
 	"proxy_log":                          sig(3),
 	"proxy_set_property":                 sig(4),

@@ -79,9 +79,6 @@ func (m *headerMap) set(hs []Header) {
 }
 
 // clone returns a copy of the headers.
-func (m *headerMap) clone() []Header {
-	return append([]Header(nil), m.h...)
-}
 
 // Limits proxy-wasm-cpp-host applies when it decodes a header map.
 const (

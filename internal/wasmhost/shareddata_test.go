@@ -12,8 +12,7 @@ func TestSharedDataSemantics(t *testing.T) {
 		op       string // get, set, del, evict
 		key      string
 		value    string
-		cas      uint32 // set/del: cas passed; "cas=last": use lastCAS
-		useLast  bool
+		cas      uint32 // set and del: the cas passed
 		expected Status
 		// for get: the value and cas expected
 		expectedValue string
