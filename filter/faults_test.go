@@ -8,6 +8,7 @@ import (
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate"
+	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
 )
 
 // Store faults and injected panics with two rules, a and b, without limit
@@ -73,7 +74,7 @@ func TestStoreFaultsTwoRules(t *testing.T) {
 			}
 			mem := f.mem()
 			before := mem.Snapshot("")
-			f.h.Store = &sharedstate.FaultStore{Store: mem, GetErr: tc.getErr, SetErr: tc.setErr}
+			f.h.Store = &sharedstatetest.FaultStore{Store: mem, GetErr: tc.getErr, SetErr: tc.setErr}
 			for i := 0; i < 3; i++ {
 				res := f.get()
 				if res.Status() != tc.wantStatus {
@@ -110,7 +111,7 @@ func TestStoreFaultsTwoRules(t *testing.T) {
 
 // sameValues reports whether two snapshots hold the same values under the
 // same keys; CAS values are ignored (a refund writes the value back).
-func sameValues(a, b []sharedstate.Entry) bool {
+func sameValues(a, b []sharedstatetest.Entry) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -128,7 +129,7 @@ func TestTransientCASMismatch(t *testing.T) {
 	f := newFixture(t, twoRules("allow"))
 	f.get()
 	lose := 3
-	f.h.Store = &sharedstate.FaultStore{Store: f.mem(), SetErr: func(k string, _ []byte, _ uint32) error {
+	f.h.Store = &sharedstatetest.FaultStore{Store: f.mem(), SetErr: func(k string, _ []byte, _ uint32) error {
 		if k == "tb:b:" && lose > 0 {
 			lose--
 			return sharedstate.ErrCASMismatch
@@ -181,7 +182,7 @@ func TestKongSemantics(t *testing.T) {
 		`{"name":"k","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":3}}`,
 	} {
 		f := newFixture(t, config)
-		f.h.Store = sharedstate.NewMemStore(sharedstate.Kong)
+		f.h.Store = sharedstatetest.New(sharedstate.Kong)
 		for i, want := range []int64{2, 1, 0, -1} {
 			res := f.get()
 			if want < 0 {
@@ -248,16 +249,16 @@ func TestInjectedPanics(t *testing.T) {
 	}
 	tests := []struct {
 		name       string
-		inject     func(h *hookHost, fs *sharedstate.FaultStore, fire func())
+		inject     func(h *hookHost, fs *sharedstatetest.FaultStore, fire func())
 		drainFirst bool   // drain a so that the request is rejected
 		wantMsg    string // in the critical log
 		wantTokens float64
 		callback   string
 	}{
-		{"store get", func(h *hookHost, fs *sharedstate.FaultStore, fire func()) {
+		{"store get", func(h *hookHost, fs *sharedstatetest.FaultStore, fire func()) {
 			fs.GetErr = func(string) error { fire(); return nil }
 		}, false, "injected", 1, "proxy_on_request_headers"},
-		{"store set of the first bucket", func(h *hookHost, fs *sharedstate.FaultStore, fire func()) {
+		{"store set of the first bucket", func(h *hookHost, fs *sharedstatetest.FaultStore, fire func()) {
 			fs.SetErr = func(k string, _ []byte, _ uint32) error {
 				if k == "tb:a:" {
 					fire()
@@ -265,13 +266,13 @@ func TestInjectedPanics(t *testing.T) {
 				return nil
 			}
 		}, false, "injected", 1, "proxy_on_request_headers"},
-		{"source.address property", func(h *hookHost, fs *sharedstate.FaultStore, fire func()) {
+		{"source.address property", func(h *hookHost, fs *sharedstatetest.FaultStore, fire func()) {
 			h.onProperty = fire
 		}, false, "injected", 1, "proxy_on_request_headers"},
-		{"response headers", func(h *hookHost, fs *sharedstate.FaultStore, fire func()) {
+		{"response headers", func(h *hookHost, fs *sharedstatetest.FaultStore, fire func()) {
 			h.onSetHeader = fire
 		}, false, "injected", 0, "proxy_on_response_headers"},
-		{"local reply of a rejection", func(h *hookHost, fs *sharedstate.FaultStore, fire func()) {
+		{"local reply of a rejection", func(h *hookHost, fs *sharedstatetest.FaultStore, fire func()) {
 			h.onSend = fire
 		}, true, "injected", 0, "proxy_on_request_headers"},
 	}
@@ -290,7 +291,7 @@ func TestInjectedPanics(t *testing.T) {
 			t.Run(tc.name+"/"+pv.name, func(t *testing.T) {
 				h := &hookHost{Host: filtertest.New()}
 				mem := h.Store
-				fs := &sharedstate.FaultStore{Store: mem}
+				fs := &sharedstatetest.FaultStore{Store: mem}
 				h.Store = fs
 				p := filter.NewPlugin(h)
 				now := epoch

@@ -14,6 +14,7 @@ import (
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate"
+	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -104,7 +105,7 @@ func TestBurstThen429(t *testing.T) {
 	}
 	// The stored value has the documented format, key and exact numbers:
 	// one of the identity's two slots, owned by its client IP.
-	key, v, err := sharedstate.Lookup(h.Store, false, "global-rps", "10.0.0.1", filter.DefaultMaxKeys)
+	key, v, err := sharedstatetest.Lookup(h.Store, false, "global-rps", "10.0.0.1", filter.DefaultMaxKeys)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestBurstThen429(t *testing.T) {
 	if got, want := string(v), "0.000000:1736940000.000000:10.0.0.1"; got != want {
 		t.Errorf("stored value: got %q, want %q", got, want)
 	}
-	if got := h.Store.(*sharedstate.MemStore).Len(); got != 2 {
+	if got := h.Store.(*sharedstatetest.Store).Len(); got != 2 {
 		t.Errorf("keys: got %d, want 2 (the bucket and the slot seed)", got)
 	}
 }
@@ -145,7 +146,7 @@ func TestRefillAndIsolation(t *testing.T) {
 	if got := h.Do(p, b).Status(); got != 200 {
 		t.Fatalf("b is limited by a's bucket: got %d, want 200", got)
 	}
-	if _, _, err := sharedstate.Lookup(h.Store, false, "global-rps", "2001:db8::1", filter.DefaultMaxKeys); err != nil {
+	if _, _, err := sharedstatetest.Lookup(h.Store, false, "global-rps", "2001:db8::1", filter.DefaultMaxKeys); err != nil {
 		t.Errorf("IPv6 bucket: %v", err)
 	}
 	c.now += 0.4 // 2 tokens at 5/s
@@ -264,11 +265,11 @@ func TestMatchTiersWithJWT(t *testing.T) {
 		}
 	}
 	// No JWT: no rule matches, so nothing is limited and nothing is stored.
-	before := h.Store.(*sharedstate.MemStore).Len()
+	before := h.Store.(*sharedstatetest.Store).Len()
 	if res := h.Do(p, filtertest.Get("/", "1.1.1.1:1")); res.Status() != 200 || len(res.Headers) != 0 {
 		t.Fatalf("no JWT: got %d with headers %v, want 200 without headers", res.Status(), res.Headers)
 	}
-	if after := h.Store.(*sharedstate.MemStore).Len(); after != before {
+	if after := h.Store.(*sharedstatetest.Store).Len(); after != before {
 		t.Errorf("no JWT created %d keys", after-before)
 	}
 }
@@ -291,10 +292,10 @@ func TestShadowMode(t *testing.T) {
 	if got := counter(t, h, "watch-ip", filter.CounterAllowed); got != 2 {
 		t.Errorf("allowed: got %d, want 2", got)
 	}
-	if _, _, err := sharedstate.Lookup(h.Store, true, "watch-ip", "10.1.1.1", filter.DefaultMaxKeys); err != nil {
+	if _, _, err := sharedstatetest.Lookup(h.Store, true, "watch-ip", "10.1.1.1", filter.DefaultMaxKeys); err != nil {
 		t.Errorf("shadow bucket: %v", err)
 	}
-	for _, e := range h.Store.(*sharedstate.MemStore).Snapshot("tb:") {
+	for _, e := range h.Store.(*sharedstatetest.Store).Snapshot("tb:") {
 		t.Errorf("a shadow rule wrote an enforce bucket: %s = %s", e.Key, e.Value)
 	}
 }
@@ -315,12 +316,12 @@ func TestAllOrNothing(t *testing.T) {
 			t.Errorf("request %d: RateLimit got %q, want %q", i, got, want)
 		}
 	}
-	_, wide, _ := sharedstate.Lookup(h.Store, false, "wide", "1.1.1.1", filter.DefaultMaxKeys)
+	_, wide, _ := sharedstatetest.Lookup(h.Store, false, "wide", "1.1.1.1", filter.DefaultMaxKeys)
 	res := h.Do(p, filtertest.Get("/x", "1.1.1.1:1"))
 	if res.Status() != 429 || res.Header("x-tokengate-rule") != "narrow" {
 		t.Fatalf("third request: got %d rule %q, want 429 by narrow", res.Status(), res.Header("x-tokengate-rule"))
 	}
-	if _, after, _ := sharedstate.Lookup(h.Store, false, "wide", "1.1.1.1", filter.DefaultMaxKeys); string(after) != string(wide) {
+	if _, after, _ := sharedstatetest.Lookup(h.Store, false, "wide", "1.1.1.1", filter.DefaultMaxKeys); string(after) != string(wide) {
 		t.Errorf("the rejected request took from the wide bucket: %q → %q", wide, after)
 	}
 	if got := counter(t, h, "wide", filter.CounterRejected); got != 0 {
@@ -358,12 +359,12 @@ func TestFallbackAndMissingDescriptor(t *testing.T) {
 func TestFailOpen(t *testing.T) {
 	h := filtertest.New()
 	mem := h.Store
-	fail := &sharedstate.FaultStore{Store: mem}
+	fail := &sharedstatetest.FaultStore{Store: mem}
 	h.Store = fail
 	p, _ := newPlugin(t, h, perIP)
 	req := filtertest.Get("/", "3.3.3.3:1")
 	h.Do(p, req)
-	before := mem.(*sharedstate.MemStore).Snapshot("")
+	before := mem.(*sharedstatetest.Store).Snapshot("")
 	boom := errors.New("internal failure")
 	for _, tc := range []struct {
 		name  string
@@ -386,7 +387,7 @@ func TestFailOpen(t *testing.T) {
 			if got := counter(t, h, "global-rps", filter.CounterFailOpen) - prev; got != 20 {
 				t.Errorf("fail_open: got %d, want 20", got)
 			}
-			if after := mem.(*sharedstate.MemStore).Snapshot(""); !reflect.DeepEqual(after, before) {
+			if after := mem.(*sharedstatetest.Store).Snapshot(""); !reflect.DeepEqual(after, before) {
 				t.Errorf("state changed: %v → %v", before, after)
 			}
 		})
@@ -398,7 +399,7 @@ func TestFailOpen(t *testing.T) {
 
 func TestDenyOnStoreError(t *testing.T) {
 	h := filtertest.New()
-	h.Store = &sharedstate.FaultStore{Store: h.Store, GetErr: func(string) error { return errors.New("down") }}
+	h.Store = &sharedstatetest.FaultStore{Store: h.Store, GetErr: func(string) error { return errors.New("down") }}
 	p, _ := newPlugin(t, h, `{"name":"strict","on_store_error":"deny","algorithm_config":{"rps":1,"burst":1}}`)
 	res := h.Do(p, filtertest.Get("/", "1.1.1.1:1"))
 	if res.Status() != 503 || res.Header("x-tokengate-reason") != filter.ReasonStoreError {
@@ -510,7 +511,7 @@ func TestMetricNames(t *testing.T) {
 func TestNoSharedDataLimitsPerWorker(t *testing.T) {
 	h := filtertest.New()
 	unimplemented := func(string) error { return sharedstate.ErrUnimplemented }
-	h.Store = &sharedstate.FaultStore{Store: h.Store, GetErr: unimplemented,
+	h.Store = &sharedstatetest.FaultStore{Store: h.Store, GetErr: unimplemented,
 		SetErr: func(string, []byte, uint32) error { return sharedstate.ErrUnimplemented }}
 	p, _ := newPlugin(t, h, `{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":2}}`)
 	req := filtertest.Get("/", "10.9.9.9:1")

@@ -10,6 +10,7 @@ import (
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate"
+	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
 )
 
 // Fuzz targets of package filter (issue 6, "Fuzzing"). Seed corpora are in
@@ -304,7 +305,7 @@ func checkNoPanicsTB(t *testing.T, f *fixture) {
 
 // checkBuckets checks that every bucket in the snapshot parses and holds
 // tokens within [0, burst] of its rule.
-func checkBuckets(t *testing.T, i int, snap []sharedstate.Entry, bursts map[string]float64) {
+func checkBuckets(t *testing.T, i int, snap []sharedstatetest.Entry, bursts map[string]float64) {
 	t.Helper()
 	for _, e := range snap {
 		rule, _, ok := ruleOfKey(e.Key)
@@ -326,7 +327,7 @@ func checkBuckets(t *testing.T, i int, snap []sharedstate.Entry, bursts map[stri
 // rejected request. A rejection may write only: a full bucket in place of a
 // missing or unreadable value, or the same tokens re-anchored at now when
 // the clock has stepped back (see Updater).
-func checkRejectedTookNothing(t *testing.T, i int, before, after []sharedstate.Entry, bursts map[string]float64, now float64) {
+func checkRejectedTookNothing(t *testing.T, i int, before, after []sharedstatetest.Entry, bursts map[string]float64, now float64) {
 	t.Helper()
 	old := map[string]string{}
 	for _, e := range before {

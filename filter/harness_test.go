@@ -8,6 +8,7 @@ import (
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate"
+	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
 )
 
 // This file holds the fixture shared by the reliability tests
@@ -43,13 +44,13 @@ func newFixture(t testing.TB, config string) *fixture {
 }
 
 // mem returns the fixture's in-memory store, under any FaultStore wrapper.
-func (f *fixture) mem() *sharedstate.MemStore {
+func (f *fixture) mem() *sharedstatetest.Store {
 	f.t.Helper()
 	s := f.h.Store
-	if fs, ok := s.(*sharedstate.FaultStore); ok {
+	if fs, ok := s.(*sharedstatetest.FaultStore); ok {
 		s = fs.Store
 	}
-	m, ok := s.(*sharedstate.MemStore)
+	m, ok := s.(*sharedstatetest.Store)
 	if !ok {
 		f.t.Fatalf("store is a %T, not a MemStore", s)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
-	"github.com/tokengate/tokengate/sharedstate"
+	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
 )
 
 // Hostile and malformed input through the whole request path (issue 6). Each
@@ -701,7 +701,7 @@ func TestLogsNeverHoldIdentities(t *testing.T) {
 		f.put(e.Key, "garbage\n"+secrets[0])
 	}
 	f.do(req)
-	f.h.Store = &sharedstate.FaultStore{Store: f.mem(), GetErr: func(string) error { return errors.New("down") }}
+	f.h.Store = &sharedstatetest.FaultStore{Store: f.mem(), GetErr: func(string) error { return errors.New("down") }}
 	f.do(req)
 	logs := f.h.Logs(filter.LogTrace)
 	if len(logs) < 4 {

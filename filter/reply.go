@@ -32,15 +32,10 @@ func reasonOf(res bucket.Result) string {
 	return ReasonExceeded
 }
 
-// RetryAfter returns the Retry-After seconds for a bucket that needs wait
-// seconds more: ceil(wait), at least 1, plus a jitter of 0 to 50% of that
-// chosen by the hash of identity, so that one client always gets the same
-// offset and different clients spread out.
-func RetryAfter(wait float64, identity string) int64 {
-	return retryAfterHash(wait, fnv64(identity))
-}
-
-// retryAfterHash is RetryAfter with the identity's fnv64 hash.
+// retryAfterHash returns the Retry-After seconds for a bucket that needs
+// wait seconds more: ceil(wait), at least 1, plus a jitter of 0 to 50% of
+// that chosen by h, the hash of the client's identity, so that one client
+// always gets the same offset and different clients spread out.
 func retryAfterHash(wait float64, h uint64) int64 {
 	base := max(seconds(wait), 1)
 	return base + int64(h%uint64(base/2+1))

@@ -37,7 +37,7 @@ const (
 // no ':' (configuration validates rule names), or "tb:a:b:c" could be rule
 // "a" or rule "a:b".
 //
-// The key is at most MaxKeyLen(shadow, rule, len(values)) bytes. AppendKey
+// The key is at most len(prefix) + len(rule) + n*(MaxValueLen+1) bytes for n >= 1 values. AppendKey
 // does not allocate when dst has that much room, and every byte it writes
 // for the values is printable ASCII.
 //
@@ -60,21 +60,6 @@ func AppendKey(dst []byte, shadow bool, rule string, values []string) []byte {
 		dst = appendValue(dst, v)
 	}
 	return dst
-}
-
-// MaxKeyLen returns the longest key AppendKey can produce for rule with n
-// values: the prefix, the rule, ':', and n values of at most MaxValueLen
-// bytes with n-1 separators. For n >= 1 that is
-// len(prefix) + len(rule) + n*(MaxValueLen+1).
-func MaxKeyLen(shadow bool, rule string, n int) int {
-	p := len(keyPrefix)
-	if shadow {
-		p = len(shadowKeyPrefix)
-	}
-	if n <= 0 {
-		return p + len(rule) + 1
-	}
-	return p + len(rule) + n*(MaxValueLen+1)
 }
 
 // appendValue appends one value in the form AppendKey describes.

@@ -3,7 +3,6 @@ package sharedstate
 import (
 	"errors"
 	"strconv"
-	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
 )
@@ -193,32 +192,6 @@ func LoadSeed(st Store, random uint64) (uint64, error) {
 		return 0, errors.New("sharedstate: the seed under " + SeedKey + " is not hex: " + strconv.Quote(string(v)))
 	}
 	return seed, nil
-}
-
-// Lookup finds the bucket of the identity owner in a rule with n slots (or,
-// with n = 0, under its unbounded key) and returns its key and value; for
-// tests and debugging.
-func Lookup(st Store, shadow bool, rule, owner string, n uint32) (key string, value []byte, err error) {
-	if n == 0 {
-		key = string(AppendKey(nil, shadow, rule, nil)) + owner
-		value, _, err = st.Get(key)
-		return key, value, err
-	}
-	seed, err := LoadSeed(st, 0)
-	if err != nil {
-		return "", nil, err
-	}
-	a, b := SlotPair(seed, owner, n)
-	for _, slot := range []uint32{a, b} {
-		key = string(AppendSlotKey(nil, shadow, rule, slot))
-		v, _, err := st.Get(key)
-		if err == nil && strings.HasSuffix(string(v), ":"+owner) {
-			if _, o, ok, perr := ParseSlotValue(v); perr == nil && ok && o == owner {
-				return key, append([]byte(nil), v...), nil
-			}
-		}
-	}
-	return "", nil, ErrNotFound
 }
 
 // SeedKeeper keeps one worker's copy of the slot seed in step with the one

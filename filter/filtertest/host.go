@@ -1,6 +1,6 @@
 // Package filtertest is a fake proxy-wasm host for running the filter
 // natively in tests, fuzz targets and benchmarks: shared data in a
-// sharedstate.MemStore (Envoy's CAS semantics by default), counters, logs,
+// sharedstatetest.Store (Envoy's CAS semantics by default), counters, logs,
 // request headers and properties, and the response the filter produced.
 package filtertest
 
@@ -12,6 +12,7 @@ import (
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/sharedstate"
+	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
 )
 
 // Host is a filter.Host for one request at a time (like one worker VM);
@@ -19,7 +20,7 @@ import (
 // with New.
 type Host struct {
 	// Store is the shared data; replace it (e.g. with a
-	// sharedstate.FaultStore) before the first request to inject faults.
+	// sharedstatetest.FaultStore) before the first request to inject faults.
 	Store sharedstate.Store
 	// Metrics are the counters, shared by Hosts made with NewWorker.
 	Metrics *Metrics
@@ -76,7 +77,7 @@ type Metrics struct {
 
 // New returns a Host with an empty store of Envoy's semantics.
 func New() *Host {
-	return &Host{Store: sharedstate.NewMemStore(sharedstate.Envoy), Metrics: &Metrics{}}
+	return &Host{Store: sharedstatetest.New(sharedstate.Envoy), Metrics: &Metrics{}}
 }
 
 // NewWorker returns another Host sharing h's store and metrics, as another
