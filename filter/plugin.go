@@ -401,10 +401,10 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 	}
 	for i, r := range g.rules {
 		r.metrics.casRetries.inc(p.host, int64(out.CASRetries))
-		if i < 64 && out.TakeoverMask&(1<<i) != 0 {
+		if g.reqs[i].TookOver {
 			r.metrics.slotTakeovers.inc(p.host, 1)
 		}
-		if i < 64 && out.CollidedMask&(1<<i) != 0 {
+		if g.reqs[i].Collided {
 			r.metrics.slotCollisions.inc(p.host, 1)
 		}
 	}

@@ -316,3 +316,51 @@ func stateError(msg string, b []byte) error {
 	}
 	return errors.New("sharedstate: bad state " + strconv.Quote(string(q)) + more + ": " + msg)
 }
+
+// AppendSlotValue appends "{tokens}:{last_refill}:{owner}" to dst.
+func AppendSlotValue(dst []byte, s bucket.State, owner string) []byte {
+	dst = AppendState(dst, s)
+	dst = append(dst, ':')
+	return append(dst, owner...)
+}
+
+// ParseSlotValue parses a slot value. hasOwner is false for a value in the
+// unbounded "{tokens}:{last_refill}" format. The owner may itself contain
+// ':' (IPv6 addresses); only the first two separate fields.
+func ParseSlotValue(b []byte) (s bucket.State, owner string, hasOwner bool, err error) {
+	s, o, hasOwner, err := parseValue(b)
+	return s, string(o), hasOwner, err
+}
+
+// parseValue parses a value in either format, "{tokens}:{last_refill}" or
+// a slot's "{tokens}:{last_refill}:{owner}": the one parser of stored
+// values. owner is a sub-slice of b. It does not allocate unless it returns
+// an error.
+func parseValue(b []byte) (s bucket.State, owner []byte, hasOwner bool, err error) {
+	if st, end, ok := parseStateFast(b); ok {
+		if end < len(b) {
+			return st, b[end+1:], true, nil
+		}
+		return st, nil, false, nil
+	}
+	state, owner, hasOwner := splitSlotValue(b)
+	s, err = parseStateStrict(state)
+	return s, owner, hasOwner, err
+}
+
+// splitSlotValue splits a slot value into its state and owner parts without
+// copying; see ParseSlotValue.
+func splitSlotValue(b []byte) (state, owner []byte, hasOwner bool) {
+	first := -1
+	for i, c := range b {
+		if c != ':' {
+			continue
+		}
+		if first < 0 {
+			first = i
+			continue
+		}
+		return b[:i], b[i+1:], true
+	}
+	return b, nil, false
+}

@@ -1,5 +1,7 @@
 package sharedstate
 
+import "strconv"
+
 // MaxValueLen is the most bytes one descriptor value takes in a key. Longer
 // values, once percent-encoded, are replaced by a hash; see AppendKey.
 const MaxValueLen = 64
@@ -107,4 +109,100 @@ func safeByte(c byte) bool {
 		return true
 	}
 	return false
+}
+
+// Bounded key space
+//
+// Envoy's shared data never shrinks: the ABI has no delete, and a key lives
+// until the last VM of its vm_id goes away. One key per client IP or API key
+// would let anyone who sprays identities grow the proxy's memory without
+// bound. So a rule with a key bound n stores its buckets in n slots,
+//
+//	tb:{rule}:${slot}  →  "{tokens}:{last_refill}:{owner}"
+//
+// where owner is the identity's composite key (see AppendComposite), so the
+// value stays readable. Each identity has two candidate slots, chosen by a
+// hash keyed with a secret seed (SlotPair), which clients cannot predict and
+// so cannot aim at another client's slots. A request for identity X:
+//
+//  1. uses the candidate X owns, if any (the first candidate is read first;
+//     the second only if the first is not X's);
+//  2. otherwise takes over a candidate that is missing, corrupt, or whose
+//     bucket would be full by now: a full bucket carries no information, so
+//     X starts from a full bucket exactly as a new identity would;
+//  3. otherwise both candidates hold live buckets of other identities (a
+//     live collision): X shares the one with more tokens, charged as its
+//     owner's bucket, and the collision is counted. Sharing can only make
+//     limits stricter, never looser.
+//
+// A slot value without an owner (the unbounded format) is treated as another
+// identity's. Taking over goes through the same compare-and-swap as every
+// write, so two workers racing for a slot cannot both win.
+
+// AppendSlotKey appends "tb:{rule}:${slot}" (with the "shadow:" prefix when
+// shadow) to dst. '$' never starts a composite key's value (AppendKey
+// percent-encodes it), so slot keys cannot be mistaken for unbounded keys.
+func AppendSlotKey(dst []byte, shadow bool, rule string, slot uint32) []byte {
+	if shadow {
+		dst = append(dst, shadowKeyPrefix...)
+	} else {
+		dst = append(dst, keyPrefix...)
+	}
+	dst = append(dst, rule...)
+	dst = append(dst, ':', '$')
+	return strconv.AppendUint(dst, uint64(slot), 10)
+}
+
+// AppendComposite appends the composite key of values (the part of
+// AppendKey's key after "tb:{rule}:") to dst.
+func AppendComposite(dst []byte, values []string) []byte {
+	for i, v := range values {
+		if i > 0 {
+			dst = append(dst, '|')
+		}
+		dst = appendValue(dst, v)
+	}
+	return dst
+}
+
+// SlotPair returns the two candidate slots, in [0, n), of the identity whose
+// composite key is owner, under a secret seed shared by every worker. For
+// n > 1 the two differ. n must be > 0.
+func SlotPair(seed uint64, owner string, n uint32) (uint32, uint32) {
+	return slotPair(seed, owner, n)
+}
+
+// SlotPairBytes is SlotPair for an owner held in a byte slice, such as one
+// AppendComposite just wrote.
+func SlotPairBytes(seed uint64, owner []byte, n uint32) (uint32, uint32) {
+	return slotPair(seed, owner, n)
+}
+
+func slotPair[T string | []byte](seed uint64, owner T, n uint32) (uint32, uint32) {
+	h := seed ^ 0x9e3779b97f4a7c15
+	for i := 0; i < len(owner); i++ {
+		h ^= uint64(owner[i])
+		h *= 0x100000001b3
+	}
+	a := uint32(mix64(h) % uint64(n))
+	if n == 1 {
+		return a, a
+	}
+	// The second slot is one of the other n-1, so it never equals a.
+	b := uint32(mix64(h^0xd6e8feb86659fd93) % uint64(n-1))
+	if b >= a {
+		b++
+	}
+	return a, b
+}
+
+// mix64 is the splitmix64 finalizer: every input bit affects every output
+// bit.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
 }

@@ -186,9 +186,10 @@ func TestSlotsLiveCollisionShares(t *testing.T) {
 		take(u, t0, a)
 		take(u, t0, a)
 		take(u, t0, b) // A has 2 tokens left, B 3
-		out := take(u, t0, c)
-		if !out.Allowed || out.Collisions != 1 || out.CollidedMask != 1 {
-			t.Fatalf("C: got %+v, want allowed, sharing one live slot", out)
+		reqs := []Request{c}
+		out := u.TakeAll(reqs, t0, nil)
+		if !out.Allowed || out.Collisions != 1 || !reqs[0].Collided || reqs[0].TookOver {
+			t.Fatalf("C: got %+v (request %+v), want allowed, sharing one live slot", out, reqs[0])
 		}
 		if m.Len() != 2 {
 			t.Errorf("keys: got %d, want the 2 slots", m.Len())
@@ -320,8 +321,8 @@ func TestSeedKeeper(t *testing.T) {
 		if s, _ := a.Seed(failing, t0+3, one); s != 2 {
 			t.Fatalf("a after eviction: got %d, want 2", s)
 		}
-		if got := stored(t, m, SeedKey); got != "2" {
-			t.Errorf("re-created seed: got %q, want \"2\"", got)
+		if got := stored(t, m, SeedKey); got != "0000000000000002" {
+			t.Errorf("re-created seed: got %q, want \"0000000000000002\" (16 hex digits, zero-padded)", got)
 		}
 		if s, _ := b.Seed(failing, t0+3, two); s != 2 {
 			t.Errorf("b: got %d, want 2", s)
@@ -383,4 +384,31 @@ func TestSlotsMillionIdentities(t *testing.T) {
 		t.Errorf("idle client after the spray: got %+v, want a full bucket (not punished)", out)
 	}
 	t.Logf("%d identities: at most %d keys; hot client %d admitted of ceiling %.1f", identities, maxKeys, admitted, ceiling)
+}
+
+// TestCollisionFlagsBeyond64Requests: Outcome once reported slot events as
+// 64-bit masks, so a rule past the 64th of a request lost them. The flags
+// are per request now.
+func TestCollisionFlagsBeyond64Requests(t *testing.T) {
+	m := NewMemStore(Envoy)
+	u := &Updater{Store: m}
+	lim := bucket.Limit{Rate: 1, Burst: 4}
+	a, b, c := slotReq("A", 2), slotReq("B", 2), slotReq("C", 2)
+	a.Limit, b.Limit, c.Limit = lim, lim, lim
+	take(u, t0, a)
+	take(u, t0, b)
+	var reqs []Request
+	for i := range 69 {
+		reqs = append(reqs, Request{Key: "tb:other:" + strconv.Itoa(i), Limit: lim, Cost: 1})
+	}
+	reqs = append(reqs, c)
+	out := u.TakeAll(reqs, t0, nil)
+	if !out.Allowed || out.Collisions != 1 || !reqs[69].Collided {
+		t.Fatalf("request 70: collided %v, outcome %+v; want allowed with the 70th request flagged", reqs[69].Collided, out)
+	}
+	for i := range 69 {
+		if reqs[i].Collided || reqs[i].TookOver {
+			t.Fatalf("request %d flagged: %+v", i, reqs[i])
+		}
+	}
 }

@@ -54,6 +54,12 @@ type Request struct {
 	Slotted bool
 	Alt     string
 	Owner   string
+
+	// TookOver and Collided are set by TakeAll, for this request's bucket
+	// in the last attempt: its slot was taken over from an idle or corrupt
+	// owner (only if the new state was written), or it shared a live slot
+	// of another identity. Bounded key space only.
+	TookOver, Collided bool
 }
 
 // Outcome is the result of Updater.TakeAll.
@@ -82,11 +88,10 @@ type Outcome struct {
 	Corrupt int
 	// Takeovers is the number of slots taken over from an idle or corrupt
 	// owner, and Collisions the number of requests that shared a live slot
-	// of another identity (bounded key space). Bit i of TakeoverMask and
-	// CollidedMask is set when request i (i < 64) did so. They describe the
-	// last attempt; a takeover counts only if it was written.
-	Takeovers, Collisions      int
-	TakeoverMask, CollidedMask uint64
+	// of another identity (bounded key space); Request.TookOver and
+	// Request.Collided say which. They describe the last attempt; a
+	// takeover counts only if it was written.
+	Takeovers, Collisions int
 	// Err is non-nil when the store failed with something other than a CAS
 	// mismatch, when attempts ran out (ErrContention), or when the inputs
 	// were unusable (now not a finite time > 0, a key repeated). The caller
@@ -215,6 +220,9 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 	}
 	res = res[:len(reqs)]
 	out.Results = res
+	for i := range reqs {
+		reqs[i].TookOver, reqs[i].Collided = false, false
+	}
 	now = Quantize(now)
 	if !(now > 0) || math.IsInf(now, 1) {
 		out.Err = errBadNow
@@ -261,13 +269,13 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 		if rejected >= 0 {
 			u.reject(reqs, pend, now, &out)
 			out.Rejected = rejected
-			countSlots(pend, &out, false)
+			countSlots(reqs, pend, &out, false)
 			return out
 		}
 		k, err := u.commit(reqs, pend)
 		if err == nil {
 			out.Allowed = true
-			countSlots(pend, &out, true)
+			countSlots(reqs, pend, &out, true)
 			return out
 		}
 		if rerr := u.refund(reqs[:k], pend[:k], now, &out); rerr != nil {
@@ -322,21 +330,17 @@ func (u *Updater) seed(r *Request, now float64, out *Outcome) error {
 	return err
 }
 
-// countSlots adds the slot events of the final attempt to out; takeovers
-// count only when they were written.
-func countSlots(pend []pending, out *Outcome, written bool) {
+// countSlots records the slot events of the final attempt in reqs and out;
+// takeovers count only when they were written.
+func countSlots(reqs []Request, pend []pending, out *Outcome, written bool) {
 	for i := range pend {
-		if pend[i].takeover && written {
+		reqs[i].TookOver = pend[i].takeover && written
+		reqs[i].Collided = pend[i].collide
+		if reqs[i].TookOver {
 			out.Takeovers++
-			if i < 64 {
-				out.TakeoverMask |= 1 << i
-			}
 		}
-		if pend[i].collide {
+		if reqs[i].Collided {
 			out.Collisions++
-			if i < 64 {
-				out.CollidedMask |= 1 << i
-			}
 		}
 	}
 }
@@ -394,11 +398,11 @@ func (u *Updater) refund(reqs []Request, pend []pending, now float64, out *Outco
 			if err != nil {
 				return err
 			}
-			s, owner, hasOwner, perr := ParseSlotValue(v)
+			s, owner, hasOwner, perr := parseValue(v)
 			if perr != nil || s.Last > now+u.maxFuture() {
 				break // overwritten with garbage: it reads as a full bucket
 			}
-			p := pending{owner: owner, hasOwner: hasOwner}
+			p := pending{owner: string(owner), hasOwner: hasOwner}
 			u.buf = p.value(u.buf[:0], r.Limit.Refund(s, now, r.Cost))
 			err = u.Store.Set(key, u.buf, cas)
 			if err == nil {
@@ -432,22 +436,7 @@ func (u *Updater) lookSlot(key string, now float64) (slotRead, error) {
 	if err != nil {
 		return slotRead{}, err
 	}
-	var (
-		s        bucket.State
-		owner    []byte
-		hasOwner bool
-		perr     error
-	)
-	if st, end, ok := parseStateFast(v); ok {
-		s = st
-		if end < len(v) {
-			owner, hasOwner = v[end+1:], true
-		}
-	} else {
-		var state []byte
-		state, owner, hasOwner = splitSlotValue(v)
-		s, perr = ParseState(state)
-	}
+	s, owner, hasOwner, perr := parseValue(v)
 	sr := slotRead{key: key, exists: true, state: s, cas: cas, owner: owner, hasOwner: hasOwner}
 	sr.corrupt = perr != nil || s.Last > now+u.maxFuture()
 	return sr, nil
