@@ -214,6 +214,13 @@ func (h *hookHost) Property(path ...string) ([]byte, bool) {
 	return h.Host.Property(path...)
 }
 
+func (h *hookHost) PropertyString(path ...string) (string, bool) {
+	if h.onProperty != nil {
+		h.onProperty()
+	}
+	return h.Host.PropertyString(path...)
+}
+
 func (h *hookHost) SetResponseHeader(name, value string) {
 	if h.onSetHeader != nil {
 		h.onSetHeader()

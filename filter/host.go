@@ -58,6 +58,12 @@ const NoGRPCStatus int32 = -1
 // Host is what the filter needs from a proxy-wasm host. Request and response
 // calls act on the stream the host is currently calling into, as the ABI's
 // "effective context" does.
+//
+// The lifetime rule: bytes and strings a host returns (header values,
+// properties, shared-data values) are valid until the callback returns;
+// the filter copies what it keeps longer. Bytes the filter passes to a host
+// are the host's only during the call; the host copies what it keeps.
+// filtertest enforces both, so a mistake fails native tests too.
 type Host interface {
 	// Store is the host's shared data (proxy_get/set_shared_data).
 	sharedstate.Store

@@ -26,33 +26,18 @@ type Plugin struct {
 	seed    uint64 // slot seed shared by every worker; see sharedstate.SlotPair
 	seeds   sharedstate.SeedKeeper
 
-	// now is the time of the request being decided, read once (see time).
-	now    float64
-	nowSet bool
-	// seeded reports whether seed was refreshed for the request being
-	// decided: once a request, however many of its rules are slotted.
-	seeded bool
-	store  *sharedstate.LocalFallback
+	store *sharedstate.LocalFallback
 
-	enforce, shadow group
-	keyBuf          []byte
-	vals            []string
+	// rc is the state of the callback being run; see reqContext.
+	rc reqContext
 
 	// Optional host methods that save a copy; nil when the host lacks them.
 	hbs headerBytesSetter
 	ps  propertyStringer
 	bv  bytesViewer
-	// hdrBuf holds the RateLimit value formatted per request; the
-	// RateLimit-Remaining and -Reset values are slices of it. Some hosts
-	// (the SDK's proxytest emulator) keep a view of a header value instead
-	// of copying it, so nothing rewrites it until the next request.
-	hdrBuf []byte
+	bl  bytesLogger
 	// free holds released streams for NewStream to reuse.
 	free []*Stream
-	// Scratch for local replies and log lines (reply.go, logDescribe).
-	replyBuf, bodyBuf, logBuf []byte
-	replyHdrs                 [][2]string
-	bl                        bytesLogger
 
 	// warn limits warn-level lines on the request path so that a store
 	// outage cannot flood the proxy's log; see warnf.
@@ -63,11 +48,51 @@ type Plugin struct {
 // warnLimit allows 10 warn lines a second per worker, in bursts of 20.
 var warnLimit = bucket.Limit{Rate: 10, Burst: 20}
 
+// reqContext is what the plugin keeps for the callback it is running: the
+// request's time, the buckets it takes from, and scratch buffers for keys,
+// header values, replies and log lines. A VM runs one callback at a time, so
+// one reqContext per plugin serves every stream; begin resets it when a
+// request's decision starts. Only the buffers' capacity outlives a request.
+//
+// Lifetime: bytes and strings the host returns are valid until the callback
+// returns (Host). The filter hands the host views of keyBuf, hdrBuf and
+// replyBuf (ViewString); it leaves them untouched until the next request,
+// and the host copies what it keeps, as Envoy does.
+type reqContext struct {
+	// now is the time of the request being decided, read once (see time).
+	now    float64
+	nowSet bool
+
+	enforce, shadow group
+	keyBuf          []byte
+	// vals holds the limit-key values of every applying rule, in order;
+	// group.vals locate each rule's.
+	vals []string
+
+	// hdrBuf holds the RateLimit value formatted per request; the
+	// RateLimit-Remaining and -Reset values are slices of it.
+	hdrBuf []byte
+	// Scratch for local replies and log lines (reply.go, logDescribe).
+	replyBuf, bodyBuf, logBuf []byte
+	replyHdrs                 [][2]string
+}
+
+// begin starts a request's decision.
+func (c *reqContext) begin() {
+	c.nowSet = false
+	c.enforce.reset()
+	c.shadow.reset()
+	c.keyBuf = c.keyBuf[:0]
+	c.vals = c.vals[:0]
+}
+
 // group is the set of buckets one request takes from in one mode.
 type group struct {
 	rules []*Rule
 	reqs  []sharedstate.Request
 	res   []bucket.Result
+	// vals locate each bucket's limit-key values in reqContext.vals.
+	vals [][2]int
 	// spans locate each request's Key, Alt and Owner in Plugin.keyBuf
 	// until collect turns the buffer into one string.
 	spans []keySpans
@@ -79,7 +104,7 @@ type keySpans struct {
 }
 
 func (g *group) reset() {
-	g.rules, g.reqs, g.spans = g.rules[:0], g.reqs[:0], g.spans[:0]
+	g.rules, g.reqs, g.spans, g.vals = g.rules[:0], g.reqs[:0], g.spans[:0], g.vals[:0]
 }
 
 // view returns b as a string: a view of b's bytes where the host offers one
@@ -150,7 +175,7 @@ func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 	for _, r := range cfg.rules {
 		r.defineMetrics(p.host)
 	}
-	p.nowSet = false
+	p.rc.nowSet = false
 	p.refreshSeed()
 	p.cfg = cfg
 	p.upd.MaxAttempts = cfg.Settings.MaxAttempts
@@ -236,16 +261,16 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		return Continue
 	}
 	req := request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops}
-	p.nowSet, p.seeded = false, false
+	p.rc.begin()
 	p.collect(cfg, &req)
-	if len(p.shadow.reqs) == 0 && len(p.enforce.reqs) == 0 {
+	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 {
 		return Continue
 	}
 	now := p.time()
-	if len(p.shadow.reqs) > 0 {
+	if len(p.rc.shadow.reqs) > 0 {
 		p.observe(&req, now)
 	}
-	if len(p.enforce.reqs) == 0 {
+	if len(p.rc.enforce.reqs) == 0 {
 		return Continue
 	}
 	return s.decide(&req, now)
@@ -253,10 +278,10 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 
 // time returns the current request's time, reading the clock once.
 func (p *Plugin) time() float64 {
-	if !p.nowSet {
-		p.now, p.nowSet = p.Clock(), true
+	if !p.rc.nowSet {
+		p.rc.now, p.rc.nowSet = p.Clock(), true
 	}
-	return p.now
+	return p.rc.now
 }
 
 // refreshSeed brings p.seed in step with the slot seed in shared data, at
@@ -272,14 +297,14 @@ func (p *Plugin) refreshSeed() {
 	}
 }
 
-// collect fills p.enforce and p.shadow with the buckets the request takes
-// from: in every policy whose selector matches, every rule whose match
+// collect fills p.rc.enforce and p.rc.shadow with the buckets the request
+// takes from: in every policy whose selector matches, every rule whose match
 // holds and whose limit keys are all present; the policy's fallback limit
-// when none is.
+// when none is. It finds the rules first and builds their keys after, so
+// that the slot seed is refreshed once, before any slot is chosen, and only
+// for a request that has a slotted rule.
 func (p *Plugin) collect(cfg *Config, req *request) {
-	p.enforce.reset()
-	p.shadow.reset()
-	p.keyBuf = p.keyBuf[:0]
+	slotted := false
 	for _, pol := range cfg.Policies {
 		if !pol.Selector.matches(req) {
 			continue
@@ -288,19 +313,26 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 		for _, r := range pol.Rules {
 			if r.matches(req) && p.add(r, req) {
 				applied = true
+				slotted = slotted || r.MaxKeys > 0
 			}
 		}
-		if !applied && pol.Fallback != nil {
-			p.add(pol.Fallback, req)
+		if !applied && pol.Fallback != nil && p.add(pol.Fallback, req) {
+			slotted = slotted || pol.Fallback.MaxKeys > 0
 		}
 	}
-	if len(p.enforce.reqs)+len(p.shadow.reqs) > 0 {
-		// One string holds every key of the request: keyBuf stays
-		// untouched until the next request.
-		keys := p.view(p.keyBuf)
-		p.enforce.setKeys(keys)
-		p.shadow.setKeys(keys)
+	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs) == 0 {
+		return
 	}
+	if slotted {
+		p.refreshSeed()
+	}
+	p.buildKeys(&p.rc.enforce)
+	p.buildKeys(&p.rc.shadow)
+	// One string holds every key of the request: keyBuf stays untouched
+	// until the next request.
+	keys := p.view(p.rc.keyBuf)
+	p.rc.enforce.setKeys(keys)
+	p.rc.shadow.setKeys(keys)
 }
 
 func (r *Rule) matches(req *request) bool {
@@ -312,51 +344,56 @@ func (r *Rule) matches(req *request) bool {
 	return true
 }
 
-// add appends r's bucket for this request to its group and reports whether
-// it did; a rule with an absent limit key is skipped and counted.
+// add appends r's bucket for this request to its group, with its limit-key
+// values, and reports whether it did; a rule with an absent limit key is
+// skipped and counted. buildKeys makes the keys later.
 func (p *Plugin) add(r *Rule, req *request) bool {
-	p.vals = p.vals[:0]
+	start := len(p.rc.vals)
 	for _, d := range r.Keys {
 		v, ok := req.value(d)
 		if !ok {
+			p.rc.vals = p.rc.vals[:start]
 			r.metrics.descriptorMissing.inc(p.host, 1)
 			return false
 		}
-		p.vals = append(p.vals, v)
+		p.rc.vals = append(p.rc.vals, v)
 	}
-	g := &p.enforce
+	g := &p.rc.enforce
 	if r.shadow {
-		g = &p.shadow
+		g = &p.rc.shadow
 	}
-	sr := sharedstate.Request{Limit: r.Limit, Cost: r.Cost.cost(req)}
-	var sp keySpans
-	if r.MaxKeys > 0 {
-		sr.Slotted = true
-		if !p.seeded {
-			p.refreshSeed()
-			p.seeded = true
-		}
-		sp.owner[0] = len(p.keyBuf)
-		p.keyBuf = sharedstate.AppendComposite(p.keyBuf, p.vals)
-		sp.owner[1] = len(p.keyBuf)
-		a, b := sharedstate.SlotPairBytes(p.seed, p.keyBuf[sp.owner[0]:], uint32(r.MaxKeys))
-		sp.key[0] = len(p.keyBuf)
-		p.keyBuf = sharedstate.AppendSlotKey(p.keyBuf, r.shadow, r.Name, a)
-		sp.key[1] = len(p.keyBuf)
-		if r.MaxKeys > 1 {
-			sp.alt[0] = len(p.keyBuf)
-			p.keyBuf = sharedstate.AppendSlotKey(p.keyBuf, r.shadow, r.Name, b)
-			sp.alt[1] = len(p.keyBuf)
-		}
-	} else {
-		sp.key[0] = len(p.keyBuf)
-		p.keyBuf = sharedstate.AppendKey(p.keyBuf, r.shadow, r.Name, p.vals)
-		sp.key[1] = len(p.keyBuf)
-	}
-	g.spans = append(g.spans, sp)
 	g.rules = append(g.rules, r)
-	g.reqs = append(g.reqs, sr)
+	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.Limit, Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0})
+	g.vals = append(g.vals, [2]int{start, len(p.rc.vals)})
 	return true
+}
+
+// buildKeys appends the keys of g's buckets to keyBuf and records where
+// they are; the slot seed must be fresh.
+func (p *Plugin) buildKeys(g *group) {
+	for i, r := range g.rules {
+		vals := p.rc.vals[g.vals[i][0]:g.vals[i][1]]
+		var sp keySpans
+		if r.MaxKeys > 0 {
+			sp.owner[0] = len(p.rc.keyBuf)
+			p.rc.keyBuf = sharedstate.AppendComposite(p.rc.keyBuf, vals)
+			sp.owner[1] = len(p.rc.keyBuf)
+			a, b := sharedstate.SlotPairBytes(p.seed, p.rc.keyBuf[sp.owner[0]:], uint32(r.MaxKeys))
+			sp.key[0] = len(p.rc.keyBuf)
+			p.rc.keyBuf = sharedstate.AppendSlotKey(p.rc.keyBuf, r.shadow, r.Name, a)
+			sp.key[1] = len(p.rc.keyBuf)
+			if r.MaxKeys > 1 {
+				sp.alt[0] = len(p.rc.keyBuf)
+				p.rc.keyBuf = sharedstate.AppendSlotKey(p.rc.keyBuf, r.shadow, r.Name, b)
+				sp.alt[1] = len(p.rc.keyBuf)
+			}
+		} else {
+			sp.key[0] = len(p.rc.keyBuf)
+			p.rc.keyBuf = sharedstate.AppendKey(p.rc.keyBuf, r.shadow, r.Name, vals)
+			sp.key[1] = len(p.rc.keyBuf)
+		}
+		g.spans = append(g.spans, sp)
+	}
 }
 
 // localState is called once if the host turns out to have no shared data.
@@ -414,7 +451,7 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 // observe runs the shadow buckets: what enforcing them would have done is
 // counted and logged, and the request is never touched.
 func (p *Plugin) observe(req *request, now float64) {
-	g := &p.shadow
+	g := &p.rc.shadow
 	out := p.take(g, now)
 	switch {
 	case out.Err != nil:
@@ -440,7 +477,7 @@ func (p *Plugin) observe(req *request, now float64) {
 // decide runs the enforce buckets and answers the request.
 func (s *Stream) decide(req *request, now float64) Action {
 	p := s.p
-	g := &p.enforce
+	g := &p.rc.enforce
 	out := p.take(g, now)
 	switch {
 	case out.Err != nil:
@@ -524,8 +561,8 @@ func appendDescribe(dst []byte, g *group, i int, retry int64) []byte {
 // building a string when the host takes bytes. Envoy drops debug lines at
 // its default level, so this must cost next to nothing.
 func (p *Plugin) logDescribe(prefix string, g *group, i int, retry int64) {
-	b := appendDescribe(append(p.logBuf[:0], prefix...), g, i, retry)
-	p.logBuf = b
+	b := appendDescribe(append(p.rc.logBuf[:0], prefix...), g, i, retry)
+	p.rc.logBuf = b
 	if p.bl != nil {
 		p.bl.LogBytes(LogDebug, b)
 		return
@@ -582,8 +619,8 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 	q := &s.hdr
 	plan := q.r.planOf()
 	var n rateLimitValue
-	p.hdrBuf, n = q.appendRateLimit(p.hdrBuf[:0], plan.quoted)
-	b := p.hdrBuf
+	p.rc.hdrBuf, n = q.appendRateLimit(p.rc.hdrBuf[:0], plan.quoted)
+	b := p.rc.hdrBuf
 	p.host.SetResponseHeader("ratelimit-limit", plan.limit)
 	p.setHeader("ratelimit-remaining", b[n.remaining:n.remainingEnd])
 	p.setHeader("ratelimit-reset", b[n.reset:])

@@ -53,12 +53,12 @@ func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result, retry i
 	// The values that vary go into one buffer, viewed as one string
 	// (replyBuf stays untouched until the next rejection; the host copies
 	// the headers); the others were built at configuration time.
-	b := strconv.AppendInt(p.replyBuf[:0], retry, 10)
+	b := strconv.AppendInt(p.rc.replyBuf[:0], retry, 10)
 	start := len(b)
 	b, n := q.appendRateLimit(b, plan.quoted)
-	p.replyBuf = b
+	p.rc.replyBuf = b
 	vals := p.view(b)
-	headers := p.replyHdrs[:0]
+	headers := p.rc.replyHdrs[:0]
 	if retry > 0 {
 		headers = append(headers, [2]string{"retry-after", vals[:start]})
 	}
@@ -71,7 +71,7 @@ func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result, retry i
 		[2]string{"x-tokengate-reason", reason},
 		[2]string{"x-tokengate-rule", r.Name},
 	)
-	body := append(p.bodyBuf[:0], `{"error":"rate_limited","reason":"`...)
+	body := append(p.rc.bodyBuf[:0], `{"error":"rate_limited","reason":"`...)
 	body = append(body, reason...)
 	body = append(body, `","rule":"`...)
 	body = append(body, r.Name...)
@@ -81,8 +81,8 @@ func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result, retry i
 		body = strconv.AppendInt(body, retry, 10)
 	}
 	body = append(body, "}\n"...)
-	p.bodyBuf = body
-	p.replyHdrs = s.reply(req, 429, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
+	p.rc.bodyBuf = body
+	p.rc.replyHdrs = s.reply(req, 429, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
 }
 
 // sendStoreDenied sends the 503 reply of a rule that fails closed.

@@ -106,7 +106,7 @@ func (*host) RequestHeader(name string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	return str(b), true
+	return viewString(b), true
 }
 
 // propertyPath is Property's scratch buffer for the NUL-joined path.
@@ -134,14 +134,14 @@ func (*host) Property(path ...string) ([]byte, bool) {
 // until the callback returns.
 func (h *host) PropertyString(path ...string) (string, bool) {
 	b, ok := h.Property(path...)
-	return str(b), ok
+	return viewString(b), ok
 }
 
 // ViewString returns a string sharing b's bytes, without a copy: the filter
 // only asks for it on buffers it leaves alone until the next request (its
 // shared-data keys, its 429 header values), and the host copies both
 // during each call.
-func (*host) ViewString(b []byte) string { return str(b) }
+func (*host) ViewString(b []byte) string { return viewString(b) }
 
 // SetResponseHeaderBytes is SetResponseHeader without converting value to
 // a string: the host copies it during the call.

@@ -114,9 +114,18 @@ func bptr(b []byte) unsafe.Pointer {
 	return unsafe.Pointer(&b[0])
 }
 
-// str returns b as a string without copying: b is arena or pinned memory
-// that nothing writes to until the callback returns.
-func str(b []byte) string {
+// viewString returns b as a string without copying. It is the module's one
+// unsafe string conversion; every caller must hand it bytes that nothing
+// writes while the string is in use. Its callers, audited:
+//
+//   - host.RequestHeader and host.PropertyString: b is arena memory the
+//     host filled during this import call; the arena is reused only by the
+//     next callback, and filter.Host documents that such values are valid
+//     until the callback returns.
+//   - host.ViewString: b is one of the filter's own buffers (keys, header
+//     values, replies) that the filter leaves untouched until its next
+//     request; the host copies what it keeps.
+func viewString(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}

@@ -1,5 +1,9 @@
 // Package filtertest is a fake proxy-wasm host for running the filter
-// natively in tests, fuzz targets and benchmarks: shared data in a
+// natively in tests, fuzz targets and benchmarks. It keeps the lifetime rule
+// of real hosts: header values and properties live in an arena overwritten
+// when a callback ends (EndCallback), and views of it are made with unsafe,
+// as filter/abi makes them; it is test support, never linked into the
+// module. It has shared data in a
 // sharedstatetest.Store (Envoy's CAS semantics by default), counters, logs,
 // request headers and properties, and the response the filter produced.
 package filtertest
@@ -9,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -35,7 +40,57 @@ type Host struct {
 	// PanicOn, if set, makes RequestHeader panic for that header name (fault
 	// injection).
 	PanicOn string
+
+	// arena holds the bytes RequestHeader, Property and PropertyString
+	// return, as filter/abi's arena does inside the guest; EndCallback
+	// overwrites it.
+	arena [][]byte
 }
+
+// arenaChunk is the size of one arena chunk.
+const arenaChunk = 4096
+
+// hand copies v into the arena and returns the copy: valid until
+// EndCallback, like the bytes a real host returns.
+func (h *Host) hand(v string) []byte {
+	n := len(h.arena)
+	if n == 0 || cap(h.arena[n-1])-len(h.arena[n-1]) < len(v) {
+		h.arena = append(h.arena, make([]byte, 0, max(arenaChunk, len(v))))
+		n++
+	}
+	c := h.arena[n-1]
+	start := len(c)
+	c = append(c, v...)
+	h.arena[n-1] = c
+	return c[start:len(c):len(c)]
+}
+
+// view returns b as a string sharing its bytes.
+func view(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+// EndCallback ends a callback: every byte RequestHeader, Property and
+// PropertyString returned during it is overwritten, so a filter that kept
+// one past its callback (the lifetime rule of filter.Host) reads garbage in
+// native, race and fuzz tests, not only in wasm. Do calls it after each
+// callback.
+func (h *Host) EndCallback() {
+	for i, c := range h.arena {
+		c = c[:cap(c)]
+		for j := range c {
+			c[j] = 0xA5
+		}
+		h.arena[i] = c[:0]
+	}
+}
+
+// ViewString returns a string sharing b's bytes, as filter/abi does for
+// buffers the filter leaves untouched until its next request.
+func (h *Host) ViewString(b []byte) string { return view(b) }
 
 // Request is the request a Host presents to the filter.
 type Request struct {
@@ -95,7 +150,7 @@ func (h *Host) Set(key string, value []byte, cas uint32) error { return h.Store.
 // Log implements filter.Host.
 func (h *Host) Log(level filter.LogLevel, msg string) {
 	h.mu.Lock()
-	h.logs = append(h.logs, Log{level, msg})
+	h.logs = append(h.logs, Log{level, strings.Clone(msg)})
 	h.mu.Unlock()
 }
 
@@ -166,7 +221,7 @@ func (h *Host) RequestHeader(name string) (string, bool) {
 	}
 	for _, kv := range h.Request.Headers {
 		if kv[0] == name {
-			return kv[1], true
+			return view(h.hand(kv[1])), true
 		}
 	}
 	return "", false
@@ -175,11 +230,21 @@ func (h *Host) RequestHeader(name string) (string, bool) {
 // Property implements filter.Host.
 func (h *Host) Property(path ...string) ([]byte, bool) {
 	v, ok := h.Request.Properties[strings.Join(path, ".")]
-	return []byte(v), ok
+	if !ok {
+		return nil, false
+	}
+	return h.hand(v), true
+}
+
+// PropertyString is Property as a string, as filter/abi offers it.
+func (h *Host) PropertyString(path ...string) (string, bool) {
+	b, ok := h.Property(path...)
+	return view(b), ok
 }
 
 // SetResponseHeader implements filter.Host.
 func (h *Host) SetResponseHeader(name, value string) {
+	value = strings.Clone(value) // hosts copy header values
 	for i, kv := range h.Response.Headers {
 		if kv[0] == name {
 			h.Response.Headers[i][1] = value
@@ -194,7 +259,11 @@ func (h *Host) SendLocalResponse(status uint32, details string, body []byte, hea
 	if h.Response.Local != nil {
 		return errors.New("local response already sent")
 	}
-	h.Response.Local = &LocalReply{status, details, string(body), append([][2]string(nil), headers...), grpcStatus}
+	hs := make([][2]string, len(headers))
+	for i, kv := range headers {
+		hs[i] = [2]string{strings.Clone(kv[0]), strings.Clone(kv[1])}
+	}
+	h.Response.Local = &LocalReply{status, strings.Clone(details), string(body), hs, grpcStatus}
 	return nil
 }
 
@@ -233,8 +302,10 @@ func (h *Host) Do(p *filter.Plugin, req Request) Result {
 	h.Request, h.Response = req, Response{}
 	s := p.NewStream()
 	res := Result{RequestAction: s.OnRequestHeaders(len(req.Headers), true)}
+	h.EndCallback()
 	if h.Response.Local == nil {
 		res.ResponseAction = s.OnResponseHeaders(0, false)
+		h.EndCallback()
 	}
 	res.Response = h.Response
 	return res

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 )
 
@@ -59,6 +60,12 @@ func build() {
 	if dir, err = os.MkdirTemp("", "tokengate-wasm"); err != nil {
 		return
 	}
+	// Read every source the module is built from, in this process: go
+	// test caches a package's result keyed on the files its test opened,
+	// so a change to the module's sources re-runs the tests that drive it.
+	if err = touchSources(root); err != nil {
+		return
+	}
 	path = filepath.Join(dir, "tokengate.wasm")
 	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", path, "./cmd/tokengate")
 	cmd.Dir = root
@@ -88,4 +95,30 @@ func Root() (string, error) {
 		}
 		d = parent
 	}
+}
+
+// touchSources opens go.mod, go.sum and the Go files of every package of
+// the repository that the module links.
+func touchSources(root string) error {
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.Dir}}{{end}}", "./cmd/tokengate")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("listing the module's packages: %w", err)
+	}
+	files := []string{filepath.Join(root, "go.mod"), filepath.Join(root, "go.sum")}
+	for _, d := range strings.Fields(string(out)) {
+		if !strings.HasPrefix(d, root) {
+			continue // a dependency from the module cache: go.sum covers it
+		}
+		matches, _ := filepath.Glob(filepath.Join(d, "*.go"))
+		files = append(files, matches...)
+	}
+	for _, f := range files {
+		if _, err := os.ReadFile(f); err != nil {
+			return err
+		}
+	}
+	return nil
 }
