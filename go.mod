@@ -22,5 +22,5 @@ require (
 	gopkg.in/check.v1 v1.0.0-20201130134442-10cb98267c6c // indirect
 )
 
-// tidwall/pretty without encoding/json: 0.9 MB less in the wasm module; see third_party/tidwall-pretty/README.md.
-replace github.com/tidwall/pretty => ./internal/pretty
+// tidwall/pretty without encoding/json: about 1 MB less in the wasm module; see third_party/tidwall-pretty/README.md.
+replace github.com/tidwall/pretty => ./third_party/tidwall-pretty

@@ -29,4 +29,4 @@ require (
 
 replace github.com/tokengate/tokengate => ../
 
-replace github.com/tidwall/pretty => ../internal/pretty
+replace github.com/tidwall/pretty => ../third_party/tidwall-pretty

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tokengate/tokengate/internal/lite"
 )
 
 // DescriptorKind is what part of a request a descriptor reads.
@@ -214,7 +216,7 @@ func forwardedFor(xff string, hops int) (string, bool) {
 		j := strings.LastIndexByte(xff, ',')
 		entry := strings.Trim(xff[j+1:], " \t")
 		if i == hops {
-			return canonicalIP(entry)
+			return lite.CanonicalIP(entry)
 		}
 		if j < 0 {
 			return "", false
@@ -350,7 +352,7 @@ func normalizeIP(addr string) string {
 	} else if strings.Count(addr, ":") == 1 {
 		host, _, _ = strings.Cut(addr, ":")
 	}
-	if ip, ok := canonicalIP(host); ok {
+	if ip, ok := lite.CanonicalIP(host); ok {
 		return ip
 	}
 	return host

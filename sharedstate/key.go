@@ -1,6 +1,10 @@
 package sharedstate
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/tokengate/tokengate/internal/lite"
+)
 
 // MaxValueLen is the most bytes one descriptor value takes in a key. Longer
 // values, once percent-encoded, are replaced by a hash; see AppendKey.
@@ -88,7 +92,7 @@ func appendValue(dst []byte, v string) []byte {
 		}
 		return dst
 	}
-	sum := sha256String(v) // see sha256.go
+	sum := lite.SHA256String(v) // see internal/lite
 	// Hex by hand: encoding/hex would link fmt into the guest.
 	const lowerHex = "0123456789abcdef"
 	dst = append(dst, '#')

@@ -1,6 +1,6 @@
-package filter
+package lite
 
-// canonicalIP parses s exactly as net/netip.ParseAddr does and returns what
+// CanonicalIP parses s exactly as net/netip.ParseAddr does and returns what
 // ip.Unmap().WithZone("").String() would: dotted decimal for IPv4 and
 // IPv4-mapped IPv6, RFC 5952 text (lower-case hex, the longest run of two
 // or more zero groups as "::") for other IPv6 addresses, no zone.
@@ -9,7 +9,7 @@ package filter
 // internal/sync, out of the wasm guest (about 60 KB of the module);
 // ip_test.go checks it against net/netip. A valid IPv4 address is returned
 // as the input string itself, without an allocation.
-func canonicalIP(s string) (string, bool) {
+func CanonicalIP(s string) (string, bool) {
 	for i := 0; i < len(s); i++ {
 		switch s[i] {
 		case '.':

@@ -1,4 +1,4 @@
-package sharedstate
+package lite
 
 import (
 	"encoding/binary"
@@ -10,7 +10,7 @@ import (
 // crypto/sha256 would do the same, but since Go 1.24 it links the FIPS 140
 // module (its self-tests, DRBG, AES-GCM, HMAC, SHA-3, and through them os)
 // into the wasm guest: about 150 KB of the module for one hash of values
-// longer than MaxValueLen. sha256_test.go checks this one against
+// longer than sharedstate.MaxValueLen. sha256_test.go checks this one against
 // crypto/sha256.
 
 const sha256Size = 32
@@ -26,8 +26,8 @@ var sha256K = [64]uint32{
 	0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
 }
 
-// sha256String returns the SHA-256 of v.
-func sha256String(v string) [sha256Size]byte {
+// SHA256String returns the SHA-256 of v, as crypto/sha256.Sum256 would.
+func SHA256String(v string) [sha256Size]byte {
 	h := [8]uint32{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19}
 	var block [64]byte
 	n := len(v)

@@ -1,4 +1,4 @@
-package sharedstate
+package lite
 
 import (
 	"crypto/sha256"
@@ -9,7 +9,7 @@ import (
 func TestSHA256MatchesCrypto(t *testing.T) {
 	for n := 0; n <= 300; n++ {
 		v := strings.Repeat("ab\xff", n)[:n]
-		if got, want := sha256String(v), sha256.Sum256([]byte(v)); got != want {
+		if got, want := SHA256String(v), sha256.Sum256([]byte(v)); got != want {
 			t.Fatalf("len %d: got %x, want %x", n, got, want)
 		}
 	}
@@ -19,6 +19,6 @@ func BenchmarkSHA256String(b *testing.B) {
 	v := strings.Repeat("x", 200)
 	b.ReportAllocs()
 	for b.Loop() {
-		sha256String(v)
+		SHA256String(v)
 	}
 }

@@ -1,4 +1,4 @@
-package filter
+package lite
 
 import (
 	"math/rand/v2"
@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// canonicalIP must agree with net/netip on every input, valid or not.
+// CanonicalIP must agree with net/netip on every input, valid or not.
 func TestCanonicalIPMatchesNetip(t *testing.T) {
 	inputs := []string{
 		"", ".", ":", "::", ":::", "::1", "1::", "1::2:3", "::ffff:1.2.3.4", "::ffff:01.2.3.4", "::1.2.3.4",
@@ -34,14 +34,14 @@ func TestCanonicalIPMatchesNetip(t *testing.T) {
 		inputs = append(inputs, netip.AddrFrom16(a).String(), netip.AddrFrom16(a).StringExpanded())
 	}
 	for _, in := range inputs {
-		got, gotOK := canonicalIP(in)
+		got, gotOK := CanonicalIP(in)
 		ip, err := netip.ParseAddr(in)
 		want, wantOK := "", err == nil
 		if wantOK {
 			want = ip.Unmap().WithZone("").String()
 		}
 		if got != want || gotOK != wantOK {
-			t.Fatalf("canonicalIP(%q): got %q %v, want %q %v", in, got, gotOK, want, wantOK)
+			t.Fatalf("CanonicalIP(%q): got %q %v, want %q %v", in, got, gotOK, want, wantOK)
 		}
 	}
 }
