@@ -30,7 +30,7 @@ import (
 // (where go test runs).
 const repoRoot = ".."
 
-// Facts envoy.yaml must state; README.md and the local host rely on them.
+// Facts envoy.yaml must state; docs/deploy/envoy.md and the local host rely on them.
 const (
 	wantVMID       = "tokengate"
 	wantRuntime    = "envoy.wasm.runtime.v8"
@@ -323,7 +323,7 @@ func TestEnvoyYAML(t *testing.T) {
 	if err != nil {
 		t.Fatalf("envoy.yaml: %v", err)
 	}
-	// The bundle the README walks through.
+	// The bundle docs/configuration.md walks through.
 	var ids []string
 	shadow := map[string]bool{}
 	for _, pol := range p.parsed.Policies {

@@ -10,7 +10,7 @@ import (
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
-// TestPrometheusNames pins, for the README, the metric names the filter
+// TestPrometheusNames pins, for docs/observability.md, the metric names the filter
 // defines and the names the host's /stats (wasmhost.WritePrometheus, what
 // tokengate-local serves) prints for them: Envoy >= 1.20 without stats_tags
 // strips the "wasmcustom." namespace and turns every character outside
