@@ -341,7 +341,7 @@ func (r *request) identityHash() uint64 {
 // writes IPv4-mapped IPv6 addresses as IPv4. Unparseable input is returned
 // as it was, so that it still identifies the client.
 func normalizeIP(addr string) string {
-	if ip, ok := fastIPv4(addr); ok {
+	if ip, ok := lite.IPv4Host(addr); ok {
 		return ip
 	}
 	host := addr

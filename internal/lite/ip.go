@@ -32,6 +32,34 @@ func CanonicalIP(s string) (string, bool) {
 	return "", false
 }
 
+// IPv4Host returns the address part of "a.b.c.d" or "a.b.c.d:port" when it
+// is a dotted-quad IPv4 address exactly as net/netip prints it (fields 0 to
+// 255 without leading zeros) and the port is digits, so that a caller can
+// skip CanonicalIP's parse and reprint. ok is false for anything else. It
+// does not allocate.
+func IPv4Host(addr string) (string, bool) {
+	host := addr
+	for i := len(addr) - 1; i >= 0; i-- {
+		if addr[i] == ':' {
+			if i == len(addr)-1 {
+				return "", false
+			}
+			for j := i + 1; j < len(addr); j++ {
+				if addr[j] < '0' || addr[j] > '9' {
+					return "", false
+				}
+			}
+			host = addr[:i]
+			break
+		}
+	}
+	var f [4]byte
+	if !parseIPv4Fields(host, f[:]) {
+		return "", false
+	}
+	return host, true
+}
+
 // parseIPv4Fields parses "a.b.c.d" (fields 0 to 255, one to three digits,
 // no leading zeros) into fields.
 func parseIPv4Fields(s string, fields []byte) bool {

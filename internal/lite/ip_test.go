@@ -45,3 +45,32 @@ func TestCanonicalIPMatchesNetip(t *testing.T) {
 		}
 	}
 }
+
+// TestIPv4HostMatchesNetip: IPv4Host accepts exactly the dotted quads that
+// net/netip prints as themselves, with or without a numeric port.
+func TestIPv4HostMatchesNetip(t *testing.T) {
+	inputs := []string{"1.2.3.4", "1.2.3.4:80", "1.2.3.4:", "1.2.3.4:x", "01.2.3.4", "256.1.1.1", "1.2.3", "1.2.3.4.5",
+		"::1", "[::1]:80", "", ":80", "1.2.3.4:80:90", "0.0.0.0:0", "255.255.255.255:65535"}
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 100000 {
+		n := r.IntN(24)
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = "0123456789.:a"[r.IntN(13)]
+		}
+		inputs = append(inputs, string(b))
+	}
+	for _, in := range inputs {
+		got, ok := IPv4Host(in)
+		host, port := in, ""
+		if i := strings.LastIndexByte(in, ':'); i >= 0 {
+			host, port = in[:i], in[i+1:]
+		}
+		a, err := netip.ParseAddr(host)
+		portOK := port == "" && !strings.Contains(in, ":") || port != "" && strings.Trim(port, "0123456789") == ""
+		want := err == nil && a.Is4() && a.String() == host && portOK
+		if ok != want || ok && got != host {
+			t.Fatalf("IPv4Host(%q) = %q, %v; want %v", in, got, ok, want)
+		}
+	}
+}
