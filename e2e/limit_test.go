@@ -41,18 +41,20 @@ func TestBurstThen429(t *testing.T) {
 	for k := 1; k <= 10; k++ { // the burst: 10 tokens, 0.2 s each to refill
 		steps = append(steps, step{at: 0, ip: a, status: 200, remaining: 10 - k, reset: int(math.Ceil(float64(k) / 5))})
 	}
+	// A 429's reset (RateLimit t, RateLimit-Reset) is when this request
+	// could pass: 1 token at 5 a second, within a second.
 	steps = append(steps,
-		step{at: 0, ip: a, status: 429, remaining: 0, reset: 2, retry: 1},
+		step{at: 0, ip: a, status: 429, remaining: 0, reset: 1, retry: 1},
 		step{at: 0, ip: b, status: 200, remaining: 9, reset: 1}, // its own bucket
 		// +0.4 s: 5 × 0.4 = 2 tokens.
 		step{at: 400 * time.Millisecond, ip: a, status: 200, remaining: 1, reset: 2},
 		step{at: 400 * time.Millisecond, ip: a, status: 200, remaining: 0, reset: 2},
-		step{at: 400 * time.Millisecond, ip: a, status: 429, remaining: 0, reset: 2, retry: 1},
+		step{at: 400 * time.Millisecond, ip: a, status: 429, remaining: 0, reset: 1, retry: 1},
 		// +0.5 s: half a token.
-		step{at: 500 * time.Millisecond, ip: a, status: 429, remaining: 0, reset: 2, retry: 1},
+		step{at: 500 * time.Millisecond, ip: a, status: 429, remaining: 0, reset: 1, retry: 1},
 		// +0.75 s: 0.5 + 1.25 = 1.75 tokens: one request, 0.75 left.
 		step{at: 750 * time.Millisecond, ip: a, status: 200, remaining: 0, reset: 2},
-		step{at: 750 * time.Millisecond, ip: a, status: 429, remaining: 0, reset: 2, retry: 1},
+		step{at: 750 * time.Millisecond, ip: a, status: 429, remaining: 0, reset: 1, retry: 1},
 		step{at: 750 * time.Millisecond, ip: b, status: 200, remaining: 9, reset: 1}, // refilled to 10 (capped)
 		// Ten seconds later the bucket is full again, not fuller.
 		step{at: 10750 * time.Millisecond, ip: a, status: 200, remaining: 9, reset: 1},

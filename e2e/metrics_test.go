@@ -22,7 +22,7 @@ func TestPrometheusNames(t *testing.T) {
 	h, srv := startHost(t, hostOpts(perIPConfig, false, 2, clk, nil))
 	// Every per-rule counter, exactly; the plugin-wide counters listed here
 	// at least.
-	counters := []string{"allowed", "cas_retries", "descriptor_missing", "fail_open", "rejected", "shadow_rejected",
+	counters := []string{"allowed", "cas_retries", "contention", "descriptor_missing", "fail_open", "rejected", "shadow_rejected",
 		"slot_collisions", "slot_takeovers", "store_denied"}
 	plugin := []string{"config_rejected", "corrupt_state", "local_state", "panics", "seed_errors"}
 

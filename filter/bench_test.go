@@ -88,14 +88,16 @@ func (h *zeroHost) Set(key string, value []byte, cas uint32) error {
 	return nil
 }
 
-func (h *zeroHost) Log(filter.LogLevel, string)                                        {}
-func (h *zeroHost) LogBytes(filter.LogLevel, []byte)                                   {}
-func (h *zeroHost) DefineCounter(string) (uint32, error)                               { return 1, nil }
-func (h *zeroHost) IncrementCounter(uint32, int64)                                     {}
-func (h *zeroHost) Property(...string) ([]byte, bool)                                  { return []byte("10.0.0.1:40000"), true }
-func (h *zeroHost) PropertyString(...string) (string, bool)                            { return "10.0.0.1:40000", true }
-func (h *zeroHost) SetResponseHeader(string, string)                                   {}
-func (h *zeroHost) SetResponseHeaderBytes(string, []byte)                              {}
+func (h *zeroHost) Log(filter.LogLevel, string)             {}
+func (h *zeroHost) LogBytes(filter.LogLevel, []byte)        {}
+func (h *zeroHost) DefineCounter(string) (uint32, error)    { return 1, nil }
+func (h *zeroHost) IncrementCounter(uint32, int64)          {}
+func (h *zeroHost) Property(...string) ([]byte, bool)       { return []byte("10.0.0.1:40000"), true }
+func (h *zeroHost) PropertyString(...string) (string, bool) { return "10.0.0.1:40000", true }
+func (h *zeroHost) SetResponseHeader(string, string)        {}
+func (h *zeroHost) SetResponseHeaderBytes(string, []byte)   {}
+func (h *zeroHost) ResponseHeader(string) (string, bool)    { return "", false }
+
 func (h *zeroHost) SendLocalResponse(uint32, string, []byte, [][2]string, int32) error { return nil }
 
 func (h *zeroHost) RequestHeader(name string) (string, bool) {

@@ -29,6 +29,9 @@ func (c *Config) Rules() []*Rule { return c.rules }
 
 // Settings are plugin-wide options ("settings" in shapes 2 and 3).
 type Settings struct {
+	// ResponseSettings say what a limited client sees.
+	ResponseSettings
+
 	// MaxAttempts bounds the read → decide → compare-and-swap rounds per
 	// request ("cas_max_attempts", default 64). Between rounds the worker
 	// spins a short random time (sharedstate.SpinBackoff). When they run out
@@ -176,7 +179,7 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, errAt("", "configuration must be a JSON object, got "+typeName(root))
 	}
 	p := parser{names: map[string]string{}, metricNames: map[string]claimed{}}
-	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys}}
+	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys, ResponseSettings: defaultResponseSettings()}}
 	var err error
 	switch {
 	case root.Get("policies").Exists() || root.Get("bundle_version").Exists():
@@ -592,7 +595,10 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 	if !v.IsObject() {
 		return errAt("settings", "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields("settings", v, "cas_max_attempts", "xff_trusted_hops", "max_keys_per_rule"); err != nil {
+	if err := onlyFields("settings", v, append([]string{"cas_max_attempts", "xff_trusted_hops", "max_keys_per_rule"}, responseSettingFields...)...); err != nil {
+		return err
+	}
+	if err := responseSettings(&cfg.Settings.ResponseSettings, v); err != nil {
 		return err
 	}
 	if mk := v.Get("max_keys_per_rule"); mk.Exists() {

@@ -52,7 +52,7 @@ func TestStoreFaultsTwoRules(t *testing.T) {
 		getErr      func(string) error
 		setErr      func(string, []byte, uint32) error
 		wantStatus  uint32
-		wantCounter string // counted once on each rule
+		wantCounter string // counted once per request: on each rule (fail_open), or on b, the denying rule
 		wantCAS     int64  // cas_retries counted on each rule
 	}{
 		{"get of b fails, allow", "allow", onKey("tb:b:", boom), nil, 200, filter.CounterFailOpen, 0},
@@ -83,16 +83,32 @@ func TestStoreFaultsTwoRules(t *testing.T) {
 				if tc.wantStatus == 200 && len(res.Headers) != 0 {
 					t.Errorf("request %d: a failed-open request carries headers %v", i, res.Headers)
 				}
-				if tc.wantStatus == 503 && res.Header("x-tokengate-reason") != filter.ReasonStoreError {
-					t.Errorf("request %d: reason %q", i, res.Header("x-tokengate-reason"))
+				wantReason := filter.ReasonStoreError
+				if tc.wantCAS > 0 {
+					wantReason = filter.ReasonContention // the store works; the key is too hot
+				}
+				if tc.wantStatus == 503 && (res.Header("x-tokengate-reason") != wantReason || res.Header("x-tokengate-rule") != "b") {
+					t.Errorf("request %d: reason %q rule %q, want %q from b, the rule that denies", i,
+						res.Header("x-tokengate-reason"), res.Header("x-tokengate-rule"), wantReason)
 				}
 			}
 			if after := mem.Snapshot(""); !sameValues(before, after) {
 				t.Errorf("state changed:\n before %v\n  after %v", before, after)
 			}
 			for _, r := range []string{"a", "b"} {
-				if got := f.counter(r, tc.wantCounter); got != 3 {
-					t.Errorf("%s %s: got %d, want 3", r, tc.wantCounter, got)
+				want := int64(3)
+				if tc.wantCounter == filter.CounterStoreDenied && r == "a" {
+					want = 0 // a allows on store errors: only b denies, and counts
+				}
+				if got := f.counter(r, tc.wantCounter); got != want {
+					t.Errorf("%s %s: got %d, want %d", r, tc.wantCounter, got, want)
+				}
+				wantContention := int64(0)
+				if tc.wantCAS > 0 {
+					wantContention = 3
+				}
+				if got := f.counter(r, filter.CounterContention); got != wantContention {
+					t.Errorf("%s contention: got %d, want %d", r, got, wantContention)
 				}
 				if got := f.counter(r, filter.CounterCASRetries); got != 3*tc.wantCAS {
 					t.Errorf("%s cas_retries: got %d, want %d", r, got, 3*tc.wantCAS)

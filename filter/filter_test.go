@@ -206,7 +206,7 @@ func TestVariableCost(t *testing.T) {
 		{"NaN", "8", 200, ""},
 		{"0x10", "8", 200, ""},
 		{"10", "0", 200, ""},
-		{"11", "", 429, filter.ReasonCostExceedsBurst},
+		{"11", "", 413, filter.ReasonCostExceedsBurst}, // can never pass: not a 429 clients retry
 		{strings.Repeat("9", 10000), "8", 200, ""},
 	}
 	for _, tc := range tests {
@@ -311,9 +311,17 @@ func TestAllOrNothing(t *testing.T) {
 		if res.Status() != 200 {
 			t.Fatalf("request %d: got %d", i, res.Status())
 		}
-		// The headers describe the bucket with the fewest tokens left.
-		if got, want := res.Header("ratelimit"), `"narrow";r=`+strconv.Itoa(1-i)+";t="+strconv.Itoa(i+1); got != want {
+		// RateLimit lists both rules; the legacy headers describe the
+		// bucket with the fewest tokens left.
+		want := `"wide";r=` + strconv.Itoa(99-i) + ";t=" + strconv.Itoa(i+1) + `, "narrow";r=` + strconv.Itoa(1-i) + ";t=" + strconv.Itoa(i+1)
+		if got := res.Header("ratelimit"); got != want {
 			t.Errorf("request %d: RateLimit got %q, want %q", i, got, want)
+		}
+		if got := res.Header("ratelimit-remaining"); got != strconv.Itoa(1-i) {
+			t.Errorf("request %d: RateLimit-Remaining got %q, want narrow's %d", i, got, 1-i)
+		}
+		if got, want := res.Header("ratelimit-policy"), `"wide";q=100;w=100, "narrow";q=2;w=2`; got != want {
+			t.Errorf("request %d: RateLimit-Policy got %q, want %q", i, got, want)
 		}
 	}
 	_, wide, _ := sharedstatetest.Lookup(h.Store, false, "wide", "1.1.1.1", filter.DefaultMaxKeys)
@@ -494,7 +502,7 @@ func TestMetricNames(t *testing.T) {
 	newPlugin(t, h, perIP)
 	want := []string{
 		"tokengate.config_rejected", "tokengate.corrupt_state", "tokengate.local_state", "tokengate.panics",
-		"tokengate.rule.global-rps.allowed", "tokengate.rule.global-rps.cas_retries",
+		"tokengate.rule.global-rps.allowed", "tokengate.rule.global-rps.cas_retries", "tokengate.rule.global-rps.contention",
 		"tokengate.rule.global-rps.descriptor_missing", "tokengate.rule.global-rps.fail_open",
 		"tokengate.rule.global-rps.rejected", "tokengate.rule.global-rps.shadow_rejected",
 		"tokengate.rule.global-rps.slot_collisions", "tokengate.rule.global-rps.slot_takeovers",

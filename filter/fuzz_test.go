@@ -267,8 +267,11 @@ func FuzzRequest(f *testing.F) {
 				if left := remaining(res); left < 0 || left > lim {
 					t.Fatalf("request %d: RateLimit-Remaining %d of %d", i, left, lim)
 				}
-			case 429:
+			case 429, 413:
 				checkHeaderNumbers(t, res)
+				if (res.Status() == 413) != (res.Header("x-tokengate-reason") == filter.ReasonCostExceedsBurst) {
+					t.Fatalf("request %d: status %d with reason %q: 413 is for cost_exceeds_burst only", i, res.Status(), res.Header("x-tokengate-reason"))
+				}
 				rule := res.Header("x-tokengate-rule")
 				if _, ok := bursts[rule]; !ok {
 					t.Fatalf("request %d: rejected by unknown rule %q", i, rule)

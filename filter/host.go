@@ -86,6 +86,10 @@ type Host interface {
 	// the segments ("source", "address"). Like RequestHeader's, the value is
 	// valid until the callback returns.
 	Property(path ...string) ([]byte, bool)
+	// ResponseHeader returns the value of a response header (the
+	// upstream's, during proxy_on_response_headers); name is lower-case.
+	// Valid until the callback returns.
+	ResponseHeader(name string) (string, bool)
 	// SetResponseHeader replaces a response header
 	// (proxy_replace_header_map_value).
 	SetResponseHeader(name, value string)

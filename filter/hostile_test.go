@@ -74,8 +74,8 @@ func TestHostileCost(t *testing.T) {
 		{"below storage resolution", "0.0000000000000000001", 200, 8, 8, ""},
 		{"just below a micro-token", "0.0000009", 200, 8, 8, ""},
 		{"a micro-token", "0.000001", 200, 9, 9.999999, ""},
-		{"more than burst", "11", 429, 0, 10, filter.ReasonCostExceedsBurst},
-		{"32 digits, more than burst", strings.Repeat("9", 32), 429, 0, 10, filter.ReasonCostExceedsBurst},
+		{"more than burst", "11", 413, 0, 10, filter.ReasonCostExceedsBurst},
+		{"32 digits, more than burst", strings.Repeat("9", 32), 413, 0, 10, filter.ReasonCostExceedsBurst},
 		{"33 digits is not a number", strings.Repeat("9", 33), 200, 8, 8, ""},
 	}
 	for _, source := range []string{"header", "query"} {
@@ -493,8 +493,8 @@ func TestCorruptStoredValues(t *testing.T) {
 			// A rejected request repairs a corrupt value too: cost 6 is
 			// more than the burst, so nothing is taken from the full bucket.
 			f.put("tb:g:", tc.value)
-			if res := f.get("x-cost", "6"); res.Status() != 429 || res.Header("x-tokengate-reason") != filter.ReasonCostExceedsBurst {
-				t.Fatalf("cost 6: got %d %q, want 429 %s", res.Status(), res.Header("x-tokengate-reason"), filter.ReasonCostExceedsBurst)
+			if res := f.get("x-cost", "6"); res.Status() != 413 || res.Header("x-tokengate-reason") != filter.ReasonCostExceedsBurst {
+				t.Fatalf("cost 6: got %d %q, want 413 %s", res.Status(), res.Header("x-tokengate-reason"), filter.ReasonCostExceedsBurst)
 			}
 			if tokens, last := f.state("tb:g:"); tokens != 5 || last != epoch {
 				t.Errorf("repaired on rejection: got %v tokens at %.6f, want 5 at %.6f", tokens, last, epoch)

@@ -1,6 +1,6 @@
 package filter
 
-// Metric names. Each rule has nine counters named
+// Metric names. Each rule has ten counters named
 // "tokengate.rule.<rule>.<counter>". Envoy keeps them in its "wasmcustom"
 // stat namespace (wasmcustom.tokengate.rule.global-rps.allowed in /stats);
 // /stats/prometheus strips that namespace and adds no envoy_ prefix, giving
@@ -25,9 +25,17 @@ const (
 	// CounterDescriptorMissing counts requests the rule matched but skipped
 	// because a limit key was absent from the request.
 	CounterDescriptorMissing = "descriptor_missing"
-	// CounterStoreDenied counts requests rejected because the shared data
-	// failed and the rule says "on_store_error": "deny".
+	// CounterStoreDenied counts requests this rule rejected because their
+	// buckets could not be updated (store failure or contention) and it
+	// says "on_store_error": "deny". With several such rules only the first
+	// applying one denies and counts.
 	CounterStoreDenied = "store_denied"
+	// CounterContention counts requests whose buckets could not be updated
+	// because every compare-and-swap attempt (settings.cas_max_attempts)
+	// lost its race: the shared data works but the keys are too hot. Such a
+	// request also counts as fail_open, or as store_denied on the rule
+	// that denied it.
+	CounterContention = "contention"
 	// CounterSlotTakeovers counts identities that took over a slot whose
 	// bucket was idle (full) or corrupt (bounded key space).
 	CounterSlotTakeovers = "slot_takeovers"
@@ -62,8 +70,8 @@ func RuleMetricName(rule, counter string) string {
 }
 
 type ruleMetrics struct {
-	allowed, rejected, shadowRejected, failOpen, casRetries, descriptorMissing, storeDenied counter
-	slotTakeovers, slotCollisions                                                           counter
+	allowed, rejected, shadowRejected, failOpen, casRetries, descriptorMissing, storeDenied, contention counter
+	slotTakeovers, slotCollisions                                                                       counter
 }
 
 type pluginMetrics struct {
@@ -101,6 +109,7 @@ func (r *Rule) defineMetrics(h Host) {
 		casRetries:        n(CounterCASRetries),
 		descriptorMissing: n(CounterDescriptorMissing),
 		storeDenied:       n(CounterStoreDenied),
+		contention:        n(CounterContention),
 		slotTakeovers:     n(CounterSlotTakeovers),
 		slotCollisions:    n(CounterSlotCollisions),
 	}

@@ -85,25 +85,3 @@ func (p *Plugin) setHeader(name string, buf []byte) {
 	}
 	p.host.SetResponseHeader(name, string(buf))
 }
-
-// rateLimitValue locates the numbers of a RateLimit header value in the
-// buffer it was appended to (offsets from the buffer's start): they are also
-// the RateLimit-Remaining and RateLimit-Reset values, formatted once.
-type rateLimitValue struct {
-	remaining, remainingEnd int // value[remaining:remainingEnd]
-	reset                   int // value[reset:], the end of the value
-}
-
-// appendRateLimit appends the RateLimit header value,
-// "<rule>";r=<remaining>;t=<reset>, to dst, and says where its numbers are.
-func (q *quota) appendRateLimit(dst []byte, quoted string) ([]byte, rateLimitValue) {
-	var n rateLimitValue
-	dst = append(dst, quoted...)
-	dst = append(dst, ";r="...)
-	n.remaining = len(dst)
-	dst = strconv.AppendInt(dst, q.remaining, 10)
-	n.remainingEnd = len(dst)
-	dst = append(dst, ";t="...)
-	n.reset = len(dst)
-	return strconv.AppendInt(dst, q.reset, 10), n
-}

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -75,6 +76,8 @@ type reqContext struct {
 	// Scratch for local replies and log lines (reply.go, logDescribe).
 	replyBuf, bodyBuf, logBuf []byte
 	replyHdrs                 [][2]string
+	// quotas is the rejection's scratch for the RateLimit list.
+	quotas []quota
 }
 
 // begin starts a request's decision.
@@ -192,7 +195,7 @@ func (p *Plugin) NewStream() *Stream {
 	if n := len(p.free); n > 0 {
 		s := p.free[n-1]
 		p.free = p.free[:n-1]
-		*s = Stream{p: p}
+		*s = Stream{p: p, quotas: s.quotas[:0]}
 		return s
 	}
 	return &Stream{p: p}
@@ -208,15 +211,18 @@ func (s *Stream) Release() {
 	if p == nil || len(p.free) >= maxFreeStreams {
 		return
 	}
-	*s = Stream{p: p}
+	*s = Stream{p: p, quotas: s.quotas[:0]}
 	p.free = append(p.free, s)
 }
 
 // Stream is one HTTP request going through the filter.
 type Stream struct {
-	p      *Plugin
-	hdr    quota // headers to add to the response
-	hasHdr bool
+	p *Plugin
+	// quotas describe, for the response headers, the bucket of every
+	// enforced rule that admitted the request; best indexes the one with
+	// the fewest tokens left, which the legacy headers describe.
+	quotas []quota
+	best   int
 }
 
 // quota is what the RateLimit headers say about one bucket that varies per
@@ -481,33 +487,16 @@ func (s *Stream) decide(req *request, now float64) Action {
 	out := p.take(g, now)
 	switch {
 	case out.Err != nil:
-		deny := false
-		for _, r := range g.rules {
-			deny = deny || r.DenyOnStoreError
-		}
-		for _, r := range g.rules {
-			if deny {
-				r.metrics.storeDenied.inc(p.host, 1)
-			} else {
-				r.metrics.failOpen.inc(p.host, 1)
-			}
-		}
-		if !deny {
-			p.failures(g, now, "fail_open", out.Err)
-			return Continue
-		}
-		p.failures(g, now, "store_denied", out.Err)
-		s.sendStoreDenied(req, g.rules[0])
-		return Pause
+		return s.undecided(req, g, now, out.Err)
 	case out.Allowed:
-		best := 0
+		s.quotas, s.best = s.quotas[:0], 0
 		for i, r := range g.rules {
 			r.metrics.allowed.inc(p.host, 1)
-			if g.res[i].Tokens < g.res[best].Tokens {
-				best = i
+			s.quotas = append(s.quotas, quotaOf(r, g.res[i].Tokens))
+			if g.res[i].Tokens < g.res[s.best].Tokens {
+				s.best = i
 			}
 		}
-		s.hdr, s.hasHdr = quotaOf(g.rules[best], g.res[best].Tokens), true
 		return Continue
 	}
 	i := worst(g.res)
@@ -521,7 +510,40 @@ func (s *Stream) decide(req *request, now float64) Action {
 		retry = retryAfterHash(g.res[i].RetryAfter, req.identityHash())
 	}
 	p.logDescribe("tokengate: event=rejected ", g, i, retry)
-	s.sendRejection(req, g.rules[i], g.res[i], retry)
+	s.sendRejection(req, g, i, retry)
+	return Pause
+}
+
+// undecided answers a request whose buckets could not be updated: the
+// shared data failed, or (ErrContention) every compare-and-swap attempt
+// lost its race. It fails open unless a rule says "on_store_error":
+// "deny"; then the 503 names and counts the first such rule.
+func (s *Stream) undecided(req *request, g *group, now float64, err error) Action {
+	p := s.p
+	contention := errors.Is(err, sharedstate.ErrContention)
+	denier := -1
+	for i, r := range g.rules {
+		if contention {
+			r.metrics.contention.inc(p.host, 1)
+		}
+		if r.DenyOnStoreError && denier < 0 {
+			denier = i
+		}
+	}
+	if denier < 0 {
+		for _, r := range g.rules {
+			r.metrics.failOpen.inc(p.host, 1)
+		}
+		p.failures(g, now, "fail_open", err)
+		return Continue
+	}
+	g.rules[denier].metrics.storeDenied.inc(p.host, 1)
+	p.failures(g, now, "store_denied", err)
+	reason := ReasonStoreError
+	if contention {
+		reason = ReasonContention
+	}
+	s.sendStoreDenied(req, g.rules[denier], reason)
 	return Pause
 }
 
@@ -609,23 +631,14 @@ func fnv64Add(h uint64, s string) uint64 {
 }
 
 // OnResponseHeaders is proxy_on_response_headers: it adds the RateLimit
-// headers of an allowed, enforced request.
+// headers of an allowed, enforced request (see appendHeaders).
 func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action) {
 	defer s.p.recoverTo("proxy_on_response_headers", func() { act = Continue })
-	if !s.hasHdr {
+	p := s.p
+	if len(s.quotas) == 0 || p.cfg == nil || !p.cfg.Settings.RateLimitHeaders {
 		return Continue
 	}
-	p := s.p
-	q := &s.hdr
-	plan := q.r.planOf()
-	var n rateLimitValue
-	p.rc.hdrBuf, n = q.appendRateLimit(p.rc.hdrBuf[:0], plan.quoted)
-	b := p.rc.hdrBuf
-	p.host.SetResponseHeader("ratelimit-limit", plan.limit)
-	p.setHeader("ratelimit-remaining", b[n.remaining:n.remainingEnd])
-	p.setHeader("ratelimit-reset", b[n.reset:])
-	p.setHeader("ratelimit", b)
-	p.host.SetResponseHeader("ratelimit-policy", plan.policy)
+	p.rc.hdrBuf = p.setRateLimitHeaders(p.rc.hdrBuf[:0], s.quotas, s.best, true)
 	return Continue
 }
 

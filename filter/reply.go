@@ -17,13 +17,22 @@ const (
 	ReasonCostExceedsBurst = "cost_exceeds_burst"
 	// ReasonStoreError: the shared data failed and the rule fails closed.
 	ReasonStoreError = "store_error"
+	// ReasonContention: every compare-and-swap attempt lost its race
+	// (settings.cas_max_attempts) and the rule fails closed.
+	ReasonContention = "contention"
 )
 
 // gRPC status codes of local replies to gRPC requests.
 const (
 	grpcResourceExhausted int32 = 8
+	grpcOutOfRange        int32 = 11
 	grpcUnavailable       int32 = 14
 )
+
+// statusCostExceedsBurst answers a request that costs more than its bucket
+// can ever hold: retrying cannot help, so it is not a 429 (which clients
+// retry) but 413, as for content larger than the server will process.
+const statusCostExceedsBurst = 413
 
 func reasonOf(res bucket.Result) string {
 	if math.IsInf(res.RetryAfter, 1) {
@@ -41,58 +50,92 @@ func retryAfterHash(wait float64, h uint64) int64 {
 	return base + int64(h%uint64(base/2+1))
 }
 
-// sendRejection sends the 429 (or gRPC RESOURCE_EXHAUSTED) local reply for
-// rule r whose bucket answered res; retry is the Retry-After seconds, 0 for
-// none.
-func (s *Stream) sendRejection(req *request, r *Rule, res bucket.Result, retry int64) {
+// sendRejection sends the local reply of a request rejected by the buckets
+// of g: 429 (settings.rejection_status) or gRPC RESOURCE_EXHAUSTED when
+// bucket w (the worst) lacks tokens, 413 or gRPC OUT_OF_RANGE when the
+// request costs more than it can ever hold. retry is the Retry-After
+// seconds, 0 for none. The RateLimit headers list every enforced rule: r
+// is the whole tokens each bucket holds, t the seconds until this request
+// could pass it (or, for a bucket that admitted it, until it is full).
+func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 	p := s.p
-	q := quotaOf(r, res.Tokens)
-	q.remaining = 0
+	st := &p.cfg.Settings
+	r, res := g.rules[w], g.res[w]
 	reason := reasonOf(res)
-	plan := r.planOf()
+	status, grpc := st.RejectionStatus, grpcResourceExhausted
+	if reason == ReasonCostExceedsBurst {
+		status, grpc = statusCostExceedsBurst, grpcOutOfRange
+	}
 	// The values that vary go into one buffer, viewed as one string
 	// (replyBuf stays untouched until the next rejection; the host copies
 	// the headers); the others were built at configuration time.
 	b := strconv.AppendInt(p.rc.replyBuf[:0], retry, 10)
-	start := len(b)
-	b, n := q.appendRateLimit(b, plan.quoted)
+	retryEnd := len(b)
+	headers := p.rc.replyHdrs[:0]
+	var f rateLimitFields
+	if st.RateLimitHeaders {
+		quotas := p.rc.quotas[:0]
+		for i, rr := range g.rules {
+			q := quotaOf(rr, g.res[i].Tokens)
+			if !g.res[i].Allowed && !math.IsInf(g.res[i].RetryAfter, 1) {
+				q.reset = seconds(g.res[i].RetryAfter)
+			}
+			quotas = append(quotas, q)
+		}
+		p.rc.quotas = quotas
+		b, f = appendRateLimitFields(b, quotas, w, "", "")
+	}
 	p.rc.replyBuf = b
 	vals := p.view(b)
-	headers := p.rc.replyHdrs[:0]
 	if retry > 0 {
-		headers = append(headers, [2]string{"retry-after", vals[:start]})
+		headers = append(headers, [2]string{"retry-after", vals[:retryEnd]})
 	}
-	headers = append(headers,
-		[2]string{"ratelimit-limit", plan.limit},
-		[2]string{"ratelimit-remaining", "0"},
-		[2]string{"ratelimit-reset", vals[n.reset:]},
-		[2]string{"ratelimit", vals[start:]},
-		[2]string{"ratelimit-policy", plan.policy},
-		[2]string{"x-tokengate-reason", reason},
-		[2]string{"x-tokengate-rule", r.Name},
-	)
-	body := append(p.rc.bodyBuf[:0], `{"error":"rate_limited","reason":"`...)
-	body = append(body, reason...)
-	body = append(body, `","rule":"`...)
-	body = append(body, r.Name...)
-	body = append(body, '"')
-	if retry > 0 {
-		body = append(body, `,"retry_after":`...)
-		body = strconv.AppendInt(body, retry, 10)
+	if st.RateLimitHeaders {
+		headers = append(headers,
+			[2]string{"ratelimit-limit", r.planOf().limit},
+			[2]string{"ratelimit-remaining", vals[f.best.remaining:f.best.remainingEnd]},
+			[2]string{"ratelimit-reset", vals[f.best.reset:f.best.resetEnd]},
+			[2]string{"ratelimit", vals[f.list[0]:f.list[1]]},
+			[2]string{"ratelimit-policy", vals[f.policy[0]:f.policy[1]]},
+		)
 	}
-	body = append(body, "}\n"...)
+	if st.RuleHeaders {
+		headers = append(headers,
+			[2]string{"x-tokengate-reason", reason},
+			[2]string{"x-tokengate-rule", r.Name},
+		)
+	}
+	body := p.rc.bodyBuf[:0]
+	if st.RejectionBody != nil {
+		body = append(body, st.RejectionBody...)
+	} else {
+		body = append(body, `{"error":"rate_limited","reason":"`...)
+		body = append(body, reason...)
+		if st.RuleHeaders {
+			body = append(body, `","rule":"`...)
+			body = append(body, r.Name...)
+		}
+		body = append(body, '"')
+		if retry > 0 {
+			body = append(body, `,"retry_after":`...)
+			body = strconv.AppendInt(body, retry, 10)
+		}
+		body = append(body, "}\n"...)
+	}
 	p.rc.bodyBuf = body
-	p.rc.replyHdrs = s.reply(req, 429, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
+	p.rc.replyHdrs = s.reply(req, status, grpc, "tokengate_rate_limited", body, headers)
 }
 
-// sendStoreDenied sends the 503 reply of a rule that fails closed.
-func (s *Stream) sendStoreDenied(req *request, r *Rule) {
-	headers := [][2]string{
-		{"x-tokengate-reason", ReasonStoreError},
-		{"x-tokengate-rule", r.Name},
+// sendStoreDenied sends the 503 reply of a rule that fails closed when its
+// bucket could not be updated; reason says why.
+func (s *Stream) sendStoreDenied(req *request, r *Rule, reason string) {
+	var headers [][2]string
+	body := `{"error":"rate_limiter_unavailable","reason":"` + reason + `"}` + "\n"
+	if s.p.cfg.Settings.RuleHeaders {
+		headers = [][2]string{{"x-tokengate-reason", reason}, {"x-tokengate-rule", r.Name}}
+		body = `{"error":"rate_limiter_unavailable","reason":"` + reason + `","rule":"` + r.Name + `"}` + "\n"
 	}
-	body := `{"error":"rate_limiter_unavailable","reason":"` + ReasonStoreError + `","rule":"` + r.Name + `"}` + "\n"
-	s.reply(req, 503, grpcUnavailable, "tokengate_store_error", []byte(body), headers)
+	s.reply(req, 503, grpcUnavailable, "tokengate_"+reason, []byte(body), headers)
 }
 
 // reply sends a local reply; a gRPC request gets grpcCode, with the details
@@ -104,7 +147,7 @@ func (s *Stream) reply(req *request, status uint32, grpcCode int32, details stri
 		grpc = grpcCode
 		body = []byte("tokengate: " + details)
 	} else {
-		headers = append(headers, [2]string{"content-type", "application/json"})
+		headers = append(headers, [2]string{"content-type", s.p.cfg.Settings.RejectionContentType})
 	}
 	if err := s.p.host.SendLocalResponse(status, details, body, headers, grpc); err != nil {
 		s.p.host.Log(LogError, "tokengate: send local response: "+err.Error())

@@ -97,9 +97,15 @@ func (*host) IncrementCounter(id uint32, delta int64) {
 
 // RequestHeader returns the value without copying it: the string is valid
 // until the callback returns (see memory.go and filter.Host).
-func (*host) RequestHeader(name string) (string, bool) {
+func (*host) RequestHeader(name string) (string, bool) { return headerValue(mapRequestHeaders, name) }
+
+// ResponseHeader implements filter.Host.
+func (*host) ResponseHeader(name string) (string, bool) { return headerValue(mapResponseHeaders, name) }
+
+// headerValue reads a header of the request or response map.
+func headerValue(m uint32, name string) (string, bool) {
 	unpin()
-	if proxyGetHeaderMapValue(mapRequestHeaders, ptr(name), uint32(len(name)), &ret.data, &ret.size) != statusOK {
+	if proxyGetHeaderMapValue(m, ptr(name), uint32(len(name)), &ret.data, &ret.size) != statusOK {
 		return "", false
 	}
 	b, ok := returned(ret.data, ret.size)

@@ -166,8 +166,8 @@ func TestWasmBurstThen429(t *testing.T) {
 		"retry-after":         "1",
 		"ratelimit-limit":     "10",
 		"ratelimit-remaining": "0",
-		"ratelimit-reset":     "2",
-		"ratelimit":           `"global-rps";r=0;t=2`,
+		"ratelimit-reset":     "1", // this request could pass in 1 s, not when the bucket is full
+		"ratelimit":           `"global-rps";r=0;t=1`,
 		"ratelimit-policy":    `"global-rps";q=10;w=2`,
 		"x-tokengate-reason":  "token_bucket_exceeded",
 		"x-tokengate-rule":    "global-rps",

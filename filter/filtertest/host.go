@@ -98,6 +98,9 @@ type Request struct {
 	Headers [][2]string
 	// Properties by path joined with ".", e.g. "source.address".
 	Properties map[string]string
+	// UpstreamHeaders are the upstream response's headers, seen by
+	// proxy_on_response_headers (lower-case names).
+	UpstreamHeaders [][2]string
 }
 
 // Response is what the filter did with a request.
@@ -242,6 +245,17 @@ func (h *Host) PropertyString(path ...string) (string, bool) {
 	return view(b), ok
 }
 
+// ResponseHeader implements filter.Host: the response headers as the
+// filter has left them, the upstream's to begin with.
+func (h *Host) ResponseHeader(name string) (string, bool) {
+	for _, kv := range h.Response.Headers {
+		if kv[0] == name {
+			return view(h.hand(kv[1])), true
+		}
+	}
+	return "", false
+}
+
 // SetResponseHeader implements filter.Host.
 func (h *Host) SetResponseHeader(name, value string) {
 	value = strings.Clone(value) // hosts copy header values
@@ -304,7 +318,8 @@ func (h *Host) Do(p *filter.Plugin, req Request) Result {
 	res := Result{RequestAction: s.OnRequestHeaders(len(req.Headers), true)}
 	h.EndCallback()
 	if h.Response.Local == nil {
-		res.ResponseAction = s.OnResponseHeaders(0, false)
+		h.Response.Headers = append(h.Response.Headers, req.UpstreamHeaders...)
+		res.ResponseAction = s.OnResponseHeaders(len(req.UpstreamHeaders), false)
 		h.EndCallback()
 	}
 	res.Response = h.Response

@@ -1,0 +1,102 @@
+package filter
+
+import "strconv"
+
+// The RateLimit response headers, after draft-ietf-httpapi-ratelimit-headers-09:
+//
+//	RateLimit: "per-ip";r=9;t=1, "per-key";r=99;t=1
+//	RateLimit-Policy: "per-ip";q=10;w=2, "per-key";q=100;w=1
+//
+// one list member per enforced rule that applied, in configuration order
+// (shadow rules never show). r is the whole tokens left in that rule's
+// bucket; t is, on an admitted request, the seconds until the bucket is
+// full again and, on a rejected one, the seconds until this request could
+// pass that bucket. The legacy RateLimit-Limit, RateLimit-Remaining and
+// RateLimit-Reset describe one rule: the one with the fewest tokens left,
+// or on a rejection the rule that rejected. An upstream's own RateLimit and
+// RateLimit-Policy values are kept, ours appended to them.
+
+// rateLimitFields locates the values of the RateLimit headers in the buffer
+// they were formatted into.
+type rateLimitFields struct {
+	list, policy [2]int // RateLimit and RateLimit-Policy: buf[from:to]
+	best         rateLimitValue
+	bestRule     *Rule
+}
+
+// rateLimitValue locates the numbers of one RateLimit list member in the
+// buffer it was appended to: they are also the RateLimit-Remaining and
+// RateLimit-Reset values, formatted once.
+type rateLimitValue struct {
+	remaining, remainingEnd int // buf[remaining:remainingEnd]
+	reset, resetEnd         int // buf[reset:resetEnd]
+}
+
+// appendRateLimit appends one RateLimit list member,
+// "<rule>";r=<remaining>;t=<reset>, to dst, and says where its numbers are.
+func (q *quota) appendRateLimit(dst []byte, quoted string) ([]byte, rateLimitValue) {
+	var n rateLimitValue
+	dst = append(dst, quoted...)
+	dst = append(dst, ";r="...)
+	n.remaining = len(dst)
+	dst = strconv.AppendInt(dst, q.remaining, 10)
+	n.remainingEnd = len(dst)
+	dst = append(dst, ";t="...)
+	n.reset = len(dst)
+	dst = strconv.AppendInt(dst, q.reset, 10)
+	n.resetEnd = len(dst)
+	return dst, n
+}
+
+// appendRateLimitFields formats the RateLimit and RateLimit-Policy values
+// of quotas into b, after the upstream's values when there are any; best
+// indexes the quota the legacy headers describe.
+func appendRateLimitFields(b []byte, quotas []quota, best int, upList, upPolicy string) ([]byte, rateLimitFields) {
+	var f rateLimitFields
+	f.list[0] = len(b)
+	if upList != "" {
+		b = append(append(b, upList...), ", "...)
+	}
+	for i := range quotas {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		var n rateLimitValue
+		b, n = quotas[i].appendRateLimit(b, quotas[i].r.planOf().quoted)
+		if i == best {
+			f.best, f.bestRule = n, quotas[i].r
+		}
+	}
+	f.list[1] = len(b)
+	f.policy[0] = len(b)
+	if upPolicy != "" {
+		b = append(append(b, upPolicy...), ", "...)
+	}
+	for i := range quotas {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, quotas[i].r.planOf().policy...)
+	}
+	f.policy[1] = len(b)
+	return b, f
+}
+
+// setRateLimitHeaders sets the RateLimit headers of an admitted request on
+// its response, merging the upstream's list values, and returns buf for
+// reuse. The values are views of buf, which stays untouched until the next
+// request.
+func (p *Plugin) setRateLimitHeaders(buf []byte, quotas []quota, best int, merge bool) []byte {
+	var upList, upPolicy string
+	if merge {
+		upList, _ = p.host.ResponseHeader("ratelimit")
+		upPolicy, _ = p.host.ResponseHeader("ratelimit-policy")
+	}
+	b, f := appendRateLimitFields(buf, quotas, best, upList, upPolicy)
+	p.host.SetResponseHeader("ratelimit-limit", f.bestRule.planOf().limit)
+	p.setHeader("ratelimit-remaining", b[f.best.remaining:f.best.remainingEnd])
+	p.setHeader("ratelimit-reset", b[f.best.reset:f.best.resetEnd])
+	p.setHeader("ratelimit", b[f.list[0]:f.list[1]])
+	p.setHeader("ratelimit-policy", b[f.policy[0]:f.policy[1]])
+	return b
+}
