@@ -137,6 +137,10 @@ const (
 	maxMaxKeys     = 1 << 24
 	maxNameLen     = 64
 	maxLimitKeys   = 8
+	// MaxRules bounds the rules of one configuration, fallback limits
+	// included: every applying rule costs each request a shared-data
+	// update (see docs/configuration.md for the measured cost).
+	MaxRules = 256
 	// maxRate and maxBurst keep the "tokens:last_refill" value short and
 	// exact at 6 decimals.
 	maxRate  = 1e9
@@ -172,7 +176,7 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, errAt("", "configuration is empty")
 	}
 	if !gjson.ValidBytes(data) {
-		return nil, errAt("", "configuration is not valid JSON")
+		return nil, errAt("", "configuration is not valid JSON: "+jsonSyntaxError(data))
 	}
 	root := gjson.ParseBytes(data)
 	if !root.IsObject() {
@@ -216,6 +220,10 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	if len(cfg.rules) == 0 {
 		return nil, errAt("", "configuration has no rules")
+	}
+	if len(cfg.rules) > MaxRules {
+		return nil, errAt("", "has "+strconv.Itoa(len(cfg.rules))+" rules (fallback limits included); at most "+
+			strconv.Itoa(MaxRules)+" are allowed, since every applying rule costs each request a shared-data update")
 	}
 	for _, r := range cfg.rules {
 		r.compile()
@@ -360,7 +368,11 @@ func selector(path string, v gjson.Result) (Selector, error) {
 		return s, err
 	}
 	s.Hosts, err = stringList(path+".hosts", v.Get("hosts"), func(h string) (string, bool) {
-		return strings.ToLower(h), h != "" && !strings.ContainsAny(h, " /:\t")
+		// A wildcard is only a whole leading label: "*.example.com".
+		wild := strings.IndexByte(h, '*')
+		ok := h != "" && !strings.ContainsAny(h, " /:\t") &&
+			(wild < 0 || wild == 0 && strings.HasPrefix(h, "*.") && len(h) > 2 && strings.Count(h, "*") == 1)
+		return strings.ToLower(h), ok
 	})
 	return s, err
 }
@@ -451,6 +463,12 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 			if d, err = ParseDescriptor(e.Str); err != nil {
 				err = errAt(epath, err.Error())
 				return false
+			}
+			for j, prev := range r.Keys {
+				if prev == d {
+					err = errAt(epath, strconv.Quote(e.Str)+" repeats limit_keys["+strconv.Itoa(j)+"]; a descriptor names a bucket once")
+					return false
+				}
 			}
 			r.Keys = append(r.Keys, d)
 			return true
@@ -567,6 +585,27 @@ func algorithmConfig(path string, v gjson.Result, r *Rule) error {
 			return errAt(path+".cost_source", `must be "fixed", "header:<name>" or "query:<name>", got `+strconv.Quote(clip(cs.Str)))
 		}
 		r.Cost.Kind, r.Cost.Name = kind, name
+	}
+	return admissible(path, v, r)
+}
+
+// admissible refuses a rule that could never admit a request: one whose
+// every request costs more than its bucket can hold.
+func admissible(path string, v gjson.Result, r *Rule) error {
+	burst := r.Limit.Burst
+	never := " or no request can ever pass"
+	if r.Cost.Kind == CostFixed && r.Cost.Fixed > burst {
+		if !v.Get("fixed_cost").Exists() {
+			return errAt(path+".burst", "must be >= the cost of a request (1, the default fixed_cost)"+never+", got "+num(burst))
+		}
+		return errAt(path+".fixed_cost", "must be <= burst ("+num(burst)+")"+never+", got "+num(r.Cost.Fixed))
+	}
+	if r.Cost.Default > burst && (r.Cost.Kind != CostFixed || v.Get("default_cost").Exists()) {
+		if !v.Get("default_cost").Exists() {
+			return errAt(path+".burst", "must be >= default_cost (1, the default), the cost of a request without "+
+				"a valid cost,"+never+" without one, got "+num(burst))
+		}
+		return errAt(path+".default_cost", "must be <= burst ("+num(burst)+")"+never+" without a valid cost, got "+num(r.Cost.Default))
 	}
 	return nil
 }

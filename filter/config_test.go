@@ -1,6 +1,8 @@
 package filter
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/tokengate/tokengate/bucket"
@@ -146,7 +148,22 @@ func TestParseConfigErrors(t *testing.T) {
 	}{
 		{"empty", ``, `configuration is empty`},
 		{"blank", " \n\t", `configuration is empty`},
-		{"not json", `{"name":`, `configuration is not valid JSON`},
+		{"not json", `{"name":`, `configuration is not valid JSON: line 1, column 9: unexpected end of input`},
+		// Issue 11: rules that could never admit a request.
+		{"fixed_cost over burst", `{"name":"a","algorithm_config":{"rps":1,"burst":5,"fixed_cost":6}}`,
+			`algorithm_config.fixed_cost: must be <= burst (5) or no request can ever pass, got 6`},
+		{"default_cost over burst", `{"name":"a","algorithm_config":{"rps":1,"burst":5,"cost_source":"header:x-cost","default_cost":6}}`,
+			`algorithm_config.default_cost: must be <= burst (5) or no request can ever pass without a valid cost, got 6`},
+		{"burst under the default cost", `{"name":"a","algorithm_config":{"rps":0.5,"burst":0.5}}`,
+			`algorithm_config.burst: must be >= the cost of a request (1, the default fixed_cost) or no request can ever pass, got 0.5`},
+		{"burst under the default default_cost", `{"name":"a","algorithm_config":{"rps":0.5,"burst":0.5,"cost_source":"query:c"}}`,
+			`algorithm_config.burst: must be >= default_cost (1, the default), the cost of a request without a valid cost, or no request can ever pass without one, got 0.5`},
+		{"wildcard inside a host", `{"bundle_version":1,"policies":[{"id":"p","spec":{"selector":{"hosts":["a.*.com"]},"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":5}}]}}]}`,
+			`policies[0].spec.selector.hosts[0]: invalid value "a.*.com"`},
+		{"bare wildcard host", `{"bundle_version":1,"policies":[{"id":"p","spec":{"selector":{"hosts":["*"]},"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":5}}]}}]}`,
+			`policies[0].spec.selector.hosts[0]: invalid value "*"`},
+		{"duplicate limit key", `{"name":"a","limit_keys":["ip:address","header:x-k","ip:address"],"algorithm_config":{"rps":1,"burst":5}}`,
+			`limit_keys[2]: "ip:address" repeats limit_keys[0]; a descriptor names a bucket once`},
 		{"not an object", `[1,2]`, `configuration must be a JSON object, got an array`},
 		{"no name", `{` + rule + `}`, `name: is required`},
 		{"name type", `{"name":5,` + rule + `}`, `name: must be a string, got a number`},
@@ -251,5 +268,25 @@ func TestParseConfigErrors(t *testing.T) {
 				t.Errorf("got error\n  %s\nwant\n  %s", err, tc.expectedErr)
 			}
 		})
+	}
+}
+
+// TestRuleBound: at most MaxRules rules load (issue 11: 2,000 did, and a
+// request then took about 65 ms).
+func TestRuleBound(t *testing.T) {
+	rules := func(n int) string {
+		parts := make([]string, n)
+		for i := range parts {
+			parts[i] = `{"name":"r` + strconv.Itoa(i) + `","algorithm_config":{"rps":1,"burst":5}}`
+		}
+		return `{"rules":[` + strings.Join(parts, ",") + `]}`
+	}
+	if _, err := ParseConfig([]byte(rules(MaxRules))); err != nil {
+		t.Fatalf("%d rules: %v", MaxRules, err)
+	}
+	_, err := ParseConfig([]byte(rules(MaxRules + 1)))
+	want := "has 257 rules (fallback limits included); at most 256 are allowed"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("%d rules: got %v, want an error containing %q", MaxRules+1, err, want)
 	}
 }

@@ -143,7 +143,7 @@ func (s *Stream) sendStoreDenied(req *request, r *Rule, reason string) {
 // for reuse.
 func (s *Stream) reply(req *request, status uint32, grpcCode int32, details string, body []byte, headers [][2]string) [][2]string {
 	grpc := NoGRPCStatus
-	if ct, ok := req.header("content-type"); ok && strings.HasPrefix(strings.ToLower(ct), "application/grpc") {
+	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
 		grpc = grpcCode
 		body = []byte("tokengate: " + details)
 	} else {
@@ -153,4 +153,18 @@ func (s *Stream) reply(req *request, status uint32, grpcCode int32, details stri
 		s.p.host.Log(LogError, "tokengate: send local response: "+err.Error())
 	}
 	return headers
+}
+
+// IsGRPC reports whether a request with this content-type is gRPC, by
+// Envoy's rule (Grpc::Common::hasGrpcContentType): "application/grpc"
+// followed by nothing, '+' or ';', here case-insensitively. gRPC-Web
+// ("application/grpc-web...") is not: such a request gets the HTTP reply,
+// unless Envoy's grpc_web filter runs before tokengate and has turned it
+// into gRPC.
+func IsGRPC(contentType string) bool {
+	const g = "application/grpc"
+	if len(contentType) < len(g) || !strings.EqualFold(contentType[:len(g)], g) {
+		return false
+	}
+	return len(contentType) == len(g) || contentType[len(g)] == '+' || contentType[len(g)] == ';'
 }

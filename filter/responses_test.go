@@ -150,3 +150,23 @@ func TestResponseSettings(t *testing.T) {
 		}
 	})
 }
+
+// TestGRPCDetection is issue 11's item 11: Envoy's rule, case-insensitive,
+// in the filter (the local host applies the same rule).
+func TestGRPCDetection(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"application/grpc": true, "Application/GRPC": true, "application/grpc+proto": true,
+		"application/grpc;charset=utf-8": true, "application/grpc-web": false, "application/grpc-web+proto": false,
+		"application/grpcx": false, "application/json": false, "": false, "application/grp": false,
+	} {
+		if got := filter.IsGRPC(ct); got != want {
+			t.Errorf("IsGRPC(%q) = %v, want %v", ct, got, want)
+		}
+	}
+	f := newFixture(t, `{"name":"g","algorithm_config":{"rps":1,"burst":1}}`)
+	f.get("content-type", "Application/GRPC")
+	res := f.get("content-type", "Application/GRPC")
+	if res.Local == nil || res.Local.GRPCStatus != 8 {
+		t.Fatalf("a 429 to Application/GRPC: %+v, want gRPC RESOURCE_EXHAUSTED", res.Local)
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -146,7 +145,7 @@ func (h *Host) Exchange(i int, ex *Exchange) (ExchangeResult, error) {
 	s := &stream{remoteAddr: ex.RemoteAddr, protocol: "HTTP/1.1"}
 	s.req.h = append(make([]Header, 0, len(ex.Request)), ex.Request...)
 	ct, _ := s.req.get("content-type")
-	s.grpc = strings.HasPrefix(ct, "application/grpc")
+	s.grpc = isGRPC(ct)
 	m, _ := s.req.get(":method")
 	s.head = m == "HEAD"
 	resp := ex.Response

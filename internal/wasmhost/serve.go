@@ -51,7 +51,7 @@ type stream struct {
 	remoteAddr string // "ip:port" of the client
 	localAddr  string // "ip:port" the client connected to
 	protocol   string // "HTTP/1.1"
-	grpc       bool   // the request is gRPC (content-type application/grpc*)
+	grpc       bool   // the request is gRPC; see isGRPC
 	head       bool   // the request is HEAD
 
 	props map[string][]byte // set with proxy_set_property
@@ -341,7 +341,7 @@ func newStream(r *http.Request, body []byte) *stream {
 		s.req.add("x-request-id", newRequestID())
 	}
 	ct, _ := s.req.get("content-type")
-	s.grpc = strings.HasPrefix(ct, "application/grpc")
+	s.grpc = isGRPC(ct)
 	return s
 }
 
@@ -533,4 +533,15 @@ func percentEncode(s string) string {
 		b.WriteByte(c)
 	}
 	return b.String()
+}
+
+// isGRPC is Envoy's Grpc::Common::hasGrpcContentType, case-insensitive:
+// "application/grpc" followed by nothing, '+' or ';'. gRPC-Web is not
+// gRPC to the local reply path.
+func isGRPC(ct string) bool {
+	const g = "application/grpc"
+	if len(ct) < len(g) || !strings.EqualFold(ct[:len(g)], g) {
+		return false
+	}
+	return len(ct) == len(g) || ct[len(g)] == '+' || ct[len(g)] == ';'
 }

@@ -101,3 +101,14 @@ func TestFakeClock(t *testing.T) {
 		}
 	}
 }
+
+// TestIsGRPC: the local host tells gRPC requests by Envoy's rule, as the
+// filter does, so Application/GRPC gets a gRPC local reply here too.
+func TestIsGRPC(t *testing.T) {
+	for ct, want := range map[string]bool{"application/grpc": true, "Application/GRPC": true, "application/grpc+proto": true,
+		"application/grpc;x=1": true, "application/grpc-web": false, "application/grpcx": false, "": false} {
+		if got := isGRPC(ct); got != want {
+			t.Errorf("isGRPC(%q) = %v, want %v", ct, got, want)
+		}
+	}
+}
