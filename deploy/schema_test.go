@@ -138,7 +138,7 @@ func TestSchemaAndParserRejectInvalid(t *testing.T) {
 		{"bad rule name", `{"name": "a b", ` + ok + `}`, `name: must be 1 to 64 characters from [A-Za-z0-9_-], got "a b"`},
 		{"rule name too long", `{"name": "` + strings.Repeat("a", 65) + `", ` + ok + `}`, "must be 1 to 64 characters"},
 		{"bad descriptor", `{"name": "a", "limit_keys": ["cookie:session"], ` + ok + `}`, `limit_keys[0]: invalid descriptor "cookie:session"`},
-		{"too many limit keys", `{"name": "a", "limit_keys": ["path","path","path","path","path","path","path","path","path"], ` + ok + `}`, "limit_keys: at most 8 descriptors"},
+		{"too many limit keys", `{"name": "a", "limit_keys": ["path","method","host","ip:address","header:a","header:b","header:c","header:d","header:e"], ` + ok + `}`, "limit_keys: at most 8 descriptors"},
 		{"unknown rule field", `{"name": "a", ` + ok + `, "window": 60}`, "window: unknown field"},
 		{"match value not a string", `{"name": "a", ` + ok + `, "match": {"jwt:plan": 1}}`, "match.jwt:plan: expected value must be a string, got a number"},
 		{"match on a bad descriptor", `{"name": "a", ` + ok + `, "match": {"plan": "pro"}}`, `match.plan: invalid descriptor "plan"`},
@@ -162,6 +162,10 @@ func TestSchemaAndParserRejectInvalid(t *testing.T) {
 		{"host with port", `{"bundle_version": 1, "policies": [{"id": "p", "spec": {"selector": {"hosts": ["example.com:443"]}, "rules": [{"name": "a", ` + ok + `}]}}]}`, "selector.hosts[0]: invalid value"},
 		{"fallback with match", `{"bundle_version": 1, "policies": [{"id": "p", "spec": {"fallback_limit": {` + ok + `, "match": {"path": "/"}}}}]}`, "fallback_limit.match: unknown field"},
 		{"policy without id", `{"bundle_version": 1, "policies": [{"spec": {"rules": [{"name": "a", ` + ok + `}]}}]}`, "policies[0].id: is required"},
+		{"wildcard inside a host", `{"bundle_version": 1, "policies": [{"id": "p", "spec": {"selector": {"hosts": ["a.*.com"]}, "rules": [{"name": "a", ` + ok + `}]}}]}`, "selector.hosts[0]: invalid value"},
+		{"repeated limit key", `{"name": "a", "limit_keys": ["ip:address", "ip:address"], ` + ok + `}`, `limit_keys[1]: "ip:address" repeats limit_keys[0]`},
+		{"xff cidr without a length", `{"rules": [{"name": "a", ` + ok + `}], "settings": {"xff_trusted_cidrs": ["10.0.0.1"]}}`, "settings.xff_trusted_cidrs[0]: must be an address prefix"},
+		{"rejection status 200", `{"rules": [{"name": "a", ` + ok + `}], "settings": {"rejection_status": 200}}`, "settings.rejection_status"},
 	}
 	if len(tests) < 10 {
 		t.Fatalf("only %d invalid samples", len(tests))
@@ -200,6 +204,10 @@ func TestParserOnlyChecks(t *testing.T) {
 		{"duplicate key", `{"name": "a", "name": "b", ` + ok + `}`, "name: duplicate field"},
 		{"bundle_version written as 1.0", `{"bundle_version": 1.0, "policies": [{"id": "p", "spec": {"rules": [` + rule("a") + `]}}]}`, "bundle_version: must be 1, got 1.0"},
 		{"max_keys written as 1e3", `{"name": "a", "limit_keys": ["path"], ` + ok + `, "max_keys": 1e3}`, "max_keys: must be an integer from 0 (unbounded) to 16777216, got 1e3"},
+		{"fixed_cost above burst", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 2, "fixed_cost": 3}}`, "algorithm_config.fixed_cost: must be <= burst (2)"},
+		{"burst below the default cost", `{"name": "a", "algorithm_config": {"rps": 0.5, "burst": 0.5}}`, "algorithm_config.burst: must be >= the cost of a request"},
+		{"xff cidrs with hops", `{"rules": [` + rule("a") + `], "settings": {"xff_trusted_hops": 1, "xff_trusted_cidrs": ["10.0.0.0/8"]}}`, "cannot be combined with xff_trusted_hops"},
+		{"cidr with a bad address", `{"rules": [` + rule("a") + `], "settings": {"xff_trusted_cidrs": ["1.2.3.400/8"]}}`, "settings.xff_trusted_cidrs[0]"},
 		{"cas_max_attempts written as 16.0", `{"rules": [` + rule("a") + `], "settings": {"cas_max_attempts": 16.0}}`, "settings.cas_max_attempts: must be an integer from 1 to 1000, got 16.0"},
 	}
 	for _, tt := range tests {

@@ -109,6 +109,8 @@ func (h *zeroHost) RequestHeader(name string) (string, bool) {
 	return "", false
 }
 
+func (h *zeroHost) RequestHeaderAll(name string) (string, bool) { return h.RequestHeader(name) }
+
 // BenchmarkZeroCostHost is the filter's own code per request, request and
 // response headers, against a host that costs nothing: what the guest
 // spends apart from the ABI. bench/run.sh also runs it compiled to wasm

@@ -9,6 +9,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -44,6 +45,12 @@ type Settings struct {
 	// address, it is the connection's source.address and x-forwarded-for is
 	// ignored, so a client cannot spoof it.
 	XFFTrustedHops int
+	// XFFTrustedCIDRs are the addresses of trusted proxies
+	// ("xff_trusted_cidrs"), an alternative to XFFTrustedHops as in Envoy's
+	// xff original-IP detection: when the connection's peer is in one of
+	// them, the client IP is the right-most x-forwarded-for entry that is
+	// not (the left-most when all are); otherwise it is the peer.
+	XFFTrustedCIDRs []lite.CIDR
 	// MaxKeysPerRule is the default of Rule.MaxKeys ("max_keys_per_rule",
 	// default 65536).
 	MaxKeysPerRule int
@@ -634,7 +641,7 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 	if !v.IsObject() {
 		return errAt("settings", "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields("settings", v, append([]string{"cas_max_attempts", "xff_trusted_hops", "max_keys_per_rule"}, responseSettingFields...)...); err != nil {
+	if err := onlyFields("settings", v, append([]string{"cas_max_attempts", "xff_trusted_hops", "xff_trusted_cidrs", "max_keys_per_rule"}, responseSettingFields...)...); err != nil {
 		return err
 	}
 	if err := responseSettings(&cfg.Settings.ResponseSettings, v); err != nil {
@@ -653,6 +660,16 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 			return errAt("settings.xff_trusted_hops", "must be an integer from 0 to "+strconv.Itoa(maxXFFHops)+", got "+short(h.Raw))
 		}
 		cfg.Settings.XFFTrustedHops = int(n)
+	}
+	if c := v.Get("xff_trusted_cidrs"); c.Exists() {
+		if cfg.Settings.XFFTrustedHops > 0 {
+			return errAt("settings.xff_trusted_cidrs", "cannot be combined with xff_trusted_hops: choose one way to trust x-forwarded-for")
+		}
+		var err error
+		cfg.Settings.XFFTrustedCIDRs, err = trustedCIDRs("settings.xff_trusted_cidrs", c)
+		if err != nil {
+			return err
+		}
 	}
 	if a := v.Get("cas_max_attempts"); a.Exists() {
 		n, ok := integer(a)
@@ -823,3 +840,26 @@ func clip(s string) string {
 func short(raw string) string { return clip(raw) }
 
 var errEmptyDescriptor = errors.New("descriptor is empty")
+
+// maxTrustedCIDRs bounds settings.xff_trusted_cidrs: each is compared
+// with every x-forwarded-for entry walked.
+const maxTrustedCIDRs = 64
+
+func trustedCIDRs(path string, v gjson.Result) ([]lite.CIDR, error) {
+	if !v.IsArray() {
+		return nil, errAt(path, "must be an array of CIDR strings, got "+typeName(v))
+	}
+	list := v.Array()
+	if len(list) == 0 || len(list) > maxTrustedCIDRs {
+		return nil, errAt(path, "must hold 1 to "+strconv.Itoa(maxTrustedCIDRs)+" CIDRs, got "+strconv.Itoa(len(list)))
+	}
+	out := make([]lite.CIDR, 0, len(list))
+	for i, e := range list {
+		c, ok := lite.ParseCIDR(e.Str)
+		if e.Type != gjson.String || !ok {
+			return nil, errAt(path+"["+strconv.Itoa(i)+"]", "must be an address prefix such as \"10.0.0.0/8\" or \"2001:db8::/32\", got "+short(e.Raw))
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}

@@ -101,9 +101,10 @@ const maxJWTLen = 16 << 10
 // request reads the attributes of the current request from the host, each at
 // most once.
 type request struct {
-	host    Host
-	ps      propertyStringer // host's, if it has it
-	xffHops int              // Settings.XFFTrustedHops
+	host     Host
+	ps       propertyStringer // host's, if it has it
+	xffHops  int              // Settings.XFFTrustedHops
+	xffCIDRs []lite.CIDR      // Settings.XFFTrustedCIDRs
 
 	pathDone, ipDone, jwtDone, methodDone, hostDone bool
 
@@ -186,40 +187,93 @@ func (r *request) hostValue() string {
 	return r.authority
 }
 
-// clientIP returns the client address: from x-forwarded-for when hops are
-// trusted (see Settings.XFFTrustedHops), else from source.address.
+// clientIP returns the client address: from x-forwarded-for when proxies
+// are trusted (Settings.XFFTrustedHops or XFFTrustedCIDRs), else from
+// source.address.
 func (r *request) clientIP() (string, bool) {
 	if !r.ipDone {
 		r.ipDone = true
-		if r.xffHops > 0 {
-			if xff, ok := r.header("x-forwarded-for"); ok {
+		switch {
+		case r.xffHops > 0:
+			if xff, ok := r.host.RequestHeaderAll("x-forwarded-for"); ok {
 				r.ip, r.ipOK = forwardedFor(xff, r.xffHops)
+			}
+		case len(r.xffCIDRs) > 0:
+			if peer, ok := r.sourceAddress(); ok && trusted(r.xffCIDRs, peer) {
+				if xff, ok := r.host.RequestHeaderAll("x-forwarded-for"); ok {
+					r.ip, r.ipOK = forwardedForUntrusted(xff, r.xffCIDRs)
+				}
 			}
 		}
 		if !r.ipOK {
-			if r.ps != nil {
-				if a, ok := r.ps.PropertyString(sourceAddress...); ok && a != "" {
-					r.ip, r.ipOK = normalizeIP(a), true
-				}
-			} else if b, ok := r.host.Property(sourceAddress...); ok && len(b) > 0 {
-				r.ip, r.ipOK = normalizeIP(string(b)), true
+			if a, ok := r.sourceAddress(); ok {
+				r.ip, r.ipOK = normalizeIP(a), true
 			}
 		}
 	}
 	return r.ip, r.ipOK
 }
 
+// sourceAddress returns the connection's peer, "ip:port" under Envoy.
+func (r *request) sourceAddress() (string, bool) {
+	if r.ps != nil {
+		a, ok := r.ps.PropertyString(sourceAddress...)
+		return a, ok && a != ""
+	}
+	b, ok := r.host.Property(sourceAddress...)
+	return string(b), ok && len(b) > 0
+}
+
+// trusted reports whether addr ("ip", "ip:port", "[ip]:port") lies in one
+// of the CIDRs.
+func trusted(cidrs []lite.CIDR, addr string) bool {
+	ip, ok := lite.ParseIP(lite.HostOfAddress(addr))
+	if !ok {
+		return false
+	}
+	for _, c := range cidrs {
+		if c.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// xffEntry returns the address in one x-forwarded-for entry: spaces and
+// tabs trimmed, a port dropped ("4.4.4.4:1234", "[2001:db8::1]:80").
+func xffEntry(e string) string {
+	return lite.HostOfAddress(strings.Trim(e, " \t"))
+}
+
 // forwardedFor returns the hops-th address from the right of an
-// x-forwarded-for value, normalized, if it is there and is an IP address.
+// x-forwarded-for list (every header line joined), normalized, if it is
+// there and is an IP address.
 func forwardedFor(xff string, hops int) (string, bool) {
 	for i := 1; ; i++ {
 		j := strings.LastIndexByte(xff, ',')
-		entry := strings.Trim(xff[j+1:], " \t")
 		if i == hops {
-			return lite.CanonicalIP(entry)
+			return lite.CanonicalIP(xffEntry(xff[j+1:]))
 		}
 		if j < 0 {
 			return "", false
+		}
+		xff = xff[:j]
+	}
+}
+
+// forwardedForUntrusted walks an x-forwarded-for list from the right past
+// the entries in cidrs and returns the first that is not, or the left-most
+// when all are, as Envoy's xff_trusted_cidrs does. An entry that is not an
+// IP address ends the walk with nothing: the peer is used.
+func forwardedForUntrusted(xff string, cidrs []lite.CIDR) (string, bool) {
+	for {
+		j := strings.LastIndexByte(xff, ',')
+		entry := xffEntry(xff[j+1:])
+		if _, ok := lite.ParseIP(entry); !ok {
+			return "", false
+		}
+		if j < 0 || !trusted(cidrs, entry) {
+			return lite.CanonicalIP(entry)
 		}
 		xff = xff[:j]
 	}
@@ -344,14 +398,7 @@ func normalizeIP(addr string) string {
 	if ip, ok := lite.IPv4Host(addr); ok {
 		return ip
 	}
-	host := addr
-	if strings.HasPrefix(addr, "[") {
-		if end := strings.IndexByte(addr, ']'); end > 0 {
-			host = addr[1:end]
-		}
-	} else if strings.Count(addr, ":") == 1 {
-		host, _, _ = strings.Cut(addr, ":")
-	}
+	host := lite.HostOfAddress(addr)
 	if ip, ok := lite.CanonicalIP(host); ok {
 		return ip
 	}

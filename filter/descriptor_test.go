@@ -17,7 +17,7 @@ func TestNormalizeIP(t *testing.T) {
 		{"2001:DB8:0:0::1", "2001:db8::1"},
 		{"[fe80::1%eth0]:80", "fe80::1"},
 		{"not-an-ip:1", "not-an-ip"},
-		{"unix:/var/run/sock", "unix"},
+		{"unix:/var/run/sock", "unix:/var/run/sock"}, // a pipe: not an address, kept whole
 	}
 	for _, tc := range tests {
 		if got := normalizeIP(tc.input); got != tc.expected {
@@ -142,11 +142,21 @@ func TestSelectorMatches(t *testing.T) {
 type headerHost struct {
 	Host
 	headers map[string]string
+	// more holds further lines of a repeated header, after headers[name].
+	more map[string][]string
 }
 
 func (h *headerHost) RequestHeader(name string) (string, bool) {
 	v, ok := h.headers[name]
 	return v, ok
+}
+
+func (h *headerHost) RequestHeaderAll(name string) (string, bool) {
+	v, ok := h.headers[name]
+	if !ok {
+		return "", false
+	}
+	return strings.Join(append([]string{v}, h.more[name]...), ", "), true
 }
 
 func TestClientIPFromXFF(t *testing.T) {
@@ -165,14 +175,59 @@ func TestClientIPFromXFF(t *testing.T) {
 		{"garbage entry", 1, "6.6.6.6, not-an-ip", "192.0.2.1"},
 		{"empty entry", 1, "6.6.6.6,", "192.0.2.1"},
 		{"ipv6 and mapped", 1, "::ffff:203.0.113.7", "203.0.113.7"},
+		{"ipv4 with port", 1, "6.6.6.6, 203.0.113.9:1234", "203.0.113.9"},
+		{"ipv6 with port", 1, "6.6.6.6, [2001:DB8::1]:80", "2001:db8::1"},
+		{"ipv6 in brackets", 2, "[2001:db8::1], 10.0.0.2:9", "2001:db8::1"},
+		{"bare ipv6 is not a port", 1, "2001:db8::1", "2001:db8::1"},
+		{"bad port", 1, "203.0.113.9:http", "192.0.2.1"},
+		// A trusted proxy that adds its own line: the lines are one list.
+		{"repeated lines, one hop", 1, "6.6.6.6|203.0.113.9", "203.0.113.9"},
+		{"repeated lines, two hops", 2, "7.7.7.7, 6.6.6.6|203.0.113.9, 10.0.0.2", "203.0.113.9"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &propHost{headerHost: headerHost{headers: map[string]string{}}, addr: "192.0.2.1:5000"}
 			if tc.xff != "-" {
-				h.headers["x-forwarded-for"] = tc.xff
+				lines := strings.Split(tc.xff, "|")
+				h.headers["x-forwarded-for"] = lines[0]
+				h.more = map[string][]string{"x-forwarded-for": lines[1:]}
 			}
 			r := request{host: h, xffHops: tc.hops}
+			if got, _ := r.clientIP(); got != tc.expected {
+				t.Errorf("got %q, want %q", got, tc.expected)
+			}
+		})
+	}
+}
+
+// Trusted CIDRs work as Envoy's xff_trusted_cidrs: only a trusted peer's
+// x-forwarded-for counts, and the client is the right-most untrusted entry.
+func TestClientIPFromTrustedCIDRs(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":1}}],
+		"settings":{"xff_trusted_cidrs":["10.0.0.0/8","2001:db8::/32","192.0.2.7/32"]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, peer, xff, expected string
+	}{
+		{"untrusted peer: xff ignored", "198.51.100.1:5000", "6.6.6.6", "198.51.100.1"},
+		{"trusted peer: right-most untrusted", "10.1.1.1:5000", "6.6.6.6, 203.0.113.9, 10.0.0.3", "203.0.113.9"},
+		{"ports and ipv6 proxies skipped", "[2001:db8::5]:80", "203.0.113.9:555, [2001:db8::9]:1, 10.9.9.9:2", "203.0.113.9"},
+		{"all trusted: left-most", "10.1.1.1:5000", "10.0.0.1, 10.0.0.2", "10.0.0.1"},
+		{"garbage stops the walk: the peer", "10.1.1.1:5000", "6.6.6.6, junk, 10.0.0.3", "10.1.1.1"},
+		{"no header: the peer", "192.0.2.7:1", "-", "192.0.2.7"},
+		{"repeated lines are one list", "10.1.1.1:5000", "6.6.6.6|203.0.113.9|10.0.0.3", "203.0.113.9"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &propHost{headerHost: headerHost{headers: map[string]string{}}, addr: tc.peer}
+			if tc.xff != "-" {
+				lines := strings.Split(tc.xff, "|")
+				h.headers["x-forwarded-for"] = lines[0]
+				h.more = map[string][]string{"x-forwarded-for": lines[1:]}
+			}
+			r := request{host: h, xffCIDRs: cfg.Settings.XFFTrustedCIDRs}
 			if got, _ := r.clientIP(); got != tc.expected {
 				t.Errorf("got %q, want %q", got, tc.expected)
 			}

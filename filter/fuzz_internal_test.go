@@ -120,7 +120,7 @@ func FuzzDescriptorValues(f *testing.F) {
 			if len(entries) < n {
 				t.Fatalf("forwardedFor(%q, %d) = %q from %d entries", xff, n, got, len(entries))
 			}
-			e, _ := netip.ParseAddr(strings.Trim(entries[len(entries)-n], " \t"))
+			e, _ := netip.ParseAddr(xffEntry(entries[len(entries)-n]))
 			if e.Unmap().WithZone("").String() != got {
 				t.Fatalf("forwardedFor(%q, %d) = %q, entry %d from the right is %q", xff, n, got, n, entries[len(entries)-n])
 			}

@@ -82,6 +82,11 @@ type Host interface {
 	// The value may live in memory the host reuses (filter/abi does): it is
 	// valid until the callback returns; copy what must outlive it.
 	RequestHeader(name string) (string, bool)
+	// RequestHeaderAll is RequestHeader over every line of a header that
+	// may be repeated: the values joined with ", ", as RFC 9110 section
+	// 5.3 allows for list headers such as x-forwarded-for
+	// (proxy_get_header_map_pairs). Valid until the callback returns.
+	RequestHeaderAll(name string) (string, bool)
 	// Property returns a host property such as "source.address"; path holds
 	// the segments ("source", "address"). Like RequestHeader's, the value is
 	// valid until the callback returns.

@@ -400,7 +400,12 @@ func TestXFFSpoofing(t *testing.T) {
 		{"one hop: a bad rightmost entry falls back to the peer", 1, []step{
 			xff("203.0.113.9, not-an-ip", 4), xff("", 3), xff("203.0.113.9,", 2), {nil, "192.0.2.1:1", 1}}},
 		{"one hop: IPv4-mapped entry", 1, []step{xff("::ffff:203.0.113.9", 4), xff("203.0.113.9", 3)}},
-		{"one hop: a port or brackets is not an IP", 1, []step{xff("203.0.113.9:80", 4), xff("[2001:db8::1]", 3)}},
+		{"one hop: an entry with a port or brackets names its address", 1, []step{
+			xff("203.0.113.9:80", 4), xff("203.0.113.9", 3), xff("[2001:db8::1]:443", 4), xff("2001:db8::1", 3), xff("[2001:db8::1]", 2)}},
+		{"one hop: a trusted proxy's own line is the list's end", 1, []step{
+			{[]string{"x-forwarded-for", "6.6.6.6", "x-forwarded-for", "203.0.113.9"}, "192.0.2.1:1", 4},
+			{[]string{"x-forwarded-for", "6.6.6.7", "x-forwarded-for", "203.0.113.9"}, "192.0.2.1:1", 3},
+			xff("6.6.6.6", 4)}},
 		{"two hops: too few entries fall back to the peer", 2, []step{
 			xff("203.0.113.9, 10.0.0.2", 4), xff("10.0.0.2", 4), {nil, "192.0.2.1:1", 3}}},
 		{"one hop: 100 kB of commas", 1, []step{xff(strings.Repeat(",", 100<<10)+"203.0.113.9", 4), xff(strings.Repeat(",", 100<<10), 4)}},

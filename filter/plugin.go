@@ -266,7 +266,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	if cfg == nil {
 		return Continue
 	}
-	req := request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops}
+	req := request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, xffCIDRs: cfg.Settings.XFFTrustedCIDRs}
 	p.rc.begin()
 	p.collect(cfg, &req)
 	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 {

@@ -102,6 +102,43 @@ func (*host) RequestHeader(name string) (string, bool) { return headerValue(mapR
 // ResponseHeader implements filter.Host.
 func (*host) ResponseHeader(name string) (string, bool) { return headerValue(mapResponseHeaders, name) }
 
+// RequestHeaderAll implements filter.Host over proxy_get_header_map_pairs,
+// since proxy_get_header_map_value answers only the first line of a
+// repeated header (Envoy's getHeaderMapValue does). One line is returned
+// without a copy; several are joined into a new string.
+func (*host) RequestHeaderAll(name string) (string, bool) {
+	unpin()
+	if proxyGetHeaderMapPairs(mapRequestHeaders, &ret.data, &ret.size) != statusOK {
+		return "", false
+	}
+	b, ok := returned(ret.data, ret.size)
+	if !ok {
+		return "", false
+	}
+	first, n := "", 0
+	var joined []byte
+	forEachPair(b, func(k, v []byte) {
+		if string(k) != name {
+			return
+		}
+		switch n++; n {
+		case 1:
+			first = viewString(v)
+		case 2:
+			joined = append(append(append(joined, first...), ", "...), v...)
+		default:
+			joined = append(append(joined, ", "...), v...)
+		}
+	})
+	switch {
+	case n == 0:
+		return "", false
+	case n == 1:
+		return first, true
+	}
+	return string(joined), true
+}
+
 // headerValue reads a header of the request or response map.
 func headerValue(m uint32, name string) (string, bool) {
 	unpin()

@@ -19,6 +19,9 @@ func proxyGetBufferBytes(typ, start, max uint32, retData, retSize *uint32) uint3
 //go:wasmimport env proxy_get_header_map_value
 func proxyGetHeaderMapValue(mapType uint32, key unsafe.Pointer, keySize uint32, retData, retSize *uint32) uint32
 
+//go:wasmimport env proxy_get_header_map_pairs
+func proxyGetHeaderMapPairs(mapType uint32, retData, retSize *uint32) uint32
+
 //go:wasmimport env proxy_replace_header_map_value
 func proxyReplaceHeaderMapValue(mapType uint32, key unsafe.Pointer, keySize uint32, value unsafe.Pointer, valueSize uint32) uint32
 

@@ -230,6 +230,21 @@ func (h *Host) RequestHeader(name string) (string, bool) {
 	return "", false
 }
 
+// RequestHeaderAll implements filter.Host: every line of the header,
+// joined with ", ".
+func (h *Host) RequestHeaderAll(name string) (string, bool) {
+	var vals []string
+	for _, kv := range h.Request.Headers {
+		if kv[0] == name {
+			vals = append(vals, kv[1])
+		}
+	}
+	if len(vals) == 0 {
+		return "", false
+	}
+	return view(h.hand(strings.Join(vals, ", "))), true
+}
+
 // Property implements filter.Host.
 func (h *Host) Property(path ...string) ([]byte, bool) {
 	v, ok := h.Request.Properties[strings.Join(path, ".")]
