@@ -312,10 +312,46 @@ func parseBearerJWT(auth string) gjson.Result {
 		return gjson.Result{}
 	}
 	res := gjson.ParseBytes(payload)
-	if !res.IsObject() {
+	if !res.IsObject() || hasDuplicateKey(res) {
 		return gjson.Result{}
 	}
 	return res
+}
+
+// hasDuplicateKey reports whether an object names a top-level key twice
+// (after unescaping: "\u0073ub" is "sub"). Readers disagree on such a
+// payload: gjson would take the first "sub", Go's encoding/json and many
+// verifiers the last. A token whose claims mean different things to the
+// verifier and to the filter identifies no one, so the filter treats it as
+// no token at all.
+func hasDuplicateKey(obj gjson.Result) bool {
+	var small [16]string
+	keys := small[:0]
+	var seen map[string]bool
+	dup := false
+	obj.ForEach(func(k, _ gjson.Result) bool {
+		switch {
+		case seen != nil:
+			dup = seen[k.Str]
+			seen[k.Str] = true
+		case len(keys) < cap(keys):
+			for _, p := range keys {
+				if p == k.Str {
+					dup = true
+				}
+			}
+			keys = append(keys, k.Str)
+		default:
+			seen = make(map[string]bool, 2*len(keys))
+			for _, p := range keys {
+				seen[p] = true
+			}
+			dup = seen[k.Str]
+			seen[k.Str] = true
+		}
+		return !dup
+	})
+	return dup
 }
 
 // claim returns a top-level claim as a string: strings as they are, numbers

@@ -142,6 +142,15 @@ func TestHostileCost(t *testing.T) {
 	})
 }
 
+// manyClaims returns n distinct claims "k0":0,... for a payload.
+func manyClaims(n int) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = `"k` + strconv.Itoa(i) + `":` + strconv.Itoa(i)
+	}
+	return strings.Join(parts, ",")
+}
+
 // jwtOf returns "Bearer <header>.<payload>.sig" with the payload encoded as
 // base64url without padding.
 func jwtOf(payload string) string {
@@ -205,7 +214,15 @@ func TestHostileJWT(t *testing.T) {
 		{"sub true", jwtOf(`{"sub":true}`), "true"},
 		{"sub false", jwtOf(`{"sub":false}`), "false"},
 		{"sub empty string is a subject", jwtOf(`{"sub":""}`), "\x00empty"},
-		{"duplicate sub: first wins", jwtOf(`{"sub":"a","sub":"b"}`), "a"},
+		// A payload that names a claim twice means different things to
+		// different readers (first wins here, last in encoding/json): it
+		// identifies no one, whichever claim is repeated.
+		{"duplicate sub: no identity", jwtOf(`{"sub":"a","sub":"b"}`), ""},
+		{"duplicate sub, one escaped", jwtOf(`{"sub":"a","\u0073ub":"b"}`), ""},
+		{"another claim repeated", jwtOf(`{"sub":"a","plan":"free","plan":"enterprise"}`), ""},
+		{"repeated far down a long payload", jwtOf(`{"sub":"a",` + manyClaims(40) + `,"k3":"again"}`), ""},
+		{"many distinct claims", jwtOf(`{"sub":"a",` + manyClaims(40) + `}`), "a"},
+		{"same key in a nested object is fine", jwtOf(`{"sub":"a","x":{"sub":"b"}}`), "a"},
 		{"escaped sub", jwtOf(`{"sub":"\u0075\u0031"}`), "u1"},
 		{"sub with separator and control bytes", jwtOf(`{"sub":"a|b\u0000%#"}`), "a|b\x00%#"},
 		{"10 kB sub", jwtOf(`{"sub":"` + bigSub + `"}`), bigSub},
