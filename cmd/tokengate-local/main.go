@@ -5,11 +5,17 @@
 //	tokengate-local [-wasm build/tokengate.wasm] [-envoy envoy.yaml | -config rules.json]
 //	                [-listen 127.0.0.1:10000] [-admin 127.0.0.1:10001] [-workers N]
 //	                [-upstream URL] [-kong] [-log-level info]
+//	tokengate-local -check FILE [-wasm build/tokengate.wasm] [-kong]
 //
 // Requests to -listen go through the filter to an embedded echo upstream (or
 // -upstream). The admin listener serves /stats and /stats/prometheus (the
 // filter's metrics in Prometheus text format), /shared_data (the shared-data
 // store) and /ready. SIGINT or SIGTERM shuts down cleanly.
+//
+// -check validates FILE without serving and exits 0 or 1: a plugin
+// configuration (JSON), an Envoy bootstrap (every wasm filter in it) or
+// Istio WasmPlugin resources, each given to the real module, so the
+// messages are the filter's own.
 package main
 
 import (
@@ -45,6 +51,7 @@ func main() {
 // settings are the parsed flags.
 type settings struct {
 	wasm, envoy, config, plugin string
+	check                       string
 	listen, admin, upstream     string
 	workers                     int
 	kong                        bool
@@ -58,6 +65,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.wasm, "wasm", "build/tokengate.wasm", "the filter module (`make build` writes it)")
 	fs.StringVar(&s.envoy, "envoy", "envoy.yaml", "Envoy bootstrap to take the wasm filter's configuration from")
 	fs.StringVar(&s.config, "config", "", "plugin configuration JSON file to use instead of -envoy")
+	fs.StringVar(&s.check, "check", "", "validate this file (plugin JSON, envoy.yaml or Istio WasmPlugin) with the module, print the result and exit")
 	fs.StringVar(&s.plugin, "plugin", "", "config.name of the wasm filter in -envoy, when it has several")
 	fs.StringVar(&s.listen, "listen", "127.0.0.1:10000", "address to serve HTTP through the filter on")
 	fs.StringVar(&s.admin, "admin", "127.0.0.1:10001", "admin address (/stats, /shared_data, /ready); empty to disable")
@@ -117,6 +125,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	level, err := parseLevel(s.logLevel)
 	if err != nil {
 		return err
+	}
+	if s.check != "" {
+		wasm, err := os.ReadFile(s.wasm)
+		if err != nil {
+			return fmt.Errorf("%w (run `make build` first)", err)
+		}
+		return check(ctx, s.check, wasm, s.kong, stdout)
 	}
 	opts, source, err := loadPlugin(s)
 	if err != nil {

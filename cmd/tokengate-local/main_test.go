@@ -24,7 +24,7 @@ func TestRuleNames(t *testing.T) {
 		{name: "rules", input: `{"rules":[{"name":"per-ip","algorithm_config":{"rps":1,"burst":1}}]}`, expected: []string{"per-ip"}},
 		{name: "single", input: `{"name":"only","algorithm_config":{"rps":5,"burst":5}}`, expected: []string{"only"}},
 		{name: "empty", input: ``, expectedErr: "(invalid configuration: configuration is empty)"},
-		{name: "not json", input: `{"rules":`, expectedErr: "(invalid configuration: configuration is not valid JSON)"},
+		{name: "not json", input: `{"rules":`, expectedErr: "(invalid configuration: configuration is not valid JSON: line 1, column 10: unexpected end of input)"},
 		{name: "invalid", input: `{"name":"a","algorithm_config":{"rps":5}}`, expectedErr: "(invalid configuration: algorithm_config.burst: is required)"},
 	}
 	for _, tc := range tests {

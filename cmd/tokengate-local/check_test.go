@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tokengate/tokengate/internal/wasmbuild"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	wasmbuild.Cleanup()
+	os.Exit(code)
+}
+
+// TestCheck runs -check on the shipped files and on broken ones of each
+// kind: exit status (run's error), and the module's own messages with
+// where the configuration sits.
+func TestCheck(t *testing.T) {
+	wasm, err := wasmbuild.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	envoy, err := os.ReadFile("../../envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	istio, err := os.ReadFile("../../deploy/istio/wasmplugin.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	badEnvoy := strings.Replace(string(envoy), `"name": "per-ip"`, `"name": "per ip"`, 1)
+	if badEnvoy == string(envoy) {
+		t.Fatal(`envoy.yaml has no "name": "per-ip" to break`)
+	}
+	badIstio := strings.Replace(string(istio), "burst:", "bursts:", 1)
+	if badIstio == string(istio) {
+		t.Fatal("wasmplugin.yaml has no burst: to break")
+	}
+	tests := []struct {
+		name, file string
+		ok         bool
+		output     []string // each must appear in the output
+	}{
+		{"envoy.yaml", "../../envoy.yaml", true, []string{"envoy.yaml (static_resources.listeners[0]", "): ok"}},
+		{"istio", "../../deploy/istio/wasmplugin.yaml", true, []string{"WasmPlugin tokengate): ok"}},
+		{"example json", "../../examples/tiered.json", true, []string{"tiered.json: ok"}},
+		{"json syntax", write("syntax.json", "{\n  \"name\": \"a\"\n  \"x\": 1}"), false,
+			[]string{"syntax.json: tokengate: invalid configuration: configuration is not valid JSON: line 3, column 3: expected ',' or '}'"}},
+		{"json never admits", write("never.json", `{"name":"a","algorithm_config":{"rps":0.5,"burst":0.5}}`), false,
+			[]string{"never.json: tokengate: invalid configuration: algorithm_config.burst: must be >= the cost of a request"}},
+		{"envoy.yaml broken rule", write("envoy.yaml", badEnvoy), false,
+			[]string{"http_filters[0].typed_config): tokengate: invalid configuration: policies[0].spec.rules[0].name:"}},
+		{"istio broken", write("wasmplugin.yaml", badIstio), false,
+			[]string{"(document 1, WasmPlugin tokengate): tokengate: invalid configuration:", "unknown field"}},
+		{"nothing to check", write("other.yaml", "a: 1\n"), false, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), []string{"-wasm", wasm, "-check", tc.file}, &out, &errOut)
+			if (err == nil) != tc.ok {
+				t.Fatalf("ok = %v (err %v), want %v; output:\n%s", err == nil, err, tc.ok, out.String())
+			}
+			for _, want := range tc.output {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("output lacks %q:\n%s", want, out.String())
+				}
+			}
+		})
+	}
+}
