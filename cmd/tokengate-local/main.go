@@ -114,6 +114,17 @@ func loadPlugin(s settings) (wasmhost.Options, string, error) {
 	}
 	opts.PluginConfig, opts.VMConfig = p.Configuration, p.VMConfiguration
 	opts.PluginName, opts.RootID, opts.VMID = p.Name, p.RootID, p.VMID
+	if p.Manager != nil {
+		m, err := envoyconf.ConnectionManager(p.ManagerPath, p.Manager)
+		if err != nil {
+			return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+		}
+		opts.Manager = &wasmhost.Manager{
+			NormalizePath: m.NormalizePath, MergeSlashes: m.MergeSlashes, EscapedSlashes: m.EscapedSlashes,
+			UseRemoteAddress: m.UseRemoteAddress, XFFNumTrustedHops: m.XFFNumTrustedHops, SkipXFFAppend: m.SkipXFFAppend,
+			MaxHeadersKB: m.MaxHeadersKB,
+		}
+	}
 	return opts, s.envoy + " (" + p.Path + ")", nil
 }
 

@@ -18,6 +18,7 @@ import (
 // Type URLs the extraction recognises.
 const (
 	WasmFilterType  = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+	HCMType         = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 	StringValueType = "type.googleapis.com/google.protobuf.StringValue"
 	BytesValueType  = "type.googleapis.com/google.protobuf.BytesValue"
 )
@@ -41,6 +42,11 @@ type Plugin struct {
 	// FailurePolicy is config.failure_policy, or "FAIL_OPEN" when only the
 	// deprecated fail_open: true is set; empty if neither is.
 	FailurePolicy string
+	// Manager is the typed_config of the HTTP connection manager whose
+	// http_filters hold this filter (nil if none encloses it), at
+	// ManagerPath; see ConnectionManager.
+	Manager     map[string]any
+	ManagerPath string
 }
 
 // Plugins returns every wasm HTTP filter in an Envoy YAML (or JSON)
@@ -59,7 +65,15 @@ func Plugins(doc []byte) ([]Plugin, error) {
 	}
 	var out []Plugin
 	var errs []error
+	type hcm struct {
+		path string
+		obj  map[string]any
+	}
+	var managers []hcm // depth first: an enclosing manager comes before its filters
 	walk(root, "", func(path string, obj map[string]any) {
+		if obj["@type"] == HCMType {
+			managers = append(managers, hcm{path, obj})
+		}
 		if obj["@type"] != WasmFilterType {
 			return
 		}
@@ -67,6 +81,12 @@ func Plugins(doc []byte) ([]Plugin, error) {
 		if err != nil {
 			errs = append(errs, err)
 			return
+		}
+		for i := len(managers) - 1; i >= 0; i-- {
+			if m := managers[i]; strings.HasPrefix(path, m.path+".") {
+				p.ManagerPath, p.Manager = m.path, m.obj
+				break
+			}
 		}
 		out = append(out, p)
 	})

@@ -1,6 +1,7 @@
 package envoyconf
 
 import (
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -107,6 +108,10 @@ func TestFind(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if got.ManagerPath != "static_resources.listeners[0].filter_chains[0].filters[0].typed_config" || got.Manager["stat_prefix"] != "ingress" {
+				t.Errorf("enclosing manager %q: %v", got.ManagerPath, got.Manager["stat_prefix"])
+			}
+			got.Manager, got.ManagerPath = nil, "" // checked above
 			if !reflect.DeepEqual(got, tc.expected) {
 				t.Errorf("got  %+v\nwant %+v", got, tc.expected)
 			}
@@ -120,4 +125,49 @@ func FuzzPlugins(f *testing.F) {
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		_, _ = Plugins(doc) // must not panic
 	})
+}
+
+// TestConnectionManager reads the shipped envoy.yaml's connection manager
+// through the plugin that sits in it, and refuses settings the local host
+// does not reproduce, by name.
+func TestConnectionManager(t *testing.T) {
+	doc, err := os.ReadFile("../../envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Find(doc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Manager == nil || p.ManagerPath != "static_resources.listeners[0].filter_chains[0].filters[0].typed_config" {
+		t.Fatalf("manager at %q (%v)", p.ManagerPath, p.Manager != nil)
+	}
+	m, err := ConnectionManager(p.ManagerPath, p.Manager)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Manager{NormalizePath: true, MergeSlashes: true, EscapedSlashes: "REJECT_REQUEST", UseRemoteAddress: true, MaxHeadersKB: 60}
+	if m != want {
+		t.Errorf("got %+v, want %+v", m, want)
+	}
+
+	for _, tc := range []struct{ yaml, err string }{
+		{"strip_any_host_port: true", "does not reproduce static_resources.listeners[0].filter_chains[0].filters[0].typed_config.strip_any_host_port"},
+		{"common_http_protocol_options: { headers_with_underscores_action: REJECT_REQUEST }", "common_http_protocol_options.headers_with_underscores_action"},
+		{"strip_any_host_port: false", ""},
+		{"max_request_headers_kb: 0", "max_request_headers_kb: want an integer from 1 to 8192"},
+		{"max_request_headers_kb: 96", ""},
+		{"path_with_escaped_slashes_action: SOMETIMES", "unknown action SOMETIMES"},
+		{"normalize_path: yes please", "normalize_path: want true or false"},
+	} {
+		d := strings.Replace(bootstrap, "          stat_prefix: ingress\n", "          stat_prefix: ingress\n          "+tc.yaml+"\n", 1)
+		p, err := Find([]byte(d), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ConnectionManager(p.ManagerPath, p.Manager)
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s: got %v, want %q", tc.yaml, err, tc.err)
+		}
+	}
 }

@@ -72,6 +72,13 @@ type Options struct {
 	// NULL value pointer deletes the key, source.address has no port and
 	// integer properties are decimal strings.
 	Kong bool
+	// Manager is what Envoy's HTTP connection manager does to requests
+	// before the filters see them (path normalisation, the client
+	// address, x-forwarded-for, the header size bound); nil serves them
+	// as they arrive with the TCP peer as source.address. Outside Kong
+	// mode the repeated lines of Envoy's inline headers are merged in
+	// any case, as Envoy's header map does.
+	Manager *Manager
 
 	// Walltime and Nanotime are the guest's WASI clocks (wazero's
 	// WithWalltime and WithNanotime). Nil means the real clock. Use a

@@ -89,6 +89,18 @@ func (h *Host) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s := newStream(r, body)
+	if !h.opts.Kong {
+		mergeInline(&s.req)
+	}
+	if m := h.opts.Manager; m != nil {
+		if status, location := m.apply(s, r); status != 0 {
+			if location != "" {
+				rw.Header().Set("Location", location)
+			}
+			http.Error(rw, http.StatusText(status), status)
+			return
+		}
+	}
 	w := h.workers[int(h.next.Add(1)-1)%len(h.workers)]
 	status, headers, respBody := h.run(w, s, r)
 	if s.reset {
