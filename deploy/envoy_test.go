@@ -11,6 +11,7 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	jwtauthnv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -49,6 +50,7 @@ const (
 var envoyTypes = []proto.Message{
 	&hcmv3.HttpConnectionManager{},
 	&wasmfilterv3.Wasm{},
+	&jwtauthnv3.JwtAuthentication{},
 	&routerv3.Router{},
 	&streamv3.StdoutAccessLog{},
 	&wrapperspb.StringValue{},

@@ -51,6 +51,11 @@ type Settings struct {
 	// them, the client IP is the right-most x-forwarded-for entry that is
 	// not (the left-most when all are); otherwise it is the peer.
 	XFFTrustedCIDRs []lite.CIDR
+	// JWTPayloadInMetadata, when set ("jwt_payload_in_metadata"), makes
+	// jwt:<claim> read the payload Envoy's jwt_authn filter verified and
+	// stored under this payload_in_metadata name, instead of decoding the
+	// unverified bearer token.
+	JWTPayloadInMetadata string
 	// MaxKeysPerRule is the default of Rule.MaxKeys ("max_keys_per_rule",
 	// default 65536).
 	MaxKeysPerRule int
@@ -641,7 +646,7 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 	if !v.IsObject() {
 		return errAt("settings", "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields("settings", v, append([]string{"cas_max_attempts", "xff_trusted_hops", "xff_trusted_cidrs", "max_keys_per_rule"}, responseSettingFields...)...); err != nil {
+	if err := onlyFields("settings", v, append([]string{"cas_max_attempts", "xff_trusted_hops", "xff_trusted_cidrs", "jwt_payload_in_metadata", "max_keys_per_rule"}, responseSettingFields...)...); err != nil {
 		return err
 	}
 	if err := responseSettings(&cfg.Settings.ResponseSettings, v); err != nil {
@@ -670,6 +675,12 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 		if err != nil {
 			return err
 		}
+	}
+	if j := v.Get("jwt_payload_in_metadata"); j.Exists() {
+		if j.Type != gjson.String || !validMetadataKey(j.Str) {
+			return errAt("settings.jwt_payload_in_metadata", "must be jwt_authn's payload_in_metadata name (Istio uses the issuer), 1 to 256 printable ASCII characters, got "+short(j.Raw))
+		}
+		cfg.Settings.JWTPayloadInMetadata = j.Str
 	}
 	if a := v.Get("cas_max_attempts"); a.Exists() {
 		n, ok := integer(a)
@@ -862,4 +873,18 @@ func trustedCIDRs(path string, v gjson.Result) ([]lite.CIDR, error) {
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// validMetadataKey accepts a metadata key that can be one segment of a
+// property path: printable ASCII, so never the NUL that separates them.
+func validMetadataKey(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }

@@ -229,7 +229,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad settings", `{"rules":[{"name":"a",` + rule + `}],"settings":{"cas_max_attempts":0}}`,
 			`settings.cas_max_attempts: must be an integer from 1 to 1000, got 0`},
 		{"unknown setting", `{"rules":[{"name":"a",` + rule + `}],"settings":{"x":1}}`,
-			`settings.x: unknown field (allowed: cas_max_attempts, xff_trusted_hops, xff_trusted_cidrs, max_keys_per_rule, ratelimit_headers, rule_headers, rejection_status, rejection_body, rejection_content_type)`},
+			`settings.x: unknown field (allowed: cas_max_attempts, xff_trusted_hops, xff_trusted_cidrs, jwt_payload_in_metadata, max_keys_per_rule, ratelimit_headers, rule_headers, rejection_status, rejection_body, rejection_content_type)`},
 		{"bad max_keys", `{"name":"a","max_keys":-1,` + rule + `}`,
 			`max_keys: must be an integer from 0 (unbounded) to 16777216, got -1`},
 		{"fractional max_keys", `{"rules":[{"name":"a",` + rule + `}],"settings":{"max_keys_per_rule":1.5}}`,

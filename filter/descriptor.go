@@ -105,6 +105,7 @@ type request struct {
 	ps       propertyStringer // host's, if it has it
 	xffHops  int              // Settings.XFFTrustedHops
 	xffCIDRs []lite.CIDR      // Settings.XFFTrustedCIDRs
+	jwtMeta  string           // Settings.JWTPayloadInMetadata
 
 	pathDone, ipDone, jwtDone, methodDone, hostDone bool
 
@@ -279,6 +280,28 @@ func forwardedForUntrusted(xff string, cidrs []lite.CIDR) (string, bool) {
 	}
 }
 
+// jwtAuthnNamespace is where Envoy's jwt_authn filter puts the verified
+// payload (payload_in_metadata) in the dynamic metadata.
+const jwtAuthnNamespace = "envoy.filters.http.jwt_authn"
+
+// jwtClaim returns a claim: from the payload jwt_authn verified and put in
+// the dynamic metadata when Settings.JWTPayloadInMetadata names it, else
+// from the (unverified) bearer token in Authorization.
+func (r *request) jwtClaim(name string) (string, bool) {
+	if r.jwtMeta == "" {
+		return claim(r.jwtClaims(), name)
+	}
+	// Envoy answers a property path into the metadata with the leaf
+	// value: a string claim as its bytes.
+	path := [...]string{"metadata", "filter_metadata", jwtAuthnNamespace, r.jwtMeta, name}
+	if r.ps != nil {
+		v, ok := r.ps.PropertyString(path[:]...)
+		return v, ok && v != ""
+	}
+	b, ok := r.host.Property(path[:]...)
+	return string(b), ok && len(b) > 0
+}
+
 // jwtClaims returns the payload of the bearer JWT in Authorization, or a
 // Result that does not exist when there is none or it is malformed.
 func (r *request) jwtClaims() gjson.Result {
@@ -393,7 +416,7 @@ func (r *request) value(d Descriptor) (string, bool) {
 		r.loadPath()
 		return queryParam(r.query, d.Name)
 	case DescJWT:
-		return claim(r.jwtClaims(), d.Name)
+		return r.jwtClaim(d.Name)
 	case DescPath:
 		p := r.urlPath()
 		return p, p != ""
@@ -411,7 +434,7 @@ func (r *request) value(d Descriptor) (string, bool) {
 // the JWT subject if there is one, otherwise the client IP, otherwise the
 // path.
 func (r *request) identityParts() (prefix, value string) {
-	if sub, ok := claim(r.jwtClaims(), "sub"); ok {
+	if sub, ok := r.jwtClaim("sub"); ok {
 		return "sub:", sub
 	}
 	if ip, ok := r.clientIP(); ok {

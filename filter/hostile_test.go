@@ -158,6 +158,48 @@ func jwtOf(payload string) string {
 	return "Bearer " + enc([]byte(`{"alg":"none"}`)) + "." + enc([]byte(payload)) + ".sig"
 }
 
+// TestJWTFromMetadata: with settings.jwt_payload_in_metadata the claims come
+// from the payload jwt_authn verified (the dynamic metadata property), and a
+// bearer token the client forges is never decoded: an unsigned
+// "plan":"enterprise" token does not pick the enterprise tier.
+func TestJWTFromMetadata(t *testing.T) {
+	const cfg = `{"bundle_version":1,"policies":[{"id":"api","spec":{
+		"rules":[{"name":"tier-enterprise","limit_keys":["jwt:sub"],"algorithm_config":{"rps":1,"burst":50},"match":{"jwt:plan":"enterprise"}},
+		         {"name":"tier-free","limit_keys":["jwt:sub"],"algorithm_config":{"rps":1,"burst":5},"match":{"jwt:plan":"free"}}],
+		"fallback_limit":{"name":"anon","algorithm_config":{"rps":1,"burst":3}}}}],
+		"settings":{"jwt_payload_in_metadata":"verified"}}`
+	const meta = "metadata.filter_metadata.envoy.filters.http.jwt_authn.verified."
+	forged := jwtOf(`{"sub":"mallory","plan":"enterprise"}`)
+	tests := []struct {
+		name   string
+		claims map[string]string // metadata leaves
+		auth   string
+		rule   string
+		left   int64
+	}{
+		{"forged token, nothing verified", nil, forged, "anon", 2},
+		{"verified free, forged enterprise header", map[string]string{"sub": "alice", "plan": "free"}, forged, "tier-free", 4},
+		{"verified enterprise", map[string]string{"sub": "bob", "plan": "enterprise"}, "", "tier-enterprise", 49},
+		{"verified without plan", map[string]string{"sub": "carol"}, "", "anon", 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, cfg)
+			req := filtertest.Get("/", "192.0.2.1:5000")
+			if tc.auth != "" {
+				req.Headers = append(req.Headers, [2]string{"authorization", tc.auth})
+			}
+			for k, v := range tc.claims {
+				req.Properties[meta+k] = v
+			}
+			res := f.do(req)
+			if got, want := res.Header("ratelimit"), strconv.Quote(tc.rule)+";r="+strconv.FormatInt(tc.left, 10)+";t=1"; res.Status() != 200 || got != want {
+				t.Fatalf("got %d RateLimit %q, want 200 %q", res.Status(), got, want)
+			}
+		})
+	}
+}
+
 // TestHostileJWT sends hostile Authorization headers to a policy whose rule
 // is keyed by jwt:sub, with a fallback limit "anon" (no limit keys) for
 // requests without a usable subject. A usable subject charges per-sub (burst

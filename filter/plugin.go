@@ -266,7 +266,8 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	if cfg == nil {
 		return Continue
 	}
-	req := request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, xffCIDRs: cfg.Settings.XFFTrustedCIDRs}
+	req := request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
+		jwtMeta: cfg.Settings.JWTPayloadInMetadata}
 	p.rc.begin()
 	p.collect(cfg, &req)
 	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 {

@@ -62,7 +62,7 @@ func TestCheck(t *testing.T) {
 		{"json never admits", write("never.json", `{"name":"a","algorithm_config":{"rps":0.5,"burst":0.5}}`), false,
 			[]string{"never.json: tokengate: invalid configuration: algorithm_config.burst: must be >= the cost of a request"}},
 		{"envoy.yaml broken rule", write("envoy.yaml", badEnvoy), false,
-			[]string{"http_filters[0].typed_config): tokengate: invalid configuration: policies[0].spec.rules[0].name:"}},
+			[]string{"http_filters[1].typed_config): tokengate: invalid configuration: policies[0].spec.rules[0].name:"}},
 		{"istio broken", write("wasmplugin.yaml", badIstio), false,
 			[]string{"(document 1, WasmPlugin tokengate): tokengate: invalid configuration:", "unknown field"}},
 		{"nothing to check", write("other.yaml", "a: 1\n"), false, nil},

@@ -124,6 +124,13 @@ func loadPlugin(s settings) (wasmhost.Options, string, error) {
 			UseRemoteAddress: m.UseRemoteAddress, XFFNumTrustedHops: m.XFFNumTrustedHops, SkipXFFAppend: m.SkipXFFAppend,
 			MaxHeadersKB: m.MaxHeadersKB,
 		}
+		j, err := envoyconf.JWTAuthnBefore(p)
+		if err != nil {
+			return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+		}
+		if opts.JWTAuthn, err = jwtAuthn(j); err != nil {
+			return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+		}
 	}
 	return opts, s.envoy + " (" + p.Path + ")", nil
 }
@@ -235,4 +242,24 @@ func describeRules(cfg []byte) string {
 		return "(no named rules)"
 	}
 	return fmt.Sprintf("%d: %s", len(names), strings.Join(names, ", "))
+}
+
+// jwtAuthn turns envoy.yaml's jwt_authn filter into the host's model of it.
+func jwtAuthn(j *envoyconf.JWTAuthn) (*wasmhost.JWTAuthn, error) {
+	if j == nil {
+		return nil, nil
+	}
+	out := &wasmhost.JWTAuthn{Providers: map[string]*wasmhost.JWTProvider{}}
+	for name, p := range j.Providers {
+		keys, err := wasmhost.ParseJWKS(p.JWKS)
+		if err != nil {
+			return nil, fmt.Errorf("jwt_authn provider %q: %w", name, err)
+		}
+		out.Providers[name] = &wasmhost.JWTProvider{Issuer: p.Issuer, Audiences: p.Audiences, Keys: keys,
+			PayloadInMetadata: p.PayloadInMetadata, Forward: p.Forward}
+	}
+	for _, r := range j.Rules {
+		out.Rules = append(out.Rules, wasmhost.JWTRule{Prefix: r.Prefix, Providers: r.Providers, AllowMissing: r.AllowMissing})
+	}
+	return out, nil
 }

@@ -79,6 +79,8 @@ type Options struct {
 	// mode the repeated lines of Envoy's inline headers are merged in
 	// any case, as Envoy's header map does.
 	Manager *Manager
+	// JWTAuthn, if set, is Envoy's jwt_authn filter in front of the module.
+	JWTAuthn *JWTAuthn
 
 	// Walltime and Nanotime are the guest's WASI clocks (wazero's
 	// WithWalltime and WithNanotime). Nil means the real clock. Use a
@@ -461,3 +463,12 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 
 // randReader is the guest's WASI random source.
 var randReader = rand.Reader
+
+// wallNow is the host's wall clock: Options.Walltime if set.
+func (h *Host) wallNow() time.Time {
+	if h.opts.Walltime != nil {
+		sec, nsec := h.opts.Walltime()
+		return time.Unix(sec, int64(nsec))
+	}
+	return time.Now()
+}

@@ -31,6 +31,9 @@ func (w *worker) property(path string) ([]byte, bool) {
 	// Segments are NUL-separated; "source.address" as one segment is not
 	// source.address (Envoy looks up the first segment as a token).
 	name := strings.ReplaceAll(path, "\x00", ".")
+	if s := w.cur; s != nil && strings.HasPrefix(path, "metadata\x00") {
+		return s.metadataProperty(strings.Split(path, "\x00")[1:])
+	}
 	if s := w.cur; s != nil && !strings.Contains(path, ".") {
 		if v, ok := s.builtin(name, h.opts.Kong); ok {
 			return v, true

@@ -55,6 +55,9 @@ type stream struct {
 	head       bool   // the request is HEAD
 
 	props map[string][]byte // set with proxy_set_property
+	// metadata is the dynamic metadata by namespace (jwt_authn's verified
+	// payload); see metadataProperty.
+	metadata map[string]map[string]any
 }
 
 // localReply is what proxy_send_local_response asked for.
@@ -98,6 +101,13 @@ func (h *Host) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 				rw.Header().Set("Location", location)
 			}
 			http.Error(rw, http.StatusText(status), status)
+			return
+		}
+	}
+	if j := h.opts.JWTAuthn; j != nil {
+		if status, msg := j.authenticate(s, h.wallNow()); status != 0 {
+			rw.Header().Set("WWW-Authenticate", `Bearer realm="http://`+r.Host+r.URL.Path+`", error="invalid_token"`)
+			http.Error(rw, msg, status)
 			return
 		}
 	}
