@@ -1,0 +1,112 @@
+package deploy
+
+import (
+	"math/rand/v2"
+	"strconv"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tokengate/tokengate/filter/rlswire"
+)
+
+// TestRLSWireMatchesGoControlPlane checks the guest's hand-written RLS
+// encoding against go-control-plane's generated types: requests it encodes
+// decode to the same RateLimitRequest, and responses go-control-plane
+// encodes decode to the same fields.
+func TestRLSWireMatchesGoControlPlane(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	// Any valid UTF-8 (proto3 strings must be), multi-byte runes included.
+	str := func() string {
+		rs := make([]rune, r.IntN(100))
+		for i := range rs {
+			rs[i] = rune(r.IntN(0xD000))
+		}
+		return string(rs)
+	}
+	for i := range 300 {
+		domain := "d" + strconv.Itoa(i)
+		var ds []rlswire.Descriptor
+		want := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: uint32(r.IntN(3))}
+		for range r.IntN(4) {
+			var d rlswire.Descriptor
+			wd := &ratelimitv3.RateLimitDescriptor{}
+			for range 1 + r.IntN(3) {
+				e := rlswire.Entry{Key: str(), Value: str()}
+				d.Entries = append(d.Entries, e)
+				wd.Entries = append(wd.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
+			}
+			if r.IntN(2) == 0 {
+				d.HitsAddend = r.Uint64N(1 << 40)
+				if d.HitsAddend > 0 {
+					wd.HitsAddend = wrapperspb.UInt64(d.HitsAddend)
+				}
+			}
+			ds = append(ds, d)
+			want.Descriptors = append(want.Descriptors, wd)
+		}
+		got := &rlsv3.RateLimitRequest{}
+		if err := proto.Unmarshal(rlswire.AppendRequest(nil, domain, ds, want.HitsAddend), got); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(got, want) {
+			t.Fatalf("request %d:\ngot  %v\nwant %v", i, got, want)
+		}
+
+		resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_Code(r.IntN(3))}
+		for range r.IntN(4) {
+			resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
+				Code:               rlsv3.RateLimitResponse_Code(r.IntN(3)),
+				CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{Name: str(), RequestsPerUnit: r.Uint32(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(r.IntN(7))},
+				LimitRemaining:     r.Uint32(),
+				DurationUntilReset: &durationpb.Duration{Seconds: r.Int64N(1e6), Nanos: r.Int32N(1e9)},
+			})
+		}
+		for range r.IntN(3) {
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: str(), Value: str()})
+		}
+		resp.RawBody = []byte(str())
+		b, err := proto.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := rlswire.ParseResponse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.OverallCode != int(resp.OverallCode) || len(p.Statuses) != len(resp.Statuses) || len(p.Headers) != len(resp.ResponseHeadersToAdd) {
+			t.Fatalf("response %d: %+v from %v", i, p, resp)
+		}
+		for j, s := range resp.Statuses {
+			g := p.Statuses[j]
+			d := s.DurationUntilReset
+			if g.Code != int(s.Code) || g.Name != s.CurrentLimit.Name || g.RequestsPerUnit != s.CurrentLimit.RequestsPerUnit ||
+				g.Unit != int(s.CurrentLimit.Unit) || g.LimitRemaining != s.LimitRemaining ||
+				g.UntilReset != float64(d.Seconds)+float64(d.Nanos)/1e9 {
+				t.Fatalf("status %d: %+v from %v", j, g, s)
+			}
+		}
+		for j, h := range resp.ResponseHeadersToAdd {
+			if p.Headers[j] != [2]string{h.Key, h.Value} {
+				t.Fatalf("header %d: %q from %v", j, p.Headers[j], h)
+			}
+		}
+	}
+	for _, bad := range [][]byte{{0x08}, {0x12, 0x05, 1}, {0x0b}, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}} {
+		if _, err := rlswire.ParseResponse(bad); err == nil {
+			t.Errorf("ParseResponse(%x) accepted a malformed message", bad)
+		}
+	}
+	framed := rlswire.Frame(nil, []byte("abc"))
+	if m, err := rlswire.Unframe(framed); err != nil || string(m) != "abc" {
+		t.Errorf("Unframe(Frame) = %q %v", m, err)
+	}
+	if _, err := rlswire.Unframe(append(framed, 'x')); err == nil {
+		t.Error("a frame with trailing bytes was accepted")
+	}
+}
