@@ -14,13 +14,13 @@ build: $(WASM)
 $(WASM): $(GUEST_SRC)
 	@mkdir -p build
 	@echo 'building the module into $(WASM)'
-	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(WASM) ./cmd/tokengate
+	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(WASM) ./cmd/tokengate
 
 # Packages whose tests are plain Go (run under the race detector); the others
 # run the .wasm in wazero, which the race detector slows down tenfold.
 RACE_PKGS := ./bucket/... ./sharedstate/... ./filter/ ./filter/filtertest/
 
-## build-small: stripped module, then wasm-opt -Oz if binaryen is installed (opt-in; build never needs it).
+## build-small: the module through wasm-opt -Oz if binaryen is installed (opt-in; build never needs it).
 build-small: $(GUEST_SRC)
 	@mkdir -p build
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o build/tokengate-small.wasm ./cmd/tokengate

@@ -56,6 +56,9 @@ type Settings struct {
 	// stored under this payload_in_metadata name, instead of decoding the
 	// unverified bearer token.
 	JWTPayloadInMetadata string
+	// RLS is the rate-limit service that decides rules with "scope":
+	// "cluster" ("rls"); nil when none is configured.
+	RLS *RLSSettings
 	// MaxKeysPerRule is the default of Rule.MaxKeys ("max_keys_per_rule",
 	// default 65536).
 	MaxKeysPerRule int
@@ -105,6 +108,10 @@ type Rule struct {
 	// see sharedstate's "Bounded key space". 0 means one key per identity,
 	// without bound. A rule without limit keys always has one key.
 	MaxKeys int
+	// Cluster reports "scope": "cluster": the rule is decided by the
+	// rate-limit service of Settings.RLS, across every proxy, instead of in
+	// this proxy's shared data.
+	Cluster bool
 
 	maxKeysSet bool
 	shadow     bool
@@ -232,6 +239,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	if len(cfg.rules) == 0 {
 		return nil, errAt("", "configuration has no rules")
+	}
+	if err := checkClusterRules(cfg); err != nil {
+		return nil, err
 	}
 	if len(cfg.rules) > MaxRules {
 		return nil, errAt("", "has "+strconv.Itoa(len(cfg.rules))+" rules (fallback limits included); at most "+
@@ -436,7 +446,7 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
-	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error", "max_keys"}
+	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error", "max_keys", "scope"}
 	if !fallback {
 		fields = append(fields, "match")
 	}
@@ -525,6 +535,14 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 			return nil, err
 		}
 		r.MaxKeys, r.maxKeysSet = n, true
+	}
+	switch sc := v.Get("scope"); {
+	case !sc.Exists():
+	case sc.Type == gjson.String && sc.Str == "local":
+	case sc.Type == gjson.String && sc.Str == "cluster":
+		r.Cluster = true
+	default:
+		return nil, errAt(join(path, "scope"), `must be "local" or "cluster", got `+short(sc.Raw))
 	}
 	switch ose := v.Get("on_store_error"); {
 	case !ose.Exists():
@@ -646,7 +664,7 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 	if !v.IsObject() {
 		return errAt("settings", "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields("settings", v, append([]string{"cas_max_attempts", "xff_trusted_hops", "xff_trusted_cidrs", "jwt_payload_in_metadata", "max_keys_per_rule"}, responseSettingFields...)...); err != nil {
+	if err := onlyFields("settings", v, append([]string{"cas_max_attempts", "xff_trusted_hops", "xff_trusted_cidrs", "jwt_payload_in_metadata", "rls", "max_keys_per_rule"}, responseSettingFields...)...); err != nil {
 		return err
 	}
 	if err := responseSettings(&cfg.Settings.ResponseSettings, v); err != nil {
@@ -681,6 +699,12 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 			return errAt("settings.jwt_payload_in_metadata", "must be jwt_authn's payload_in_metadata name (Istio uses the issuer), 1 to 256 printable ASCII characters, got "+short(j.Raw))
 		}
 		cfg.Settings.JWTPayloadInMetadata = j.Str
+	}
+	if r := v.Get("rls"); r.Exists() {
+		var err error
+		if cfg.Settings.RLS, err = rlsSettings("settings.rls", r); err != nil {
+			return err
+		}
 	}
 	if a := v.Get("cas_max_attempts"); a.Exists() {
 		n, ok := integer(a)

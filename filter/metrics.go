@@ -62,6 +62,10 @@ const (
 	// MetricCorruptState counts stored bucket values that could not be read
 	// and were replaced by a full bucket.
 	MetricCorruptState = "tokengate.corrupt_state"
+	// MetricRLSErrors counts requests whose cluster rules the rate-limit
+	// service did not decide (no callouts, dispatch failure, timeout, an
+	// error or unusable answer); settings.rls.on_error applied.
+	MetricRLSErrors = "tokengate.rls_errors"
 )
 
 // RuleMetricName returns the name of one of a rule's counters.
@@ -75,7 +79,7 @@ type ruleMetrics struct {
 }
 
 type pluginMetrics struct {
-	panics, configRejected, corrupt, seedErrors, localState counter
+	panics, configRejected, corrupt, seedErrors, localState, rlsErrors counter
 }
 
 // counter is a defined metric; the zero value is a no-op.

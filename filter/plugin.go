@@ -39,6 +39,10 @@ type Plugin struct {
 	bl  bytesLogger
 	// free holds released streams for NewStream to reuse.
 	free []*Stream
+	// calls are the requests paused for the rate-limit service (cluster.go);
+	// a slice, not a map: few are pending at once, and a map type costs the
+	// module tens of kilobytes.
+	calls []*pendingCall
 
 	// warn limits warn-level lines on the request path so that a store
 	// outage cannot flood the proxy's log; see warnf.
@@ -65,7 +69,10 @@ type reqContext struct {
 	nowSet bool
 
 	enforce, shadow group
-	keyBuf          []byte
+	// cluster holds the cluster-scope rules, enforced and shadow, that the
+	// rate-limit service decides (cluster.go).
+	cluster group
+	keyBuf  []byte
 	// vals holds the limit-key values of every applying rule, in order;
 	// group.vals locate each rule's.
 	vals []string
@@ -85,6 +92,7 @@ func (c *reqContext) begin() {
 	c.nowSet = false
 	c.enforce.reset()
 	c.shadow.reset()
+	c.cluster.reset()
 	c.keyBuf = c.keyBuf[:0]
 	c.vals = c.vals[:0]
 }
@@ -148,6 +156,7 @@ func NewPlugin(h Host) *Plugin {
 		corrupt:        define(h, MetricCorruptState),
 		seedErrors:     define(h, MetricSeedErrors),
 		localState:     define(h, MetricLocalState),
+		rlsErrors:      define(h, MetricRLSErrors),
 	}
 	return p
 }
@@ -208,6 +217,12 @@ const maxFreeStreams = 64
 // HTTP context (proxy_on_delete); s must not be used afterwards.
 func (s *Stream) Release() {
 	p := s.p
+	if p != nil && s.call != 0 {
+		// The stream ended while the rate-limit service was deciding: its
+		// answer will find no call and be dropped.
+		p.takeCall(s.call)
+		s.call = 0
+	}
 	if p == nil || len(p.free) >= maxFreeStreams {
 		return
 	}
@@ -215,9 +230,19 @@ func (s *Stream) Release() {
 	p.free = append(p.free, s)
 }
 
+// SetID records the host's context id of the stream, so that a paused
+// request can be resumed from the root context.
+func (s *Stream) SetID(id uint32) { s.id = id }
+
 // Stream is one HTTP request going through the filter.
 type Stream struct {
-	p *Plugin
+	p  *Plugin
+	id uint32 // the host's context id, see SetID
+	// call is the token of the rate-limit call the request waits for, 0
+	// for none; rlsHeaders are the service's response_headers_to_add for
+	// an admitted request.
+	call       uint32
+	rlsHeaders [][2]string
 	// quotas describe, for the response headers, the bucket of every
 	// enforced rule that admitted the request; best indexes the one with
 	// the fewest tokens left, which the legacy headers describe.
@@ -270,17 +295,24 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata}
 	p.rc.begin()
 	p.collect(cfg, &req)
-	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 {
+	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 {
 		return Continue
 	}
 	now := p.time()
 	if len(p.rc.shadow.reqs) > 0 {
 		p.observe(&req, now)
 	}
-	if len(p.rc.enforce.reqs) == 0 {
+	if len(p.rc.enforce.reqs) > 0 {
+		if act = s.decide(&req, now); act != Continue {
+			return act
+		}
+	}
+	if len(p.rc.cluster.reqs) == 0 {
 		return Continue
 	}
-	return s.decide(&req, now)
+	// Local rules first: a request they reject never reaches the service;
+	// one they admit is refunded if a cluster rule rejects it.
+	return s.askCluster(&req, now)
 }
 
 // time returns the current request's time, reading the clock once.
@@ -327,7 +359,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 			slotted = slotted || pol.Fallback.MaxKeys > 0
 		}
 	}
-	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs) == 0 {
+	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs) == 0 {
 		return
 	}
 	if slotted {
@@ -335,11 +367,13 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 	}
 	p.buildKeys(&p.rc.enforce)
 	p.buildKeys(&p.rc.shadow)
+	p.buildKeys(&p.rc.cluster)
 	// One string holds every key of the request: keyBuf stays untouched
 	// until the next request.
 	keys := p.view(p.rc.keyBuf)
 	p.rc.enforce.setKeys(keys)
 	p.rc.shadow.setKeys(keys)
+	p.rc.cluster.setKeys(keys)
 }
 
 func (r *Rule) matches(req *request) bool {
@@ -366,7 +400,10 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 		p.rc.vals = append(p.rc.vals, v)
 	}
 	g := &p.rc.enforce
-	if r.shadow {
+	switch {
+	case r.Cluster:
+		g = &p.rc.cluster
+	case r.shadow:
 		g = &p.rc.shadow
 	}
 	g.rules = append(g.rules, r)
@@ -636,6 +673,11 @@ func fnv64Add(h uint64, s string) uint64 {
 func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action) {
 	defer s.p.recoverTo("proxy_on_response_headers", func() { act = Continue })
 	p := s.p
+	if p.cfg != nil && p.cfg.Settings.RateLimitHeaders {
+		for _, h := range s.rlsHeaders {
+			p.host.SetResponseHeader(strings.ToLower(h[0]), h[1])
+		}
+	}
 	if len(s.quotas) == 0 || p.cfg == nil || !p.cfg.Settings.RateLimitHeaders {
 		return Continue
 	}

@@ -142,8 +142,14 @@ func (s *Stream) sendStoreDenied(req *request, r *Rule, reason string) {
 // as grpc-message, instead of a JSON body. It returns headers, as extended,
 // for reuse.
 func (s *Stream) reply(req *request, status uint32, grpcCode int32, details string, body []byte, headers [][2]string) [][2]string {
+	ct, ok := req.header("content-type")
+	return s.replyAs(ok && IsGRPC(ct), status, grpcCode, details, body, headers)
+}
+
+// replyAs is reply for a request already known to be gRPC or not.
+func (s *Stream) replyAs(isGRPC bool, status uint32, grpcCode int32, details string, body []byte, headers [][2]string) [][2]string {
 	grpc := NoGRPCStatus
-	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
+	if isGRPC {
 		grpc = grpcCode
 		body = []byte("tokengate: " + details)
 	} else {

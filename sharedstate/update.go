@@ -60,6 +60,10 @@ type Request struct {
 	// owner (only if the new state was written), or it shared a live slot
 	// of another identity. Bounded key space only.
 	TookOver, Collided bool
+
+	// Stored is set by an allowed TakeAll: the key the cost was taken from
+	// (Key, or Alt for a slotted request), for a later Refund.
+	Stored string
 }
 
 // Outcome is the result of Updater.TakeAll.
@@ -274,6 +278,9 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 		}
 		k, err := u.commit(reqs, pend)
 		if err == nil {
+			for i := range reqs {
+				reqs[i].Stored = pend[i].key
+			}
 			out.Allowed = true
 			countSlots(reqs, pend, &out, true)
 			return out
@@ -379,6 +386,31 @@ func (u *Updater) commit(reqs []Request, pend []pending) (int, error) {
 		}
 	}
 	return len(reqs), nil
+}
+
+// Refund gives back the cost of requests an earlier allowed TakeAll took
+// (Request.Stored names each key), when the decision is undone later: a
+// cluster-wide rule rejected the request after the local buckets admitted
+// it. Each bucket has its own bounded get → refund → compare-and-swap loop;
+// a bucket that was evicted or overwritten meanwhile is left alone. It
+// returns the CAS mismatches seen.
+func (u *Updater) Refund(reqs []Request, now float64) (int, error) {
+	if len(reqs) == 0 {
+		return 0, nil
+	}
+	if cap(u.pend) < len(reqs) {
+		u.pend = make([]pending, len(reqs))
+	}
+	pend := u.pend[:len(reqs)]
+	for i := range reqs {
+		if reqs[i].Stored == "" {
+			return 0, errors.New("sharedstate: Refund of a request TakeAll did not store")
+		}
+		pend[i] = pending{key: reqs[i].Stored}
+	}
+	var out Outcome
+	err := u.refund(reqs, pend, Quantize(now), &out)
+	return out.CASRetries, err
 }
 
 // refund gives back the cost of each request, already committed, each with

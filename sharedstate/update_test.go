@@ -606,3 +606,39 @@ func TestEmptyBucketStuckAfterClockStepBack(t *testing.T) {
 		}
 	})
 }
+
+// TestRefundAfterTakeAll: Refund gives back what an allowed TakeAll took,
+// from the keys it stored (the second slot for an identity that landed
+// there), and refuses requests TakeAll never stored.
+func TestRefundAfterTakeAll(t *testing.T) {
+	forEachSemantics(t, func(t *testing.T, m *MemStore) {
+		u := &Updater{Store: m}
+		lim := bucket.Limit{Rate: 1, Burst: 5}
+		// Another identity holds slot a, live; "me" lands in slot b.
+		if err := m.Set("tb:s:a", AppendSlotValue(nil, bucket.State{Tokens: 1, Last: t0}, "other"), 0); err != nil {
+			t.Fatal(err)
+		}
+		reqs := []Request{
+			{Key: "tb:r:x", Limit: lim, Cost: 2},
+			{Key: "tb:s:a", Alt: "tb:s:b", Slotted: true, Owner: "me", Limit: lim, Cost: 3},
+		}
+		if out := u.TakeAll(reqs, t0, nil); !out.Allowed || reqs[0].Stored != "tb:r:x" || reqs[1].Stored != "tb:s:b" {
+			t.Fatalf("TakeAll: %+v, stored %q %q", out, reqs[0].Stored, reqs[1].Stored)
+		}
+		if _, err := u.Refund(reqs, t0); err != nil {
+			t.Fatal(err)
+		}
+		for key, want := range map[string]string{
+			"tb:r:x": "5.000000:1736940000.000000",
+			"tb:s:b": "5.000000:1736940000.000000:me",
+			"tb:s:a": "1.000000:1736940000.000000:other",
+		} {
+			if got := stored(t, m, key); got != want {
+				t.Errorf("%s: got %q, want %q", key, got, want)
+			}
+		}
+		if _, err := u.Refund([]Request{{Key: "tb:r:y", Limit: lim, Cost: 1}}, t0); err == nil {
+			t.Error("Refund of an unstored request succeeded")
+		}
+	})
+}

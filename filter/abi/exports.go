@@ -36,7 +36,9 @@ func proxyOnContextCreate(id, parent uint32) {
 		return
 	}
 	if p, ok := roots[parent]; ok {
-		streams.put(id, p.NewStream())
+		s := p.NewStream()
+		s.SetID(id)
+		streams.put(id, s)
 	}
 }
 
@@ -122,7 +124,13 @@ func proxyOnTick(rootID uint32) {}
 func proxyOnQueueReady(rootID, queueID uint32) {}
 
 //go:wasmexport proxy_on_http_call_response
-func proxyOnHTTPCallResponse(rootID, callID, numHeaders, bodySize, numTrailers uint32) {}
+func proxyOnHTTPCallResponse(rootID, callID, numHeaders, bodySize, numTrailers uint32) {
+	enter()
+	defer guard("proxy_on_http_call_response", nil)
+	if p, ok := roots[rootID]; ok {
+		p.OnHTTPCallResponse(callID, int(numHeaders), int(bodySize), int(numTrailers))
+	}
+}
 
 // guard is the last line of defence: the filter recovers its own panics,
 // this catches any in the binding itself. fail sets the fail-open result.

@@ -226,3 +226,55 @@ func bufferBytes(typ, size uint32) ([]byte, error) {
 	}
 	return append([]byte(nil), b...), nil
 }
+
+var _ filter.Caller = (*host)(nil)
+
+// callHeaders is HTTPCall's scratch for the serialized header map.
+var callHeaders []byte
+
+// HTTPCall implements filter.Caller over proxy_http_call.
+func (*host) HTTPCall(cluster string, headers [][2]string, body []byte, timeoutMs uint32) (uint32, error) {
+	callHeaders = appendHeaderMap(callHeaders[:0], headers)
+	if st := proxyHTTPCall(ptr(cluster), uint32(len(cluster)), bptr(callHeaders), uint32(len(callHeaders)),
+		bptr(body), uint32(len(body)), nil, 0, timeoutMs, &ret.data); st != statusOK {
+		return 0, statusError(st)
+	}
+	return ret.data, nil
+}
+
+// CallResponseHeader implements filter.Caller.
+func (*host) CallResponseHeader(name string) (string, bool) {
+	return headerValue(mapHTTPCallRespHeaders, name)
+}
+
+// CallResponseTrailer implements filter.Caller.
+func (*host) CallResponseTrailer(name string) (string, bool) {
+	return headerValue(mapHTTPCallRespTrailers, name)
+}
+
+// CallResponseBody implements filter.Caller; the bytes are valid until the
+// callback returns.
+func (*host) CallResponseBody(size int) ([]byte, bool) {
+	if size == 0 {
+		return nil, true
+	}
+	unpin()
+	if proxyGetBufferBytes(bufferHTTPCallResponseBody, 0, uint32(size), &ret.data, &ret.size) != statusOK {
+		return nil, false
+	}
+	return returned(ret.data, ret.size)
+}
+
+// SetEffectiveContext implements filter.Caller. A failure leaves the
+// previous context effective: the caller must not continue or reply then.
+func (*host) SetEffectiveContext(id uint32) bool {
+	return proxySetEffectiveContext(id) == statusOK
+}
+
+// ContinueRequest implements filter.Caller.
+func (*host) ContinueRequest() error {
+	if st := proxyContinueStream(streamRequest); st != statusOK {
+		return statusError(st)
+	}
+	return nil
+}

@@ -22,6 +22,15 @@ func proxyGetHeaderMapValue(mapType uint32, key unsafe.Pointer, keySize uint32, 
 //go:wasmimport env proxy_get_header_map_pairs
 func proxyGetHeaderMapPairs(mapType uint32, retData, retSize *uint32) uint32
 
+//go:wasmimport env proxy_http_call
+func proxyHTTPCall(upstream unsafe.Pointer, upstreamSize uint32, headers unsafe.Pointer, headersSize uint32, body unsafe.Pointer, bodySize uint32, trailers unsafe.Pointer, trailersSize uint32, timeoutMs uint32, retToken *uint32) uint32
+
+//go:wasmimport env proxy_set_effective_context
+func proxySetEffectiveContext(id uint32) uint32
+
+//go:wasmimport env proxy_continue_stream
+func proxyContinueStream(typ uint32) uint32
+
 //go:wasmimport env proxy_replace_header_map_value
 func proxyReplaceHeaderMapValue(mapType uint32, key unsafe.Pointer, keySize uint32, value unsafe.Pointer, valueSize uint32) uint32
 
@@ -53,8 +62,13 @@ const (
 
 // Enum values of the proxy-wasm ABI.
 const (
-	mapRequestHeaders  = 0
-	mapResponseHeaders = 2
+	mapRequestHeaders       = 0
+	mapResponseHeaders      = 2
+	mapHTTPCallRespHeaders  = 6
+	mapHTTPCallRespTrailers = 7
+
+	bufferHTTPCallResponseBody = 4
+	streamRequest              = 0
 
 	bufferVMConfiguration     = 6
 	bufferPluginConfiguration = 7

@@ -45,6 +45,8 @@ type Host struct {
 	// return, as filter/abi's arena does inside the guest; EndCallback
 	// overwrites it.
 	arena [][]byte
+
+	callouts // calls.go
 }
 
 // arenaChunk is the size of one arena chunk.

@@ -67,7 +67,10 @@ func build() {
 		return
 	}
 	path = filepath.Join(dir, "tokengate.wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", path, "./cmd/tokengate")
+	// The flags of `make build` (Makefile): -s -w drops the wasm name
+	// section, which only names functions in a VM's trap trace; Go's own
+	// tables, which its panics use, stay.
+	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-ldflags=-s -w", "-o", path, "./cmd/tokengate")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 	if out, e := cmd.CombinedOutput(); e != nil {

@@ -1,0 +1,346 @@
+package filter
+
+import (
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+// Caller is implemented by hosts that can call out and resume a paused
+// stream from the root context (filter/abi). Without it, cluster-scope
+// rules take settings.rls.on_error.
+type Caller interface {
+	// HTTPCall dispatches an HTTP call (proxy_http_call) and returns its
+	// token; the response arrives as Plugin.OnHTTPCallResponse.
+	HTTPCall(cluster string, headers [][2]string, body []byte, timeoutMs uint32) (uint32, error)
+	// CallResponseHeader and CallResponseTrailer return a header or
+	// trailer of the call response being delivered, CallResponseBody its
+	// body; valid until the callback returns.
+	CallResponseHeader(name string) (string, bool)
+	CallResponseTrailer(name string) (string, bool)
+	CallResponseBody(size int) ([]byte, bool)
+	// SetEffectiveContext makes the stream with context id the one later
+	// calls act on (proxy_set_effective_context); false if it is gone.
+	SetEffectiveContext(id uint32) bool
+	// ContinueRequest resumes the effective stream's request
+	// (proxy_continue_stream).
+	ContinueRequest() error
+}
+
+// The descriptor the filter sends for a cluster rule: the rule's name and
+// the bucket's composite key (docs/rls.md).
+const (
+	DescriptorRuleKey = "tokengate_rule"
+	DescriptorKeyKey  = "key"
+	rlsPath           = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+)
+
+// pendingCall is a request paused while the rate-limit service decides its
+// cluster rules. It owns copies of everything it needs, since the request
+// scratch is reused by the requests decided meanwhile.
+type pendingCall struct {
+	token  uint32
+	s      *Stream
+	now    float64
+	grpc   bool
+	idHash uint64
+	// local are the local buckets that admitted the request: refunded if
+	// the cluster rules reject it.
+	local []sharedstate.Request
+	// rules are the cluster rules asked about, in descriptor order, and
+	// buckets the shared-data buckets they fall back to (on_error: local).
+	rules   []*Rule
+	buckets []sharedstate.Request
+}
+
+// askCluster sends the request's cluster rules to the rate-limit service and
+// pauses the request; the local buckets in local already admitted it.
+func (s *Stream) askCluster(req *request, now float64) Action {
+	p := s.p
+	g := &p.rc.cluster
+	pc := &pendingCall{s: s, now: now, idHash: req.identityHash()}
+	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
+		pc.grpc = true
+	}
+	pc.local = cloneReqs(p.rc.enforce.reqs)
+	pc.rules = append(pc.rules, g.rules...)
+	pc.buckets = cloneReqs(g.reqs)
+
+	rls := p.cfg.Settings.RLS
+	caller, ok := p.host.(Caller)
+	if !ok {
+		return s.clusterFailed(pc, "the host has no HTTP callouts", false)
+	}
+	ds := make([]rlswire.Descriptor, len(g.rules))
+	for i, r := range g.rules {
+		vals := p.rc.vals[g.vals[i][0]:g.vals[i][1]]
+		ds[i] = rlswire.Descriptor{
+			Entries: []rlswire.Entry{{Key: DescriptorRuleKey, Value: r.Name},
+				{Key: DescriptorKeyKey, Value: strings.ToValidUTF8(string(sharedstate.AppendComposite(nil, vals)), "\uFFFD")}},
+			HitsAddend: uint64(math.Ceil(g.reqs[i].Cost)),
+		}
+	}
+	body := rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
+	headers := [][2]string{
+		{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
+		{"content-type", "application/grpc"}, {"te", "trailers"},
+	}
+	token, err := caller.HTTPCall(rls.Cluster, headers, body, rls.TimeoutMs)
+	if err != nil {
+		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
+	}
+	pc.token = token
+	p.calls = append(p.calls, pc)
+	s.call = token
+	return Pause
+}
+
+func cloneReqs(reqs []sharedstate.Request) []sharedstate.Request {
+	out := make([]sharedstate.Request, len(reqs))
+	for i, r := range reqs {
+		r.Key, r.Alt, r.Owner, r.Stored = strings.Clone(r.Key), strings.Clone(r.Alt), strings.Clone(r.Owner), strings.Clone(r.Stored)
+		out[i] = r
+	}
+	return out
+}
+
+// OnHTTPCallResponse is proxy_on_http_call_response: the rate-limit
+// service's answer for a paused request, or its failure (no headers).
+func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrailers int) {
+	defer p.recoverTo("proxy_on_http_call_response", func() {})
+	pc := p.takeCall(token)
+	if pc == nil {
+		return // the stream ended first, or the call is not ours
+	}
+	pc.s.call = 0
+	caller := p.host.(Caller)
+	if !caller.SetEffectiveContext(pc.s.id) {
+		return
+	}
+	resp, reason := p.readRLS(caller, numHeaders, bodySize)
+	if reason != "" {
+		pc.s.clusterFailed(pc, reason, true)
+		return
+	}
+	pc.s.clusterAnswer(pc, &resp)
+}
+
+// readRLS reads the call response: HTTP 200, gRPC status 0 (in the trailers,
+// or in the headers of a trailers-only answer), one uncompressed message.
+func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, string) {
+	var none rlswire.Response
+	if numHeaders == 0 {
+		return none, "no response (timeout or connection failure)"
+	}
+	if st, _ := c.CallResponseHeader(":status"); st != "200" {
+		return none, "HTTP status " + st
+	}
+	gs, ok := c.CallResponseTrailer("grpc-status")
+	if !ok {
+		gs, ok = c.CallResponseHeader("grpc-status")
+	}
+	if !ok || gs != "0" {
+		return none, "gRPC status " + gs
+	}
+	b, ok := c.CallResponseBody(bodySize)
+	if !ok {
+		return none, "unreadable body"
+	}
+	msg, err := rlswire.Unframe(b)
+	if err != nil {
+		return none, err.Error()
+	}
+	resp, err := rlswire.ParseResponse(msg)
+	if err != nil {
+		return none, err.Error()
+	}
+	return resp, ""
+}
+
+// clusterAnswer applies the service's decision: the request passes unless
+// an enforced rule's status is OVER_LIMIT (or, without statuses, the
+// overall code is), in which case the local buckets are refunded and the
+// request gets the rejection with the service's headers.
+func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
+	p := s.p
+	worst := -1
+	if len(resp.Statuses) == len(pc.rules) {
+		for i, st := range resp.Statuses {
+			r := pc.rules[i]
+			switch {
+			case st.Code != rlswire.CodeOverLimit:
+				r.metrics.allowed.inc(p.host, 1)
+			case r.shadow:
+				r.metrics.shadowRejected.inc(p.host, 1)
+			default:
+				r.metrics.rejected.inc(p.host, 1)
+				if worst < 0 || st.UntilReset > resp.Statuses[worst].UntilReset {
+					worst = i
+				}
+			}
+		}
+	} else if resp.OverallCode == rlswire.CodeOverLimit {
+		worst = 0
+		for _, r := range pc.rules {
+			r.metrics.rejected.inc(p.host, 1)
+		}
+	} else if resp.OverallCode != rlswire.CodeOK {
+		s.clusterFailed(pc, "overall code "+strconv.Itoa(resp.OverallCode), true)
+		return
+	}
+	if worst < 0 {
+		s.rlsHeaders = resp.Headers
+		s.resume()
+		return
+	}
+	s.refundLocal(pc)
+	var st rlswire.Status
+	if worst < len(resp.Statuses) {
+		st = resp.Statuses[worst]
+	}
+	retry := retryAfterHash(st.UntilReset, pc.idHash)
+	s.sendClusterRejection(pc, pc.rules[worst], st, retry, resp.Headers)
+}
+
+// clusterFailed applies settings.rls.on_error. resumed says whether the
+// request is paused (the call was sent) rather than still in
+// proxy_on_request_headers, where the answer is the returned Action.
+func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Action {
+	p := s.p
+	p.metrics.rlsErrors.inc(p.host, 1)
+	p.warnf(pc.now, "tokengate: event=rls_error reason="+strconv.Quote(reason))
+	act := Continue
+	switch p.cfg.Settings.RLS.OnError {
+	case OnErrorAllow:
+		for _, r := range pc.rules {
+			r.metrics.failOpen.inc(p.host, 1)
+		}
+	case OnErrorDeny:
+		s.refundLocal(pc)
+		r := pc.rules[0]
+		r.metrics.storeDenied.inc(p.host, 1)
+		s.sendUnavailable(pc, r)
+		act = Pause
+	case OnErrorLocal:
+		act = s.clusterLocally(pc)
+	}
+	if resumed && act == Continue {
+		s.resume()
+	}
+	return act
+}
+
+// clusterLocally decides the cluster rules with shared-data buckets of
+// their own, as local rules (on_error: local).
+func (s *Stream) clusterLocally(pc *pendingCall) Action {
+	p := s.p
+	res := make([]bucket.Result, len(pc.buckets))
+	enforce := pc.buckets[:0:0]
+	var rules []*Rule
+	for i, r := range pc.rules {
+		if !r.shadow {
+			enforce = append(enforce, pc.buckets[i])
+			rules = append(rules, r)
+		}
+	}
+	out := p.upd.TakeAll(enforce, pc.now, res)
+	switch {
+	case out.Err != nil:
+		for _, r := range rules {
+			r.metrics.failOpen.inc(p.host, 1)
+		}
+		return Continue
+	case out.Allowed:
+		for _, r := range rules {
+			r.metrics.allowed.inc(p.host, 1)
+		}
+		return Continue
+	}
+	w := worst(out.Results)
+	for i, r := range rules {
+		if !out.Results[i].Allowed {
+			r.metrics.rejected.inc(p.host, 1)
+		}
+	}
+	s.refundLocal(pc)
+	st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: out.Results[w].RetryAfter}
+	s.sendClusterRejection(pc, rules[w], st, retryAfterHash(st.UntilReset, pc.idHash), nil)
+	return Pause
+}
+
+// refundLocal gives back what the local buckets took for a request the
+// cluster rules turned down.
+func (s *Stream) refundLocal(pc *pendingCall) {
+	p := s.p
+	if len(pc.local) == 0 {
+		return
+	}
+	if _, err := p.upd.Refund(pc.local, pc.now); err != nil {
+		p.warnf(pc.now, "tokengate: event=refund_error reason="+strconv.Quote(err.Error()))
+	}
+}
+
+// resume continues the paused request (the effective context is set).
+func (s *Stream) resume() {
+	if err := s.p.host.(Caller).ContinueRequest(); err != nil {
+		s.p.host.Log(LogError, "tokengate: continue stream: "+err.Error())
+	}
+}
+
+// sendClusterRejection answers a request a cluster rule rejected: the
+// rule's status, the service's response headers (its RateLimit headers)
+// or, without them, RateLimit headers built from the status.
+func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlswire.Status, retry int64, rlsHeaders [][2]string) {
+	p := s.p
+	set := &p.cfg.Settings
+	headers := [][2]string{{"retry-after", strconv.FormatInt(retry, 10)}}
+	if set.RateLimitHeaders {
+		if len(rlsHeaders) > 0 {
+			headers = append(headers, rlsHeaders...)
+		} else {
+			headers = append(headers,
+				[2]string{"ratelimit", r.planOf().quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(retry, 10)},
+				[2]string{"ratelimit-policy", r.planOf().policy})
+		}
+	}
+	if set.RuleHeaders {
+		headers = append(headers, [2]string{"x-tokengate-reason", ReasonExceeded}, [2]string{"x-tokengate-rule", r.Name})
+	}
+	body := []byte(`{"error":"rate_limited","reason":"` + ReasonExceeded + `","retry_after":` + strconv.FormatInt(retry, 10) + "}\n")
+	if set.RuleHeaders {
+		body = []byte(`{"error":"rate_limited","reason":"` + ReasonExceeded + `","rule":"` + r.Name + `","retry_after":` + strconv.FormatInt(retry, 10) + "}\n")
+	}
+	if set.RejectionBody != nil {
+		body = set.RejectionBody
+	}
+	s.replyAs(pc.grpc, set.RejectionStatus, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
+}
+
+// sendUnavailable is the 503 of on_error: deny.
+func (s *Stream) sendUnavailable(pc *pendingCall, r *Rule) {
+	var headers [][2]string
+	body := `{"error":"rate_limiter_unavailable","reason":"rls_error"}` + "\n"
+	if s.p.cfg.Settings.RuleHeaders {
+		headers = [][2]string{{"x-tokengate-reason", "rls_error"}, {"x-tokengate-rule", r.Name}}
+		body = `{"error":"rate_limiter_unavailable","reason":"rls_error","rule":"` + r.Name + `"}` + "\n"
+	}
+	s.replyAs(pc.grpc, 503, grpcUnavailable, "tokengate_rls_error", []byte(body), headers)
+}
+
+// takeCall removes and returns the pending call with this token, or nil.
+func (p *Plugin) takeCall(token uint32) *pendingCall {
+	for i, pc := range p.calls {
+		if pc.token == token {
+			last := len(p.calls) - 1
+			p.calls[i] = p.calls[last]
+			p.calls[last] = nil
+			p.calls = p.calls[:last]
+			return pc
+		}
+	}
+	return nil
+}

@@ -1,0 +1,258 @@
+package filter_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/filter/filtertest"
+	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
+)
+
+// The test's own RLS response encoder (not the filter's): protobuf wire
+// format written out field by field.
+type pb []byte
+
+func (b pb) varint(v uint64) pb {
+	for v >= 0x80 {
+		b = append(b, byte(v)|0x80)
+		v >>= 7
+	}
+	return append(b, byte(v))
+}
+func (b pb) field(num int, wt int) pb  { return b.varint(uint64(num<<3 | wt)) }
+func (b pb) uint(num int, v uint64) pb { return b.field(num, 0).varint(v) }
+func (b pb) bytes(num int, m []byte) pb {
+	return append(b.field(num, 2).varint(uint64(len(m))), m...)
+}
+
+type rlsStatus struct {
+	code      uint64
+	remaining uint64
+	resetSec  uint64
+}
+
+func rlsResponse(overall uint64, sts []rlsStatus, headers ...[2]string) []byte {
+	var m pb
+	m = m.uint(1, overall)
+	for _, s := range sts {
+		var st pb
+		st = st.uint(1, s.code)
+		st = st.bytes(2, pb(nil).uint(1, 10).uint(2, 1))
+		st = st.uint(3, s.remaining)
+		st = st.bytes(4, pb(nil).uint(1, s.resetSec))
+		m = m.bytes(2, st)
+	}
+	for _, h := range headers {
+		m = m.bytes(3, pb(nil).bytes(1, []byte(h[0])).bytes(2, []byte(h[1])))
+	}
+	framed := []byte{0, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(framed[1:], uint32(len(m)))
+	return append(framed, m...)
+}
+
+func grpcOK(body []byte) filtertest.CallResponse {
+	return filtertest.CallResponse{
+		Headers:  [][2]string{{":status", "200"}, {"content-type", "application/grpc"}},
+		Body:     body,
+		Trailers: [][2]string{{"grpc-status", "0"}},
+	}
+}
+
+const clusterCfg = `{"rules":[
+	{"name":"local-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":3}},
+	{"name":"global-ip","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":5,"burst":10,"cost_source":"header:x-cost"}}],
+	"settings":{"rls":{"cluster":"rls","domain":"edge","timeout_ms":25,"on_error":"ON_ERROR"}}}`
+
+func clusterFixture(t *testing.T, onError string) *fixture {
+	return newFixture(t, strings.Replace(clusterCfg, "ON_ERROR", onError, 1))
+}
+
+// localTokens returns the tokens stored in the local rule's bucket for
+// 192.0.2.1.
+func localTokens(t *testing.T, f *fixture) string {
+	t.Helper()
+	for _, e := range f.h.Store.(*sharedstatetest.Store).Snapshot("tb:local-ip:") {
+		return strings.SplitN(e.Value, ":", 2)[0]
+	}
+	return "<none>"
+}
+
+// TestClusterScope walks a cluster-scope rule through the rate-limit
+// service's answers: the call it makes, admission, rejection (the local
+// bucket refunded), each on_error, a stream that ends first, and a request
+// the local rule rejects, which never reaches the service.
+func TestClusterScope(t *testing.T) {
+	req := filtertest.Get("/", "192.0.2.1:5000", "x-cost", "2.5")
+
+	t.Run("the call", func(t *testing.T) {
+		f := clusterFixture(t, "allow")
+		_, res := f.h.Start(f.p, req)
+		if res.RequestAction != filter.Pause || len(f.h.Calls) != 1 {
+			t.Fatalf("action %v, %d calls; want a paused request and one call", res.RequestAction, len(f.h.Calls))
+		}
+		c := f.h.Calls[0]
+		want := map[string]string{":method": "POST", ":path": "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+			":authority": "rls", "content-type": "application/grpc", "te": "trailers"}
+		for _, kv := range c.Headers {
+			if w, ok := want[kv[0]]; ok && w != kv[1] {
+				t.Errorf("header %s = %q, want %q", kv[0], kv[1], w)
+			}
+			delete(want, kv[0])
+		}
+		if c.Cluster != "rls" || c.TimeoutMs != 25 || len(want) != 0 || c.Stream != 1 {
+			t.Errorf("call %+v; missing headers %v", c, want)
+		}
+		// Frame, domain, the two entries and hits_addend 3 (2.5 rounded up).
+		if len(c.Body) < 5 || c.Body[0] != 0 || int(binary.BigEndian.Uint32(c.Body[1:5])) != len(c.Body)-5 {
+			t.Fatalf("body %x is not one gRPC frame", c.Body)
+		}
+		for _, part := range [][]byte{[]byte("\x0a\x04edge"), []byte("tokengate_rule"), []byte("global-ip"), []byte("\x0a\x03key"), []byte("192.0.2.1"), {0x1a, 0x02, 0x08, 0x03}} {
+			if !bytes.Contains(c.Body, part) {
+				t.Errorf("body %q lacks %q", c.Body, part)
+			}
+		}
+	})
+
+	t.Run("admitted", func(t *testing.T) {
+		f := clusterFixture(t, "allow")
+		s, _ := f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(1, []rlsStatus{{1, 7, 1}}, [2]string{"RateLimit", `"global-ip";r=7;t=1`})))
+		if resp.Local != nil || len(f.h.Continued) != 1 || f.h.Continued[0] != 1 {
+			t.Fatalf("local reply %+v, continued %v; want the stream resumed", resp.Local, f.h.Continued)
+		}
+		f.h.Response = filtertest.Response{}
+		s.OnResponseHeaders(0, false)
+		var got []string
+		for _, kv := range f.h.Response.Headers {
+			got = append(got, kv[0]+": "+kv[1])
+		}
+		if j := strings.Join(got, "\n"); !strings.Contains(j, `ratelimit: "global-ip";r=7;t=1`) || !strings.Contains(j, `ratelimit-policy: "local-ip";q=3;w=3`) {
+			t.Errorf("response headers:\n%s", j)
+		}
+		if got := f.counter("global-ip", filter.CounterAllowed); got != 1 {
+			t.Errorf("global-ip allowed = %d", got)
+		}
+		if got := localTokens(t, f); got != "2.000000" {
+			t.Errorf("local bucket %s, want 2 (one taken)", got)
+		}
+	})
+
+	t.Run("rejected: 429, local refunded", func(t *testing.T) {
+		f := clusterFixture(t, "allow")
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(2, []rlsStatus{{2, 0, 3}})))
+		if resp.Local == nil || resp.Local.Status != 429 || len(f.h.Continued) != 0 {
+			t.Fatalf("reply %+v, continued %v; want a 429", resp.Local, f.h.Continued)
+		}
+		hdr := func(n string) string { v, _ := findHeader(resp.Local.Headers, n); return v }
+		if hdr("x-tokengate-rule") != "global-ip" || hdr("retry-after") < "3" || hdr("ratelimit") == "" {
+			t.Errorf("headers %q", resp.Local.Headers)
+		}
+		if got := localTokens(t, f); got != "3.000000" {
+			t.Errorf("local bucket %s, want 3: the rejected request must take nothing", got)
+		}
+		if got := f.counter("global-ip", filter.CounterRejected); got != 1 {
+			t.Errorf("global-ip rejected = %d", got)
+		}
+	})
+
+	for _, tc := range []struct {
+		onError  string
+		status   uint32 // 0: resumed
+		localNow string
+	}{{"allow", 0, "2.000000"}, {"deny", 503, "3.000000"}, {"local", 0, "2.000000"}} {
+		t.Run("service failed, on_error "+tc.onError, func(t *testing.T) {
+			f := clusterFixture(t, tc.onError)
+			f.h.Start(f.p, req)
+			resp := f.h.Deliver(f.p, f.h.Calls[0].Token, filtertest.CallResponse{}) // timeout: no headers
+			switch {
+			case tc.status == 0 && (resp.Local != nil || len(f.h.Continued) != 1):
+				t.Fatalf("reply %+v, continued %v; want resumed", resp.Local, f.h.Continued)
+			case tc.status != 0 && (resp.Local == nil || resp.Local.Status != tc.status || len(f.h.Continued) != 0):
+				t.Fatalf("reply %+v, continued %v; want %d", resp.Local, f.h.Continued, tc.status)
+			}
+			if got := localTokens(t, f); got != tc.localNow {
+				t.Errorf("local bucket %s, want %s", got, tc.localNow)
+			}
+			if n, _ := f.h.Counter(filter.MetricRLSErrors); n != 1 {
+				t.Errorf("rls_errors = %d", n)
+			}
+		})
+	}
+
+	t.Run("on_error local decides in shared data", func(t *testing.T) {
+		f := clusterFixture(t, "local")
+		f.h.CallError = errors.New("no such cluster")
+		// Cost 4 against the cluster rule's own shared-data bucket (burst
+		// 10): two pass, the third is rejected and its local token refunded.
+		r := filtertest.Get("/", "192.0.2.1:1", "x-cost", "4")
+		var statuses []uint32
+		for range 3 {
+			_, res := f.h.Start(f.p, r)
+			statuses = append(statuses, res.Status())
+		}
+		if statuses[0] != 200 || statuses[1] != 200 || statuses[2] != 429 {
+			t.Errorf("statuses %v, want 200 200 429", statuses)
+		}
+		if got := localTokens(t, f); got != "1.000000" {
+			t.Errorf("local bucket %s, want 1: two taken, the third refunded", got)
+		}
+		if len(f.h.Continued) != 0 {
+			t.Errorf("continued %v: a request never paused must not be resumed", f.h.Continued)
+		}
+	})
+
+	t.Run("stream gone before the answer", func(t *testing.T) {
+		f := clusterFixture(t, "allow")
+		s, _ := f.h.Start(f.p, req)
+		s.Release()
+		f.h.Gone = map[uint32]bool{1: true}
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(2, []rlsStatus{{2, 0, 3}})))
+		if resp.Local != nil || len(f.h.Continued) != 0 {
+			t.Fatalf("a call of a finished stream was acted on: %+v %v", resp.Local, f.h.Continued)
+		}
+	})
+
+	t.Run("local rule rejects first: no call", func(t *testing.T) {
+		f := clusterFixture(t, "allow")
+		for range 3 {
+			_, _ = f.h.Start(f.p, req)
+		}
+		_, res := f.h.Start(f.p, req)
+		if res.Status() != 429 || len(f.h.Calls) != 3 {
+			t.Fatalf("status %d after %d calls; want the 4th rejected locally without a call", res.Status(), len(f.h.Calls))
+		}
+	})
+
+	t.Run("host without callouts", func(t *testing.T) {
+		h := filtertest.New()
+		p := filter.NewPlugin(noCallouts{h})
+		p.Clock = func() float64 { return epoch }
+		if !p.OnConfigure([]byte(strings.Replace(clusterCfg, "ON_ERROR", "deny", 1))) {
+			t.Fatal("configure failed")
+		}
+		res := h.Do(p, req)
+		if res.Status() != 503 {
+			t.Fatalf("status %d, want on_error deny's 503", res.Status())
+		}
+	})
+}
+
+// noCallouts hides filtertest.Host's callouts, as a host without
+// proxy_http_call would.
+type noCallouts struct{ *filtertest.Host }
+
+func (noCallouts) HTTPCall() {}
+
+func findHeader(hs [][2]string, name string) (string, bool) {
+	for _, kv := range hs {
+		if kv[0] == name {
+			return kv[1], true
+		}
+	}
+	return "", false
+}
