@@ -27,6 +27,7 @@ if [[ -n "${BENCH_QUICK:-}" ]]; then
 fi
 HTTP_PORT_A=${BENCH_PORT_A:-18181}
 HTTP_PORT_B=${BENCH_PORT_B:-18182}
+HTTP_PORT_O=${BENCH_PORT_O:-18183}
 REDIS_PORT=${BENCH_REDIS_PORT:-18379}
 
 rm -rf "$OUT"
@@ -116,7 +117,8 @@ log "instantiating one more worker VM"
 run_bench -test.bench '^BenchmarkInstantiateWorker$' -test.benchtime 20x -test.count "$COUNT" >"$OUT/go-instantiate.txt"
 
 # 4. HTTP over loopback: tokengate-local with the passthrough configuration
-# (a) and with one per-IP rule (b), measured alternately in the same run.
+# (a), with one per-IP rule (b) and with no module at all (o, -no-filter),
+# measured alternately in the same run.
 if ensure_tool wrk wrk; then
 	log "HTTP: wrk -c $CONC, ${HTTP_SECS}s x $HTTP_ROUNDS rounds per configuration"
 	$GO build -o "$OUT/tokengate-local" ./cmd/tokengate-local
@@ -127,8 +129,8 @@ if ensure_tool wrk wrk; then
 	cat >"$OUT/http-b.json" <<-'EOF'
 		{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}
 	EOF
-	start_local() { # config port
-		"$OUT/tokengate-local" -wasm build/tokengate.wasm -config "$1" -listen "127.0.0.1:$2" -admin '' -log-level error \
+	start_local() { # config port [flags]
+		"$OUT/tokengate-local" -wasm build/tokengate.wasm -config "$1" -listen "127.0.0.1:$2" -admin '' -log-level error "${@:3}" \
 			>"$OUT/local-$2.log" 2>&1 &
 		pids+=($!)
 		local i
@@ -142,12 +144,15 @@ if ensure_tool wrk wrk; then
 	}
 	start_local "$OUT/http-a.json" "$HTTP_PORT_A"
 	start_local "$OUT/http-b.json" "$HTTP_PORT_B"
+	start_local "$OUT/http-a.json" "$HTTP_PORT_O" -no-filter
 	# Warm up both, then alternate a, b so that both see the same machine.
 	wrk -t 2 -c "$CONC" -d 1s "http://127.0.0.1:$HTTP_PORT_A/static/app.js" >/dev/null
 	wrk -t 2 -c "$CONC" -d 1s "http://127.0.0.1:$HTTP_PORT_B/api/items" >/dev/null
+	wrk -t 2 -c "$CONC" -d 1s "http://127.0.0.1:$HTTP_PORT_O/static/app.js" >/dev/null
 	for r in $(seq "$HTTP_ROUNDS"); do
 		wrk -t 2 -c "$CONC" -d "${HTTP_SECS}s" --latency "http://127.0.0.1:$HTTP_PORT_A/static/app.js" >"$OUT/http-a-$r.txt"
 		wrk -t 2 -c "$CONC" -d "${HTTP_SECS}s" --latency "http://127.0.0.1:$HTTP_PORT_B/api/items" >"$OUT/http-b-$r.txt"
+		wrk -t 2 -c "$CONC" -d "${HTTP_SECS}s" --latency "http://127.0.0.1:$HTTP_PORT_O/static/app.js" >"$OUT/http-o-$r.txt"
 	done
 	cleanup
 	pids=()

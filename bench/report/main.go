@@ -226,9 +226,14 @@ func (r *report) print(w io.Writer) {
 	// 4. HTTP.
 	a := wrkRuns(r.dir, "http-a-")
 	b := wrkRuns(r.dir, "http-b-")
+	if o := wrkRuns(r.dir, "http-o-"); len(o) > 0 && len(a) > 0 {
+		mo := medianWrk(o)
+		add("4o", "HTTP via tokengate-local -no-filter: the same server and upstream, no module (wrk)", mo.String(),
+			fmt.Sprintf("(4a) is %.0f%% of it", 100*medianWrk(a).rps/mo.rps), "")
+	}
 	if len(a) > 0 && len(b) > 0 {
 		ma, mb := medianWrk(a), medianWrk(b)
-		add("4a", "HTTP via tokengate-local: passthrough (wrk)", ma.String(), "1.00×", "")
+		add("4a", "HTTP via tokengate-local: passthrough, the module with no policy matching (wrk)", ma.String(), "1.00×", "")
 		add("4b", "HTTP via tokengate-local: one per-IP rule (wrk)", mb.String(), fmt.Sprintf("%.0f%% of (4a) req/s", 100*mb.rps/ma.rps), "≥ 90%")
 	} else {
 		add("4", "HTTP via tokengate-local (wrk)", na+" (no wrk)", "", "≥ 90%")

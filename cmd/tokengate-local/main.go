@@ -54,7 +54,7 @@ type settings struct {
 	check                       string
 	listen, admin, upstream     string
 	workers                     int
-	kong                        bool
+	kong, noFilter              bool
 	logLevel                    string
 }
 
@@ -71,6 +71,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.admin, "admin", "127.0.0.1:10001", "admin address (/stats, /shared_data, /ready); empty to disable")
 	fs.IntVar(&s.workers, "workers", 0, "worker VMs (default: number of CPUs, at least 2)")
 	fs.StringVar(&s.upstream, "upstream", "", "forward allowed requests to this URL instead of the embedded echo upstream")
+	fs.BoolVar(&s.noFilter, "no-filter", false, "serve the upstream without the module (a baseline for benchmarks)")
 	fs.BoolVar(&s.kong, "kong", false, "emulate Kong ngx_wasm_module (CAS semantics, properties) instead of Envoy")
 	fs.StringVar(&s.logLevel, "log-level", "info", "lowest filter log level printed: trace, debug, info, warning, error, critical")
 	if err := fs.Parse(args); err != nil {
@@ -180,7 +181,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	var handler http.Handler = h
+	if s.noFilter {
+		// The same server and upstream without the module: what the
+		// module costs is the difference.
+		handler = opts.Upstream
+		if handler == nil {
+			handler = wasmhost.EchoHandler()
+		}
+		upstream += " (-no-filter: requests skip the module)"
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	servers := []*http.Server{srv}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()

@@ -64,9 +64,9 @@ func TestParseFlags(t *testing.T) {
 		{name: "defaults", expected: settings{wasm: "build/tokengate.wasm", envoy: "envoy.yaml", listen: "127.0.0.1:10000",
 			admin: "127.0.0.1:10001", logLevel: "info"}},
 		{name: "all", args: []string{"-wasm", "x.wasm", "-config", "c.json", "-listen", ":0", "-admin", "", "-workers", "4",
-			"-upstream", "http://u", "-kong", "-log-level", "debug", "-plugin", "p"},
+			"-upstream", "http://u", "-kong", "-log-level", "debug", "-plugin", "p", "-no-filter", "-check", "f"},
 			expected: settings{wasm: "x.wasm", envoy: "envoy.yaml", config: "c.json", plugin: "p", listen: ":0", admin: "",
-				upstream: "http://u", workers: 4, kong: true, logLevel: "debug"}},
+				upstream: "http://u", workers: 4, kong: true, noFilter: true, check: "f", logLevel: "debug"}},
 		{name: "stray argument", args: []string{"extra"}, expectedErr: `unexpected arguments: ["extra"]`},
 	}
 	for _, tc := range tests {
