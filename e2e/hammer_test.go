@@ -158,6 +158,7 @@ func TestHammerOneKey(t *testing.T) {
 			wantKey: func(k string) bool { return k == "tb:hot:" }},
 	}
 	for _, kind := range kinds {
+		kind.n = soak(kind.n)
 		cfg := `{"rules":[{"name":"hot",` + kind.keys + `"algorithm":"token_bucket",` +
 			`"algorithm_config":{"tokens_per_second":1000,"burst":1000}}]}`
 		for _, sem := range semantics {
@@ -231,7 +232,7 @@ func TestHammerManyKeys(t *testing.T) {
 					t.Errorf("frozen clock, %s: admitted %d, want exactly the burst, %v", keyOf(k), got, burst)
 				}
 			}
-			hammerPhase(t, c, srv, "per-key", n, keyOf, true, clk, tl)
+			hammerPhase(t, c, srv, "per-key", soak(n), keyOf, true, clk, tl)
 			elapsed := clk.Now().Sub(t0)
 			total, admitted := 0, 0
 			for k := range keys {
@@ -260,4 +261,12 @@ func TestHammerManyKeys(t *testing.T) {
 				burst+rate*elapsed.Seconds(), elapsed, metric(t, h, "per-key", "cas_retries"), metric(t, h, "per-key", "slot_collisions"))
 		})
 	}
+}
+
+// soak returns n requests, or a quarter of them under go test -short.
+func soak(n int) int {
+	if testing.Short() {
+		return n / 4
+	}
+	return n
 }
