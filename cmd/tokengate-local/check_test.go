@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,5 +83,42 @@ func TestCheck(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUpstreamCluster: with -upstream cluster, allowed requests go to the
+// route's cluster of envoy.yaml; its static clusters are the host's
+// callout targets.
+func TestUpstreamCluster(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "from the cluster "+r.URL.Path)
+	}))
+	defer up.Close()
+	envoy, err := os.ReadFile("../../envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Replace(string(envoy), "port_value: 8080", "port_value: "+up.URL[strings.LastIndexByte(up.URL, ':')+1:], 1)
+	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, source, err := loadPlugin(settings{envoy: path, upstream: "cluster"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := opts.Clusters["upstream"]; !ok || c.Address != strings.TrimPrefix(up.URL, "http://") {
+		t.Errorf("clusters %+v", opts.Clusters)
+	}
+	if !strings.Contains(source, "proxying to cluster upstream at") {
+		t.Errorf("source %q", source)
+	}
+	rec := httptest.NewRecorder()
+	opts.Upstream.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/x", nil))
+	if rec.Body.String() != "from the cluster /x" {
+		t.Errorf("upstream answered %q", rec.Body.String())
+	}
+	if _, _, err := loadPlugin(settings{envoy: "../../envoy.yaml"}); err != nil {
+		t.Errorf("without -upstream cluster: %v", err)
 	}
 }

@@ -70,7 +70,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.listen, "listen", "127.0.0.1:10000", "address to serve HTTP through the filter on")
 	fs.StringVar(&s.admin, "admin", "127.0.0.1:10001", "admin address (/stats, /shared_data, /ready); empty to disable")
 	fs.IntVar(&s.workers, "workers", 0, "worker VMs (default: number of CPUs, at least 2)")
-	fs.StringVar(&s.upstream, "upstream", "", "forward allowed requests to this URL instead of the embedded echo upstream")
+	fs.StringVar(&s.upstream, "upstream", "", "forward allowed requests to this URL instead of the embedded echo upstream, or \"cluster\": to the route's cluster in -envoy")
 	fs.BoolVar(&s.noFilter, "no-filter", false, "serve the upstream without the module (a baseline for benchmarks)")
 	fs.BoolVar(&s.kong, "kong", false, "emulate Kong ngx_wasm_module (CAS semantics, properties) instead of Envoy")
 	fs.StringVar(&s.logLevel, "log-level", "info", "lowest filter log level printed: trace, debug, info, warning, error, critical")
@@ -115,6 +115,24 @@ func loadPlugin(s settings) (wasmhost.Options, string, error) {
 	}
 	opts.PluginConfig, opts.VMConfig = p.Configuration, p.VMConfiguration
 	opts.PluginName, opts.RootID, opts.VMID = p.Name, p.RootID, p.VMID
+	routeUpstream := ""
+	clusters, err := envoyconf.Clusters(doc)
+	if err != nil {
+		return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+	}
+	opts.Clusters = map[string]wasmhost.Cluster{}
+	for name, c := range clusters {
+		opts.Clusters[name] = wasmhost.Cluster{Address: c.Address, HTTP2: c.HTTP2}
+	}
+	if s.upstream == "cluster" {
+		name, ok := envoyconf.RouteCluster(p)
+		c, found := clusters[name]
+		if !ok || !found {
+			return opts, "", fmt.Errorf("%s: -upstream cluster: the route's cluster %q has no socket_address endpoint", s.envoy, name)
+		}
+		opts.Upstream = wasmhost.ProxyTo(&url.URL{Scheme: "http", Host: c.Address})
+		routeUpstream = ", proxying to cluster " + name + " at " + c.Address
+	}
 	if p.Manager != nil {
 		m, err := envoyconf.ConnectionManager(p.ManagerPath, p.Manager)
 		if err != nil {
@@ -133,7 +151,7 @@ func loadPlugin(s settings) (wasmhost.Options, string, error) {
 			return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
 		}
 	}
-	return opts, s.envoy + " (" + p.Path + ")", nil
+	return opts, s.envoy + " (" + p.Path + ")" + routeUpstream, nil
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -163,7 +181,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	opts.Workers, opts.Kong, opts.MinLogLevel = s.workers, s.kong, level
 	opts.LogSink = func(l wasmhost.LogLevel, msg string) { fmt.Fprintf(stderr, "[%s] %s\n", l, msg) }
 	upstream := "embedded echo"
-	if s.upstream != "" {
+	switch {
+	case s.upstream == "cluster" && opts.Upstream == nil:
+		return errors.New("-upstream cluster needs -envoy: the route's cluster comes from the bootstrap")
+	case s.upstream == "cluster":
+		upstream = "the route's cluster"
+	case s.upstream != "":
 		u, err := url.Parse(s.upstream)
 		if err != nil || u.Scheme == "" || u.Host == "" {
 			return fmt.Errorf("-upstream: want an absolute URL like http://127.0.0.1:8080, got %q", s.upstream)

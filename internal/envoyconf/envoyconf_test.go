@@ -171,3 +171,52 @@ func TestConnectionManager(t *testing.T) {
 		}
 	}
 }
+
+// TestClusters reads the static clusters the local host can call, with
+// HTTP/2 from either way of saying it, and the route's cluster.
+func TestClusters(t *testing.T) {
+	doc, err := os.ReadFile("../../envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := Clusters(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cs["upstream"]; c.Address != "127.0.0.1:8080" || c.HTTP2 {
+		t.Errorf("upstream: %+v", c)
+	}
+	p, err := Find(doc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name, ok := RouteCluster(p); !ok || name != "upstream" {
+		t.Errorf("route cluster %q %v", name, ok)
+	}
+	extra := `
+  - name: rls
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: { http2_protocol_options: {} }
+    load_assignment:
+      cluster_name: rls
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8081 } } } }] }]
+  - name: old-h2
+    http2_protocol_options: {}
+    load_assignment:
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: "::1", port_value: 9 } } } }] }]
+  - name: dns-only
+    type: LOGICAL_DNS
+`
+	d := strings.Replace(bootstrap, "static_resources:\n", "static_resources:\n  clusters:"+extra, 1)
+	cs, err = Clusters([]byte(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]Cluster{"rls": {Name: "rls", Address: "127.0.0.1:8081", HTTP2: true}, "old-h2": {Name: "old-h2", Address: "[::1]:9", HTTP2: true}}
+	if !reflect.DeepEqual(cs, want) {
+		t.Errorf("got %+v, want %+v", cs, want)
+	}
+}
