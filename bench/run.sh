@@ -108,6 +108,12 @@ $GO test -c -o "$OUT/bench.test" ./bench/
 run_bench() { (cd bench && "../$OUT/bench.test" -test.run '^$' "$@"); }
 run_bench -test.bench '^BenchmarkGuestRequest$' -test.benchtime "$GUEST_N" -test.count "$COUNT" >"$OUT/go-guest.txt"
 run_bench -test.bench '^BenchmarkHostShare$' -test.benchtime "$GUEST_N" -test.count "$COUNT" >"$OUT/go-hostshare.txt"
+if ensure_tool node nodejs; then
+	log "the module under V8 (node --no-liftoff): no filter and the five cases, interleaved ($GUEST_N x $COUNT)"
+	node --no-liftoff bench/v8/bench.mjs build/tokengate.wasm "${GUEST_N%x}" "$COUNT" >"$OUT/v8.json"
+else
+	log "node is missing and could not be installed: no V8 rows"
+fi
 log "contention: 8 workers, one hot key, 100,000 requests"
 run_bench -test.bench '^BenchmarkContention$' -test.benchtime 100000x >"$OUT/go-contention.txt"
 log "guest memory over 100,000 and 1,000,000 requests"

@@ -11,6 +11,7 @@ package main
 import (
 	"bufio"
 	"encoding/csv"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -108,7 +109,7 @@ func (r *report) print(w io.Writer) {
 	add := func(id, what, result, ratio, target string) {
 		rows = append(rows, row{id, what, result, ratio, target})
 	}
-	na := "not measured"
+	na := notMeasured
 
 	// 1. bucket vs x/time/rate.
 	take, okT := r.get("BenchmarkTake", "ns/op")
@@ -179,6 +180,7 @@ func (r *report) print(w io.Writer) {
 		}
 		add(c.id, "wasm request: "+c.what, res, ratio, target)
 	}
+	r.v8Rows(add, cases)
 	for _, c := range []struct{ id, name, what string }{
 		{"3a", "a-passthrough", "passthrough"},
 		{"3b", "b-one-rule", "one rule, allowed"},
@@ -414,4 +416,60 @@ func si(v float64) string {
 		return f3(v/1e3) + " k"
 	}
 	return f3(v)
+}
+
+const notMeasured = "not measured"
+
+// v8Case is one case of bench/v8/bench.mjs's output (v8.json).
+type v8Case struct {
+	NsPerReq      float64 `json:"nsPerReq"`
+	TimedNsPerReq float64 `json:"timedNsPerReq"`
+	HostNs        float64 `json:"hostNs"`
+	HostCalls     float64 `json:"hostCalls"`
+}
+
+// v8Rows adds the V8 rows (3v…): each case's median ns/request under V8,
+// its ratio to V8's passthrough and to the same case in wazero, and the
+// share of time inside the JavaScript host's functions.
+func (r *report) v8Rows(add func(id, what, res, ratio, target string), cases []struct{ id, name, what string }) {
+	b, err := os.ReadFile(filepath.Join(r.dir, "v8.json"))
+	if err != nil {
+		add("3v", "V8 (node --no-liftoff)", notMeasured+" (no node)", "", "")
+		return
+	}
+	var out struct {
+		Node  string            `json:"node"`
+		Cases map[string]v8Case `json:"cases"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		add("3v", "V8 (node --no-liftoff)", notMeasured+" ("+err.Error()+")", "", "")
+		return
+	}
+	pass := out.Cases["a-passthrough"].NsPerReq
+	if o, ok := out.Cases["o-no-filter"]; ok {
+		add("3vo", "V8 "+out.Node+": no filter (the JS host's request path alone)", f0(o.NsPerReq)+" ns/req", "", "")
+	}
+	for _, c := range cases {
+		v, ok := out.Cases[c.name]
+		if !ok {
+			continue
+		}
+		ratio := ""
+		if pass > 0 {
+			ratio = fmt.Sprintf("%.2f× V8 (a)", v.NsPerReq/pass)
+		}
+		if w, ok := r.get("BenchmarkGuestRequest/"+c.name, "ns/op"); ok {
+			ratio += fmt.Sprintf(", %.2f× wazero", v.NsPerReq/w)
+		}
+		res := fmt.Sprintf("%s ns/req", f0(v.NsPerReq))
+		if v.TimedNsPerReq > 0 {
+			res += fmt.Sprintf("; timed run %s ns, %s in host functions (%.0f%%), %s host calls", f0(v.TimedNsPerReq), f0(v.HostNs),
+				100*v.HostNs/v.TimedNsPerReq, f2(v.HostCalls))
+		}
+		target := ""
+		if c.id == "3b" {
+			target = "≤ 2.5× V8 (a), ≤ 3.5 µs"
+		}
+		add(strings.Replace(c.id, "3", "3v", 1), "V8 request: "+c.what, res, ratio, target)
+	}
 }

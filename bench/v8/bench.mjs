@@ -1,0 +1,101 @@
+// bench.mjs measures the module under V8 (Node, run with --no-liftoff as
+// Envoy runs V8) with the JavaScript host of e2e/v8: the five request cases
+// of the wazero benchmark (bench/wasm_test.go BenchmarkGuestRequest) and a
+// row with no filter at all (the host's request path without the module).
+// Cases run interleaved, ROUNDS times N requests each; it prints one JSON
+// object: per case the median ns/request, the median ns spent inside host
+// functions, and host calls per request.
+//
+//   node --no-liftoff bench/v8/bench.mjs build/tokengate.wasm [N] [ROUNDS]
+import { readFileSync } from 'node:fs';
+import { Host } from '../../e2e/v8/host.mjs';
+
+const [wasmPath, nArg, roundsArg] = process.argv.slice(2);
+const N = Number(nArg || 20000), ROUNDS = Number(roundsArg || 5);
+const wasm = readFileSync(wasmPath);
+
+const rule = (name, keys) => ({ name, limit_keys: keys, algorithm_config: { rps: 1000000, burst: 1000000 } });
+const configs = {
+  passthrough: { bundle_version: 1, policies: [{ id: 'api', spec: { selector: { pathPrefix: '/api/' }, rules: [rule('per-ip', ['ip:address'])] } }] },
+  one: rule('per-ip', ['ip:address']),
+  four: { rules: [rule('per-ip', ['ip:address']), rule('per-key', ['header:x-api-key']), rule('per-route', ['method', 'path']), rule('global', [])] },
+  rejected: { name: 'per-ip', limit_keys: ['ip:address'], algorithm_config: { rps: 0.001, burst: 1 } },
+};
+const headers = (path) => [[':authority', 'api.example.com'], [':path', path], [':method', 'GET'], [':scheme', 'http'],
+  ['accept', '*/*'], ['user-agent', 'bench/1.0'], ['x-api-key', 'key-0123456789'], ['x-forwarded-proto', 'http'],
+  ['x-request-id', '6f1c1d52-8a38-4c1e-9a43-2b7f0c2b5a8e']];
+const ips = Array.from({ length: 100000 }, (_, i) => `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}:40000`);
+
+const cases = [
+  { name: 'o-no-filter', config: null, path: '/api/items', addrs: ips.slice(0, 1), status: 200 },
+  { name: 'a-passthrough', config: configs.passthrough, path: '/static/app.js', addrs: ips.slice(0, 1), status: 200 },
+  { name: 'b-one-rule', config: configs.one, path: '/api/items', addrs: ips.slice(0, 1), status: 200 },
+  { name: 'c-four-rules', config: configs.four, path: '/api/items', addrs: ips.slice(0, 1), status: 200 },
+  { name: 'd-rejected', config: configs.rejected, path: '/api/items', addrs: ips.slice(0, 1), status: 429 },
+  { name: 'e-100000-ips', config: configs.one, path: '/api/items', addrs: ips, status: 200 },
+];
+
+// timed wraps every env function to add the time spent inside it to acc
+// (two clock reads per call, as the wazero benchmark's split does).
+const timed = (acc) => (fns) => {
+  for (const [k, f] of Object.entries(fns)) {
+    fns[k] = (...a) => {
+      const t = process.hrtime.bigint();
+      try { return f(...a); } finally { acc.ns += process.hrtime.bigint() - t; acc.calls++; }
+    };
+  }
+  return fns;
+};
+
+for (const c of cases) {
+  if (!c.config) continue;
+  c.host = new Host({ pluginConfig: JSON.stringify(c.config), workers: 1, now: 1700000000000000000n });
+  await c.host.start(wasm);
+  // A second host with timed host functions, for the guest/host split, so
+  // that the timing does not slow the main measurement.
+  c.acc = { ns: 0n, calls: 0 };
+  c.split = new Host({ pluginConfig: JSON.stringify(c.config), workers: 1, now: 1700000000000000000n });
+  await c.split.start(wasm, timed(c.acc));
+}
+// The no-filter row: the host's own request bookkeeping and echo answer.
+function noFilter(req) {
+  const s = { reqHeaders: req.headers.map(([k, v]) => [k.toLowerCase(), v]), source: req.source };
+  const respHeaders = [[':status', '200'], ['content-type', 'application/json']];
+  return { status: 200, headers: respHeaders.filter(([k]) => !k.startsWith(':')), body: '{"echo":true}', s };
+}
+
+function runCase(c, n, host, warm) {
+  const req = { headers: headers(c.path), source: c.addrs[0] };
+  let i = 0;
+  const t = process.hrtime.bigint();
+  for (let k = 0; k < n; k++) {
+    req.source = c.addrs[i++ % c.addrs.length];
+    const r = host ? host.request(req) : noFilter(req);
+    if (!warm && r.status !== c.status) throw new Error(`${c.name}: status ${r.status}, want ${c.status}`);
+  }
+  return Number(process.hrtime.bigint() - t) / n;
+}
+
+// Warm up every case (and spend the rejected case's one token).
+for (const c of cases) runCase(c, Math.min(N, 2000), c.host, true);
+const samples = Object.fromEntries(cases.map((c) => [c.name, []]));
+for (let r = 0; r < ROUNDS; r++) {
+  for (const c of cases) samples[c.name].push(runCase(c, N, c.host));
+}
+
+// The split: the same requests on the timed host.
+const split = {};
+for (const c of cases) {
+  if (!c.split) continue;
+  runCase(c, Math.min(N, 2000), c.split, true);
+  c.acc.ns = 0n; c.acc.calls = 0;
+  const total = runCase(c, N, c.split);
+  split[c.name] = { timedNsPerReq: total, hostNs: Number(c.acc.ns) / N, hostCalls: c.acc.calls / N };
+}
+
+const median = (xs) => { const s = [...xs].sort((a, b) => a - b); return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2; };
+const out = { engine: 'v8', node: process.version, flags: process.execArgv, n: N, rounds: ROUNDS, cases: {} };
+for (const c of cases) {
+  out.cases[c.name] = { nsPerReq: median(samples[c.name]), samples: samples[c.name], ...(split[c.name] || {}) };
+}
+process.stdout.write(JSON.stringify(out) + '\n');

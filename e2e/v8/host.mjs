@@ -1,0 +1,433 @@
+// A proxy-wasm ABI 0.2.1 host for Node's V8, written from the spec and
+// Envoy's documented behaviour (shared/PROXY_WASM.md), sharing no code with
+// the Go product or the wazero host: a second engine to judge the module.
+//
+// It implements exactly what the module imports: the env functions and the
+// WASI preview1 calls a Go reactor makes. Several workers are several
+// instances of the module (Envoy's per-thread VMs) sharing one shared-data
+// store with Envoy's CAS rules.
+//
+// V8 differs from wazero in two ways a host must respect: linear memory may
+// grow inside any call into the guest (malloc), which detaches every view of
+// the old buffer, so views are made afresh after each such call; and i64
+// parameters arrive as BigInt.
+
+const OK = 0, NOT_FOUND = 1, BAD_ARGUMENT = 2, INVALID_MEMORY_ACCESS = 6, CAS_MISMATCH = 8;
+const ENOSYS = 52, EBADF = 8;
+const te = new TextEncoder(), td = new TextDecoder('utf-8', { fatal: false });
+
+// SharedData is one process's shared data (per vm_id in Envoy): a get of a
+// missing key is NOT_FOUND; a set with cas 0 writes unconditionally; a
+// non-zero cas on an existing key must match its current cas; a missing key
+// is created whatever the cas; the cas is one global counter, never 0.
+export class SharedData {
+  constructor() { this.map = new Map(); this.counter = 0; }
+  get(key) { return this.map.get(key); }
+  set(key, value, cas) {
+    const e = this.map.get(key);
+    if (e && cas !== 0 && cas !== e.cas) return CAS_MISMATCH;
+    this.counter = (this.counter + 1) >>> 0;
+    if (this.counter === 0) this.counter = 1;
+    this.map.set(key, { value: Uint8Array.from(value), cas: this.counter });
+    return OK;
+  }
+  entries() {
+    return [...this.map.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+      .map(([key, e]) => ({ key, value: td.decode(e.value), cas: e.cas }));
+  }
+}
+
+// Clock is the hosts' time in nanoseconds since the epoch, a BigInt.
+export class Clock {
+  constructor(ns) { this.ns = ns === undefined ? null : BigInt(ns); }
+  now() { return this.ns === null ? BigInt(Date.now()) * 1000000n : this.ns; }
+  advance(ms) { if (this.ns !== null) this.ns += BigInt(Math.round(ms * 1e6)); }
+}
+
+// encodePairs serializes header pairs in the ABI's map format.
+function encodePairs(pairs) {
+  const keys = pairs.map(([k]) => te.encode(k)), vals = pairs.map(([, v]) => te.encode(v));
+  let size = 4 + 8 * pairs.length;
+  for (let i = 0; i < pairs.length; i++) size += keys[i].length + vals[i].length + 2;
+  const out = new Uint8Array(size), dv = new DataView(out.buffer);
+  dv.setUint32(0, pairs.length, true);
+  let p = 4 + 8 * pairs.length;
+  for (let i = 0; i < pairs.length; i++) {
+    dv.setUint32(4 + 8 * i, keys[i].length, true);
+    dv.setUint32(8 + 8 * i, vals[i].length, true);
+  }
+  for (let i = 0; i < pairs.length; i++) {
+    out.set(keys[i], p); p += keys[i].length + 1;
+    out.set(vals[i], p); p += vals[i].length + 1;
+  }
+  return out;
+}
+
+function decodePairs(b) {
+  if (b.length < 4) return null;
+  const dv = new DataView(b.buffer, b.byteOffset, b.byteLength);
+  const n = dv.getUint32(0, true);
+  if (4 + 8 * n > b.length) return null;
+  let p = 4 + 8 * n;
+  const out = [];
+  for (let i = 0; i < n; i++) {
+    const kl = dv.getUint32(4 + 8 * i, true), vl = dv.getUint32(8 + 8 * i, true);
+    if (p + kl + vl + 2 > b.length) return null;
+    const k = td.decode(b.subarray(p, p + kl)); p += kl + 1;
+    const v = td.decode(b.subarray(p, p + vl)); p += vl + 1;
+    out.push([k, v]);
+  }
+  return out;
+}
+
+// Worker is one VM: an instance of the module.
+class Worker {
+  constructor(host, index) {
+    this.host = host;
+    this.index = index;
+    this.cur = null; // the stream whose callback runs
+    this.nextID = 2; // 1 is the root context
+    this.streams = new Map(); // live streams by context id
+    this.calls = []; // proxy_http_call calls not yet answered
+  }
+
+  bytes() { return new Uint8Array(this.memory.buffer); }
+  view() { return new DataView(this.memory.buffer); }
+
+  read(ptr, len) {
+    const m = this.bytes();
+    if (ptr + len > m.length) return null;
+    return m.slice(ptr, ptr + len);
+  }
+  str(ptr, len) { const b = this.read(ptr, len); return b === null ? null : td.decode(b); }
+
+  // copyOut hands data to the guest as proxy-wasm hosts do: guest memory
+  // from its malloc, then the address and size written to the two return
+  // slots. malloc may grow memory: views are taken after it.
+  copyOut(data, ptrPtr, sizePtr) {
+    let addr = 0;
+    if (data.length > 0) {
+      addr = this.malloc(data.length) >>> 0;
+      if (addr === 0) return INVALID_MEMORY_ACCESS;
+      this.bytes().set(data, addr);
+    }
+    const dv = this.view();
+    dv.setUint32(ptrPtr, addr, true);
+    dv.setUint32(sizePtr, data.length, true);
+    return OK;
+  }
+
+  env() {
+    const h = this.host, w = this;
+    return {
+      proxy_log(level, ptr, len) {
+        const msg = w.str(ptr, len);
+        if (msg === null) return INVALID_MEMORY_ACCESS;
+        h.logs.push({ level, msg, worker: w.index });
+        return OK;
+      },
+      proxy_get_buffer_bytes(type, start, max, ptrPtr, sizePtr) {
+        let buf;
+        if (type === 6) buf = h.vmConfig; else if (type === 7) buf = h.pluginConfig;
+        else if (type === 4 && w.callResp) buf = w.callResp.body;
+        else return type > 7 ? BAD_ARGUMENT : NOT_FOUND;
+        const s = Math.min(start, buf.length), e = Math.min(buf.length, s + max);
+        return w.copyOut(buf.subarray(s, e), ptrPtr, sizePtr);
+      },
+      proxy_get_header_map_value(map, kptr, klen, ptrPtr, sizePtr) {
+        const key = w.str(kptr, klen);
+        if (key === null) return INVALID_MEMORY_ACCESS;
+        const hs = w.headerMap(map);
+        if (!hs) return BAD_ARGUMENT;
+        const found = hs.find(([k]) => k === key.toLowerCase());
+        if (!found) return NOT_FOUND;
+        return w.copyOut(te.encode(found[1]), ptrPtr, sizePtr);
+      },
+      proxy_get_header_map_pairs(map, ptrPtr, sizePtr) {
+        const hs = w.headerMap(map);
+        if (!hs) return BAD_ARGUMENT;
+        return w.copyOut(encodePairs(hs), ptrPtr, sizePtr);
+      },
+      proxy_http_call(uptr, ulen, hptr, hlen, bptr, blen, tptr, tlen, timeout, tokenPtr) {
+        const cluster = w.str(uptr, ulen), raw = w.read(hptr, hlen), body = w.read(bptr, blen);
+        if (cluster === null || raw === null || body === null) return INVALID_MEMORY_ACCESS;
+        const headers = decodePairs(raw) || [];
+        for (const need of [':method', ':path', ':authority']) {
+          if (!headers.some(([k]) => k === need)) return BAD_ARGUMENT;
+        }
+        if (!h.clusters.has(cluster)) return BAD_ARGUMENT; // Envoy: unknown cluster
+        const token = h.nextToken++;
+        w.calls.push({ token, cluster, headers, body, timeout, stream: w.cur ? w.cur.id : 0 });
+        w.view().setUint32(tokenPtr, token, true);
+        return OK;
+      },
+      proxy_set_effective_context(id) {
+        const s = w.streams.get(id);
+        if (!s || s.done) return BAD_ARGUMENT; // previous context stays effective
+        w.cur = s;
+        return OK;
+      },
+      proxy_continue_stream(type) {
+        if (type > 1) return BAD_ARGUMENT;
+        if (w.cur && type === 0) w.cur.continued++;
+        return OK; // on the root context Envoy answers OK and does nothing
+      },
+      proxy_replace_header_map_value(map, kptr, klen, vptr, vlen) {
+        const key = w.str(kptr, klen), val = w.str(vptr, vlen);
+        if (key === null || val === null) return INVALID_MEMORY_ACCESS;
+        const hs = w.headerMap(map);
+        if (!hs) return BAD_ARGUMENT;
+        const k = key.toLowerCase();
+        const i = hs.findIndex(([n]) => n === k);
+        if (i < 0) hs.push([k, val]);
+        else { hs[i] = [k, val]; for (let j = hs.length - 1; j > i; j--) if (hs[j][0] === k) hs.splice(j, 1); }
+        return OK;
+      },
+      proxy_send_local_response(status, dptr, dlen, bptr, blen, hptr, hlen, grpcStatus) {
+        const details = w.str(dptr, dlen), body = w.read(bptr, blen), raw = w.read(hptr, hlen);
+        if (details === null || body === null || raw === null) return INVALID_MEMORY_ACCESS;
+        const s = w.cur;
+        if (!s) return BAD_ARGUMENT;
+        if (s.local) return BAD_ARGUMENT;
+        s.local = { status, details, body, headers: hlen ? (decodePairs(raw) || []) : [], grpcStatus };
+        return OK;
+      },
+      proxy_get_shared_data(kptr, klen, ptrPtr, sizePtr, casPtr) {
+        const key = w.str(kptr, klen);
+        if (key === null) return INVALID_MEMORY_ACCESS;
+        const e = h.shared.get(key);
+        if (!e) return NOT_FOUND;
+        const st = w.copyOut(e.value, ptrPtr, sizePtr);
+        if (st !== OK) return st;
+        w.view().setUint32(casPtr, e.cas, true);
+        return OK;
+      },
+      proxy_set_shared_data(kptr, klen, vptr, vlen, cas) {
+        const key = w.str(kptr, klen), val = w.read(vptr, vlen);
+        if (key === null || val === null) return INVALID_MEMORY_ACCESS;
+        return h.shared.set(key, val, cas >>> 0);
+      },
+      proxy_get_property(pptr, plen, ptrPtr, sizePtr) {
+        const path = w.str(pptr, plen);
+        if (path === null) return INVALID_MEMORY_ACCESS;
+        const v = w.property(path.split('\0').join('.'));
+        if (v === undefined) return NOT_FOUND;
+        return w.copyOut(te.encode(v), ptrPtr, sizePtr);
+      },
+      proxy_define_metric(type, nptr, nlen, idPtr) {
+        const name = w.str(nptr, nlen);
+        if (name === null) return INVALID_MEMORY_ACCESS;
+        if (type > 2) return BAD_ARGUMENT;
+        let id = h.metricIDs.get(name);
+        if (id === undefined) { id = h.metrics.length; h.metrics.push({ name, type, value: 0n }); h.metricIDs.set(name, id); }
+        w.view().setUint32(idPtr, id, true);
+        return OK;
+      },
+      proxy_increment_metric(id, delta) { // delta: i64, a BigInt in V8
+        const m = h.metrics[id];
+        if (!m) return NOT_FOUND;
+        if (typeof delta !== 'bigint') throw new Error('proxy_increment_metric: i64 arrived as ' + typeof delta);
+        m.value += delta;
+        return OK;
+      },
+    };
+  }
+
+  wasi() {
+    const h = this.host, w = this;
+    return {
+      clock_time_get(id, precision, resultPtr) { // precision: i64 BigInt
+        w.view().setBigUint64(resultPtr, h.clock.now(), true);
+        return 0;
+      },
+      random_get(ptr, len) { crypto.getRandomValues(w.bytes().subarray(ptr, ptr + len)); return 0; },
+      fd_write(fd, iovs, iovsLen, nPtr) {
+        const dv = w.view();
+        let n = 0, text = '';
+        for (let i = 0; i < iovsLen; i++) {
+          const p = dv.getUint32(iovs + 8 * i, true), l = dv.getUint32(iovs + 8 * i + 4, true);
+          text += td.decode(w.bytes().subarray(p, p + l)); n += l;
+        }
+        h.logs.push({ level: fd === 2 ? 4 : 2, msg: 'fd ' + fd + ': ' + text, worker: w.index });
+        dv.setUint32(nPtr, n, true);
+        return 0;
+      },
+      poll_oneoff() { return ENOSYS; }, // as Envoy 1.33 to ~1.38 answer
+      sched_yield() { return 0; },
+      proc_exit(code) { throw new Error('proc_exit(' + code + ')'); },
+      args_sizes_get(a, b) { const dv = w.view(); dv.setUint32(a, 0, true); dv.setUint32(b, 0, true); return 0; },
+      args_get() { return 0; },
+      environ_sizes_get(a, b) { const dv = w.view(); dv.setUint32(a, 0, true); dv.setUint32(b, 0, true); return 0; },
+      environ_get() { return 0; },
+      fd_fdstat_get() { return EBADF; },
+      fd_fdstat_set_flags() { return ENOSYS; },
+      fd_prestat_get() { return EBADF; }, // no preopened directories
+      fd_prestat_dir_name() { return EBADF; },
+    };
+  }
+
+  headerMap(map) {
+    if (map === 6 || map === 7) return this.callResp ? (map === 6 ? this.callResp.headers : this.callResp.trailers) : null;
+    const s = this.cur;
+    if (!s) return null;
+    if (map === 0) return s.reqHeaders;
+    if (map === 2) return s.respHeaders;
+    if (map === 6 && this.callResp) return this.callResp.headers;
+    if (map === 7 && this.callResp) return this.callResp.trailers;
+    return null;
+  }
+
+  property(path) {
+    const h = this.host, s = this.cur;
+    switch (path) {
+      case 'plugin_name': return h.pluginName;
+      case 'plugin_root_id': return h.rootID;
+      case 'plugin_vm_id': return h.vmID;
+    }
+    if (!s) return undefined;
+    switch (path) {
+      case 'source.address': return s.source;
+      case 'request.path': return s.get(':path');
+      case 'request.method': return s.get(':method');
+      case 'request.host': return s.get(':authority');
+    }
+    return undefined;
+  }
+
+  async start(module, wrapEnv) {
+    const env = wrapEnv ? wrapEnv(this.env()) : this.env();
+    const imports = { env, wasi_snapshot_preview1: this.wasi() };
+    this.instance = await WebAssembly.instantiate(module, imports);
+    const ex = this.instance.exports;
+    this.ex = ex;
+    this.memory = ex.memory;
+    this.malloc = ex.malloc || ex.proxy_on_memory_allocate;
+    ex._initialize();
+    ex.proxy_on_context_create(1, 0);
+    if (ex.proxy_on_vm_start && !ex.proxy_on_vm_start(1, this.host.vmConfig.length)) throw new Error('proxy_on_vm_start returned false');
+    if (!ex.proxy_on_configure(1, this.host.pluginConfig.length)) throw new Error('proxy_on_configure returned false');
+  }
+
+  // request runs one stream through the filter in Envoy's order and
+  // returns the response the client would get. A request the filter pauses
+  // waits for its calls: each is answered by answerCall (the test's
+  // rate-limit service), delivered to the root context as Envoy does, and
+  // the stream goes on if the filter continued it.
+  request(req, answerCall) {
+    const ex = this.ex;
+    const s = {
+      id: this.nextID++,
+      reqHeaders: req.headers.map(([k, v]) => [k.toLowerCase(), v]),
+      respHeaders: null,
+      source: req.source || '127.0.0.1:40000',
+      local: null,
+      continued: 0,
+      done: false,
+      get(name) { const f = this.reqHeaders.find(([k]) => k === name); return f && f[1]; },
+    };
+    this.streams.set(s.id, s);
+    const call = (fn, ...args) => { this.cur = s; try { return fn(...args); } finally { this.cur = null; } };
+    call(ex.proxy_on_context_create, s.id, 1);
+    const action = call(ex.proxy_on_request_headers, s.id, s.reqHeaders.length, 1);
+    const grpc = /^application\/grpc([+;]|$)/i.test(s.get('content-type') || '');
+    const calls = [];
+    if (action !== 0 && !s.local) {
+      // Paused: answer this stream's calls from the root context.
+      while (this.calls.length > 0 && s.continued === 0 && !s.local) {
+        const c = this.calls.shift();
+        calls.push(c);
+        const resp = answerCall ? answerCall(c) : null;
+        this.callResp = resp || { headers: [], trailers: [], body: new Uint8Array(0) };
+        this.cur = null;
+        try {
+          ex.proxy_on_http_call_response(1, c.token, this.callResp.headers.length, this.callResp.body.length, this.callResp.trailers.length);
+        } finally { this.callResp = null; this.cur = null; }
+      }
+    }
+    let body = '';
+    if (s.local) {
+      ({ headers: s.respHeaders, body } = localReply(s.local, grpc));
+    } else if (action !== 0 && s.continued === 0) {
+      s.respHeaders = [[':status', '500']];
+      body = 'v8host: the filter paused the request and never resumed it\n';
+    } else {
+      s.respHeaders = [[':status', '200'], ['content-type', 'application/json']];
+      body = '{"echo":true}';
+    }
+    const local = s.local;
+    if (!local) call(ex.proxy_on_response_headers, s.id, s.respHeaders.length, body.length === 0 ? 1 : 0);
+    if (s.local !== local) ({ headers: s.respHeaders, body } = localReply(s.local, grpc));
+    call(ex.proxy_on_log, s.id);
+    call(ex.proxy_on_done, s.id);
+    call(ex.proxy_on_delete, s.id);
+    s.done = true;
+    this.streams.delete(s.id);
+    const status = Number((s.respHeaders.find(([k]) => k === ':status') || [, '0'])[1]);
+    return { status, headers: s.respHeaders.filter(([k]) => !k.startsWith(':')), body, paused: action !== 0, continued: s.continued,
+      calls: calls.map((c) => ({ cluster: c.cluster, headers: c.headers, timeout: c.timeout, body: Buffer.from(c.body).toString('base64') })) };
+  }
+}
+
+// localReply builds the response of proxy_send_local_response as Envoy
+// does: a gRPC request gets HTTP 200 with grpc-status and grpc-message.
+function localReply(lr, grpc) {
+  const hs = [[':status', String(lr.status)], ...lr.headers.map(([k, v]) => [k.toLowerCase(), v])];
+  const set = (k, v) => { const i = hs.findIndex(([n]) => n === k); if (i < 0) hs.push([k, v]); else hs[i] = [k, v]; };
+  const body = td.decode(lr.body);
+  if (grpc) {
+    set(':status', '200');
+    set('content-type', 'application/grpc');
+    if (!hs.some(([k]) => k === 'grpc-status')) {
+      const code = lr.grpcStatus >= 0 && lr.grpcStatus <= 16 ? lr.grpcStatus : httpToGRPC(lr.status);
+      set('grpc-status', String(code));
+    }
+    if (body) set('grpc-message', encodeURIComponent(body));
+    return { headers: hs, body: '' };
+  }
+  if (body && !hs.some(([k]) => k === 'content-type')) hs.push(['content-type', 'text/plain']);
+  return { headers: hs, body };
+}
+
+function httpToGRPC(status) {
+  return { 400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14 }[status] ?? 2;
+}
+
+// Host runs workers of one module with one shared-data store.
+export class Host {
+  constructor({ pluginConfig = '', vmConfig = '', workers = 2, now, pluginName = 'tokengate', rootID = '', vmID = '', clusters = [] } = {}) {
+    this.pluginConfig = te.encode(pluginConfig);
+    this.vmConfig = te.encode(vmConfig);
+    this.nWorkers = workers;
+    this.clock = new Clock(now);
+    this.shared = new SharedData();
+    this.metrics = []; this.metricIDs = new Map();
+    this.logs = [];
+    this.pluginName = pluginName; this.rootID = rootID; this.vmID = vmID;
+    this.next = 0;
+    this.clusters = new Set(clusters);
+    this.nextToken = 1;
+  }
+
+  // start compiles the module and starts the workers; wrapEnv, if given,
+  // may wrap the env functions (bench/v8 times them).
+  async start(wasmBytes, wrapEnv) {
+    const module = await WebAssembly.compile(wasmBytes);
+    this.workers = [];
+    for (let i = 0; i < this.nWorkers; i++) {
+      const w = new Worker(this, i);
+      await w.start(module, wrapEnv);
+      this.workers.push(w);
+    }
+  }
+
+  // request runs on the given worker, or round robin.
+  request(req, answerCall) {
+    const i = req.worker ?? (this.next++ % this.workers.length);
+    return this.workers[i].request(req, answerCall);
+  }
+
+  metric(name) {
+    const id = this.metricIDs.get(name);
+    return id === undefined ? undefined : this.metrics[id].value;
+  }
+}

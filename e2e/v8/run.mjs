@@ -1,0 +1,96 @@
+// run.mjs drives host.mjs from a JSON script (argv[2]) and prints one JSON
+// line per step, for the Go tests in this directory:
+//
+//   node --no-liftoff run.mjs script.json
+//
+// A script: {"wasm": path, "pluginConfig": string, "workers": n,
+// "nowNs": "decimal ns" (a fixed clock; omit for the wall clock),
+// "clusters": [names], "steps": [...]}. Steps:
+//   {"op": "request", "headers": [[k, v]...], "source": "ip:port",
+//    "worker": i, "rls": {"codes": [1|2...], "remaining": n, "reset": s} |
+//    {"fail": true}}           the rate-limit service's answer, if called
+//   {"op": "advance", "ms": n} move the fixed clock
+//   {"op": "shared"}           the shared data, sorted
+//   {"op": "metric", "name": s}
+//   {"op": "logs"}             the log lines so far
+//   {"op": "repeat", "n": n, "step": {...}} a request n times, summarised
+import { readFileSync } from 'node:fs';
+import { Host } from './host.mjs';
+
+const script = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+const out = (o) => process.stdout.write(JSON.stringify(o, (k, v) => (typeof v === 'bigint' ? v.toString() : v)) + '\n');
+
+// The test's rate-limit service: a RateLimitResponse in protobuf's wire
+// format, written here by hand (not the module's encoder), unary-gRPC
+// framed.
+function varint(n) {
+  const b = [];
+  n = BigInt(n);
+  while (n >= 0x80n) { b.push(Number(n & 0x7fn) | 0x80); n >>= 7n; }
+  b.push(Number(n));
+  return b;
+}
+const field = (num, wt) => varint((num << 3) | wt);
+const bytesField = (num, bs) => [...field(num, 2), ...varint(bs.length), ...bs];
+function rlsAnswer(spec) {
+  if (spec.fail) return null; // no headers: a timeout or reset
+  let overall = 1;
+  const msg = [];
+  for (const code of spec.codes) {
+    if (code === 2) overall = 2;
+  }
+  msg.push(...field(1, 0), ...varint(overall));
+  for (const code of spec.codes) {
+    const st = [...field(1, 0), ...varint(code), ...field(3, 0), ...varint(spec.remaining || 0),
+      ...bytesField(4, [...field(1, 0), ...varint(spec.reset || 0)])];
+    msg.push(...bytesField(2, st));
+  }
+  const body = new Uint8Array(5 + msg.length);
+  new DataView(body.buffer).setUint32(1, msg.length, false);
+  body.set(msg, 5);
+  return { headers: [[':status', '200'], ['content-type', 'application/grpc']], trailers: [['grpc-status', '0']], body };
+}
+
+const host = new Host({
+  pluginConfig: script.pluginConfig, workers: script.workers || 2,
+  now: script.nowNs === undefined ? undefined : BigInt(script.nowNs), clusters: script.clusters || [],
+});
+try {
+  await host.start(readFileSync(script.wasm));
+} catch (e) {
+  out({ op: 'start', error: String(e.message || e), logs: host.logs });
+  process.exit(0);
+}
+out({ op: 'start', ok: true });
+const req = (st) => host.request(st, st.rls ? () => rlsAnswer(st.rls) : undefined);
+for (const st of script.steps) {
+  switch (st.op) {
+    case 'request':
+      out({ op: 'request', ...req(st) });
+      break;
+    case 'repeat': {
+      const statuses = {};
+      for (let i = 0; i < st.n; i++) {
+        const r = req(st.step);
+        statuses[r.status] = (statuses[r.status] || 0) + 1;
+      }
+      out({ op: 'repeat', statuses });
+      break;
+    }
+    case 'advance':
+      host.clock.advance(st.ms);
+      out({ op: 'advance' });
+      break;
+    case 'shared':
+      out({ op: 'shared', entries: host.shared.entries() });
+      break;
+    case 'metric':
+      out({ op: 'metric', value: host.metric(st.name) });
+      break;
+    case 'logs':
+      out({ op: 'logs', logs: host.logs });
+      break;
+    default:
+      throw new Error('unknown step ' + st.op);
+  }
+}
