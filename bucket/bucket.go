@@ -35,8 +35,17 @@ const MaxClockSkew = 1.0
 //     always empty and every Take of positive cost is rejected with
 //     RetryAfter +Inf.
 type Limit struct {
-	Rate  float64 // tokens per second, > 0
+	Rate  float64 // tokens per second, > 0 (per window for a fixed window)
 	Burst float64 // capacity in tokens, > 0
+
+	// Window, when > 0, makes the limit a fixed window of Window seconds
+	// instead of a continuous bucket: Rate tokens arrive at once at the
+	// start of each window, up to Burst (the rollover capacity), and
+	// State.Last is the start of the window the tokens were counted in.
+	// Windows start at Offset + k × Window seconds since the epoch; Offset
+	// matters only when a state is created (Full), since a stored Last
+	// carries its phase.
+	Window, Offset float64
 }
 
 // State is the stored state of one bucket.
@@ -63,6 +72,10 @@ type Result struct {
 	// or a Limit that does not refill). Callers that need whole seconds take
 	// math.Ceil.
 	RetryAfter float64
+	// FullIn is the number of seconds until the bucket is full again,
+	// assuming nothing takes from it (ResetAfter for a continuous bucket;
+	// the start of the window that refills it for a fixed window).
+	FullIn float64
 }
 
 // Valid reports whether l has a finite Rate > 0 and a finite Burst > 0.
@@ -96,13 +109,35 @@ func finite(x float64) bool {
 // If now is not finite, the returned Last is not finite either; Refill
 // treats such a state as a full bucket, so it is still safe to use.
 func (l Limit) Full(now float64) State {
-	return State{Tokens: l.burst(), Last: now}
+	return State{Tokens: l.burst(), Last: l.windowStart(now)}
+}
+
+// fixed reports whether l is a fixed window.
+func (l Limit) fixed() bool { return l.Window > 0 && l.Window <= math.MaxFloat64 }
+
+// windowStart returns the start of the window holding now: now itself for
+// a continuous bucket.
+func (l Limit) windowStart(now float64) float64 {
+	if !l.fixed() || !finite(now) {
+		return now
+	}
+	off := l.Offset
+	if !finite(off) {
+		off = 0
+	}
+	return off + math.Floor((now-off)/l.Window)*l.Window
 }
 
 // FillTime returns the number of seconds a bucket takes to refill from empty
 // to full: Burst/Rate. It is 0 for a Rate of +Inf or an invalid Burst, and
 // +Inf for an invalid Rate with a valid Burst.
 func (l Limit) FillTime() float64 {
+	if l.fixed() {
+		if l.rate() == 0 {
+			return math.Inf(1)
+		}
+		return math.Ceil(l.burst()/l.rate()) * l.Window
+	}
 	return l.ResetAfter(0)
 }
 
@@ -142,9 +177,12 @@ func (l Limit) Refill(s State, now float64) State {
 	burst := l.burst()
 	if !finite(s.Tokens) || !finite(s.Last) {
 		if finite(now) {
-			return State{Tokens: burst, Last: now}
+			return State{Tokens: burst, Last: l.windowStart(now)}
 		}
 		return State{Tokens: burst, Last: s.Last}
+	}
+	if l.fixed() {
+		return l.refillWindows(s, now)
 	}
 	tokens := s.Tokens
 	if tokens > burst {
@@ -181,6 +219,30 @@ func (l Limit) Refill(s State, now float64) State {
 	return State{Tokens: tokens, Last: now}
 }
 
+// refillWindows is Refill for a fixed window: Rate tokens for each window
+// start passed since s.Last, up to Burst, and Last moved to the start of the
+// current window. A clock behind s.Last refills nothing.
+func (l Limit) refillWindows(s State, now float64) State {
+	burst := l.burst()
+	tokens := math.Min(math.Max(s.Tokens, 0), burst)
+	if !finite(now) || now < s.Last {
+		if finite(now) && s.Last-now > MaxClockSkew {
+			return State{Tokens: tokens, Last: l.windowStart(now)}
+		}
+		return State{Tokens: tokens, Last: s.Last}
+	}
+	n := math.Floor((now - s.Last) / l.Window)
+	if n >= 1 {
+		if add := n * l.rate(); add >= burst-tokens {
+			tokens = burst
+		} else if add > 0 {
+			tokens += add
+		}
+		s.Last += n * l.Window
+	}
+	return State{Tokens: tokens, Last: s.Last}
+}
+
 // Take refills s to now and takes cost tokens if the bucket holds at least
 // that many. It returns the new state and the decision.
 //
@@ -195,9 +257,38 @@ func (l Limit) Take(s State, now, cost float64) (State, Result) {
 	}
 	if s.Tokens >= cost { // false for a NaN cost
 		s.Tokens -= cost // never negative: rounding is monotonic
-		return s, Result{Allowed: true, Tokens: s.Tokens}
+		return s, Result{Allowed: true, Tokens: s.Tokens, FullIn: l.FullAfter(s, now)}
 	}
-	return s, Result{Tokens: s.Tokens, RetryAfter: l.retryAfter(s.Tokens, cost)}
+	retry := l.retryAfter(s.Tokens, cost)
+	if l.fixed() && !math.IsInf(retry, 1) {
+		retry = l.untilWindows(s, now, cost-s.Tokens)
+	}
+	return s, Result{Tokens: s.Tokens, RetryAfter: retry, FullIn: l.FullAfter(s, now)}
+}
+
+// FullAfter returns the seconds from now until s, refilled to now, is full,
+// assuming nothing takes from it.
+func (l Limit) FullAfter(s State, now float64) float64 {
+	if !l.fixed() {
+		return l.ResetAfter(s.Tokens)
+	}
+	if s.Tokens >= l.burst() {
+		return 0
+	}
+	if l.rate() == 0 {
+		return math.Inf(1)
+	}
+	return l.untilWindows(s, now, l.burst()-s.Tokens)
+}
+
+// untilWindows returns the seconds from now until the window start that
+// brings need more tokens to s: always > 0.
+func (l Limit) untilWindows(s State, now, need float64) float64 {
+	d := s.Last + math.Ceil(need/l.rate())*l.Window - now
+	if d <= 0 {
+		return math.SmallestNonzeroFloat64
+	}
+	return d
 }
 
 // retryAfter returns the seconds until tokens grow to cost > tokens: always

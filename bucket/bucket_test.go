@@ -252,25 +252,25 @@ func TestNonFinite(t *testing.T) {
 		want  State
 		res   Result
 	}{
-		{"NaN tokens is full", Limit{1, 5}, State{nan, t0}, t0 + 1, 1, State{4, t0 + 1}, Result{true, 4, 0}},
-		{"+Inf tokens is full", Limit{1, 5}, State{inf, t0}, t0, 1, State{4, t0}, Result{true, 4, 0}},
-		{"-Inf tokens is full", Limit{1, 5}, State{-inf, t0}, t0, 1, State{4, t0}, Result{true, 4, 0}},
-		{"NaN last is full at now", Limit{1, 5}, State{0, nan}, t0, 1, State{4, t0}, Result{true, 4, 0}},
-		{"+Inf last is full at now", Limit{1, 5}, State{0, inf}, t0, 1, State{4, t0}, Result{true, 4, 0}},
-		{"negative tokens clamp to 0", Limit{1, 5}, State{-3, t0}, t0 + 1, 1, State{0, t0 + 1}, Result{true, 0, 0}},
-		{"NaN now: no refill, last kept", Limit{1, 5}, State{2, t0}, nan, 1, State{1, t0}, Result{true, 1, 0}},
-		{"+Inf now: no refill, last kept", Limit{1, 5}, State{2, t0}, inf, 1, State{1, t0}, Result{true, 1, 0}},
-		{"-Inf now: no refill, last kept", Limit{1, 5}, State{2, t0}, -inf, 3, State{2, t0}, Result{false, 2, 1}},
-		{"NaN cost never", Limit{1, 5}, State{5, t0}, t0, nan, State{5, t0}, Result{false, 5, inf}},
-		{"+Inf cost never", Limit{1, 5}, State{5, t0}, t0, inf, State{5, t0}, Result{false, 5, inf}},
-		{"-Inf cost is 0", Limit{1, 5}, State{5, t0}, t0, -inf, State{5, t0}, Result{true, 5, 0}},
-		{"NaN rate never refills", Limit{nan, 5}, State{0, t0}, t0 + 9, 1, State{0, t0 + 9}, Result{false, 0, inf}},
-		{"zero rate never refills", Limit{0, 5}, State{2, t0}, t0 + 9, 1, State{1, t0 + 9}, Result{true, 1, 0}},
-		{"+Inf rate always full", Limit{inf, 5}, State{0, t0}, t0, 5, State{0, t0}, Result{true, 0, 0}},
-		{"+Inf rate, cost above burst", Limit{inf, 5}, State{0, t0}, t0, 6, State{5, t0}, Result{false, 5, inf}},
-		{"NaN burst is empty", Limit{1, nan}, State{3, t0}, t0 + 9, 1, State{0, t0 + 9}, Result{false, 0, inf}},
-		{"+Inf burst is empty", Limit{1, inf}, State{3, t0}, t0 + 9, 1, State{0, t0 + 9}, Result{false, 0, inf}},
-		{"zero burst is empty", Limit{1, 0}, State{3, t0}, t0 + 9, 0, State{0, t0 + 9}, Result{true, 0, 0}},
+		{"NaN tokens is full", Limit{Rate: 1, Burst: 5}, State{nan, t0}, t0 + 1, 1, State{4, t0 + 1}, Result{Allowed: true, Tokens: 4, RetryAfter: 0}},
+		{"+Inf tokens is full", Limit{Rate: 1, Burst: 5}, State{inf, t0}, t0, 1, State{4, t0}, Result{Allowed: true, Tokens: 4, RetryAfter: 0}},
+		{"-Inf tokens is full", Limit{Rate: 1, Burst: 5}, State{-inf, t0}, t0, 1, State{4, t0}, Result{Allowed: true, Tokens: 4, RetryAfter: 0}},
+		{"NaN last is full at now", Limit{Rate: 1, Burst: 5}, State{0, nan}, t0, 1, State{4, t0}, Result{Allowed: true, Tokens: 4, RetryAfter: 0}},
+		{"+Inf last is full at now", Limit{Rate: 1, Burst: 5}, State{0, inf}, t0, 1, State{4, t0}, Result{Allowed: true, Tokens: 4, RetryAfter: 0}},
+		{"negative tokens clamp to 0", Limit{Rate: 1, Burst: 5}, State{-3, t0}, t0 + 1, 1, State{0, t0 + 1}, Result{Allowed: true, Tokens: 0, RetryAfter: 0}},
+		{"NaN now: no refill, last kept", Limit{Rate: 1, Burst: 5}, State{2, t0}, nan, 1, State{1, t0}, Result{Allowed: true, Tokens: 1, RetryAfter: 0}},
+		{"+Inf now: no refill, last kept", Limit{Rate: 1, Burst: 5}, State{2, t0}, inf, 1, State{1, t0}, Result{Allowed: true, Tokens: 1, RetryAfter: 0}},
+		{"-Inf now: no refill, last kept", Limit{Rate: 1, Burst: 5}, State{2, t0}, -inf, 3, State{2, t0}, Result{Allowed: false, Tokens: 2, RetryAfter: 1}},
+		{"NaN cost never", Limit{Rate: 1, Burst: 5}, State{5, t0}, t0, nan, State{5, t0}, Result{Allowed: false, Tokens: 5, RetryAfter: inf}},
+		{"+Inf cost never", Limit{Rate: 1, Burst: 5}, State{5, t0}, t0, inf, State{5, t0}, Result{Allowed: false, Tokens: 5, RetryAfter: inf}},
+		{"-Inf cost is 0", Limit{Rate: 1, Burst: 5}, State{5, t0}, t0, -inf, State{5, t0}, Result{Allowed: true, Tokens: 5, RetryAfter: 0}},
+		{"NaN rate never refills", Limit{Rate: nan, Burst: 5}, State{0, t0}, t0 + 9, 1, State{0, t0 + 9}, Result{Allowed: false, Tokens: 0, RetryAfter: inf}},
+		{"zero rate never refills", Limit{Rate: 0, Burst: 5}, State{2, t0}, t0 + 9, 1, State{1, t0 + 9}, Result{Allowed: true, Tokens: 1, RetryAfter: 0}},
+		{"+Inf rate always full", Limit{Rate: inf, Burst: 5}, State{0, t0}, t0, 5, State{0, t0}, Result{Allowed: true, Tokens: 0, RetryAfter: 0}},
+		{"+Inf rate, cost above burst", Limit{Rate: inf, Burst: 5}, State{0, t0}, t0, 6, State{5, t0}, Result{Allowed: false, Tokens: 5, RetryAfter: inf}},
+		{"NaN burst is empty", Limit{Rate: 1, Burst: nan}, State{3, t0}, t0 + 9, 1, State{0, t0 + 9}, Result{Allowed: false, Tokens: 0, RetryAfter: inf}},
+		{"+Inf burst is empty", Limit{Rate: 1, Burst: inf}, State{3, t0}, t0 + 9, 1, State{0, t0 + 9}, Result{Allowed: false, Tokens: 0, RetryAfter: inf}},
+		{"zero burst is empty", Limit{Rate: 1, Burst: 0}, State{3, t0}, t0 + 9, 0, State{0, t0 + 9}, Result{Allowed: true, Tokens: 0, RetryAfter: 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -278,6 +278,11 @@ func TestNonFinite(t *testing.T) {
 			if s != tt.want {
 				t.Errorf("got state %+v, want %+v", s, tt.want)
 			}
+			// A continuous bucket is full in ResetAfter(tokens).
+			if full := tt.limit.ResetAfter(r.Tokens); r.FullIn != full {
+				t.Errorf("FullIn %v, want ResetAfter(%v) = %v", r.FullIn, r.Tokens, full)
+			}
+			r.FullIn = 0
 			if r != tt.res {
 				t.Errorf("got result %+v, want %+v", r, tt.res)
 			}
@@ -293,16 +298,16 @@ func TestResetAfterAndFillTime(t *testing.T) {
 		reset  float64
 		fill   float64
 	}{
-		{"empty", Limit{2, 10}, 0, 5, 5},
-		{"half", Limit{2, 10}, 5, 2.5, 5},
-		{"full", Limit{2, 10}, 10, 0, 5},
-		{"over full", Limit{2, 10}, 12, 0, 5},
-		{"negative", Limit{2, 10}, -1, 5, 5},
-		{"NaN tokens", Limit{2, 10}, math.NaN(), 0, 5},
-		{"fractional rate", Limit{0.5, 2}, 1, 2, 4},
-		{"zero rate", Limit{0, 2}, 1, inf, inf},
-		{"infinite rate", Limit{inf, 2}, 1, 0, 0},
-		{"invalid burst", Limit{1, math.NaN()}, 0, 0, 0},
+		{"empty", Limit{Rate: 2, Burst: 10}, 0, 5, 5},
+		{"half", Limit{Rate: 2, Burst: 10}, 5, 2.5, 5},
+		{"full", Limit{Rate: 2, Burst: 10}, 10, 0, 5},
+		{"over full", Limit{Rate: 2, Burst: 10}, 12, 0, 5},
+		{"negative", Limit{Rate: 2, Burst: 10}, -1, 5, 5},
+		{"NaN tokens", Limit{Rate: 2, Burst: 10}, math.NaN(), 0, 5},
+		{"fractional rate", Limit{Rate: 0.5, Burst: 2}, 1, 2, 4},
+		{"zero rate", Limit{Rate: 0, Burst: 2}, 1, inf, inf},
+		{"infinite rate", Limit{Rate: inf, Burst: 2}, 1, 0, 0},
+		{"invalid burst", Limit{Rate: 1, Burst: math.NaN()}, 0, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -321,15 +326,15 @@ func TestValid(t *testing.T) {
 		limit Limit
 		want  bool
 	}{
-		{Limit{1, 1}, true},
-		{Limit{0.1, 1e9}, true},
-		{Limit{0, 1}, false},
-		{Limit{1, 0}, false},
-		{Limit{-1, 1}, false},
-		{Limit{inf, 1}, false},
-		{Limit{1, inf}, false},
-		{Limit{math.NaN(), 1}, false},
-		{Limit{1, math.NaN()}, false},
+		{Limit{Rate: 1, Burst: 1}, true},
+		{Limit{Rate: 0.1, Burst: 1e9}, true},
+		{Limit{Rate: 0, Burst: 1}, false},
+		{Limit{Rate: 1, Burst: 0}, false},
+		{Limit{Rate: -1, Burst: 1}, false},
+		{Limit{Rate: inf, Burst: 1}, false},
+		{Limit{Rate: 1, Burst: inf}, false},
+		{Limit{Rate: math.NaN(), Burst: 1}, false},
+		{Limit{Rate: 1, Burst: math.NaN()}, false},
 	}
 	for i, tt := range tests {
 		if got := tt.limit.Valid(); got != tt.want {

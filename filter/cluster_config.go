@@ -102,6 +102,9 @@ func checkClusterRules(cfg *Config) error {
 		if r.Cluster && cfg.Settings.RLS == nil {
 			return errAt("settings.rls", "is required: rule "+strconv.Quote(r.Name)+` has "scope": "cluster"`)
 		}
+		if r.Cluster && r.Limit.Window > 0 {
+			return errAt("", "rule "+strconv.Quote(r.Name)+`: "scope": "cluster" decides token buckets only, not fixed windows`)
+		}
 	}
 	return nil
 }

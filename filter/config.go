@@ -108,6 +108,9 @@ type Rule struct {
 	// see sharedstate's "Bounded key space". 0 means one key per identity,
 	// without bound. A rule without limit keys always has one key.
 	MaxKeys int
+	// windowStart is a fixed window's start mode (WindowAligned, ...).
+	windowStart int
+
 	// Cluster reports "scope": "cluster": the rule is decided by the
 	// rate-limit service of Settings.RLS, across every proxy, instead of in
 	// this proxy's shared data.
@@ -464,9 +467,14 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 		}
 		r.Name = name
 	}
+	fixedWindow := false
 	if a := v.Get("algorithm"); a.Exists() {
-		if a.Type != gjson.String || a.Str != "token_bucket" {
-			return nil, errAt(join(path, "algorithm"), `unknown algorithm `+short(a.Raw)+`, want "token_bucket"`)
+		switch {
+		case a.Type == gjson.String && a.Str == "token_bucket":
+		case a.Type == gjson.String && a.Str == "fixed_window":
+			fixedWindow = true
+		default:
+			return nil, errAt(join(path, "algorithm"), `unknown algorithm `+short(a.Raw)+`, want "token_bucket" or "fixed_window"`)
 		}
 	}
 	if keys := v.Get("limit_keys"); keys.Exists() {
@@ -502,7 +510,11 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 			return nil, errAt(kpath, "at most "+strconv.Itoa(maxLimitKeys)+" descriptors")
 		}
 	}
-	if err := algorithmConfig(join(path, "algorithm_config"), v.Get("algorithm_config"), r); err != nil {
+	if fixedWindow {
+		if err := windowConfig(join(path, "algorithm_config"), v.Get("algorithm_config"), r); err != nil {
+			return nil, err
+		}
+	} else if err := algorithmConfig(join(path, "algorithm_config"), v.Get("algorithm_config"), r); err != nil {
 		return nil, err
 	}
 	if m := v.Get("match"); m.Exists() {
@@ -555,6 +567,63 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 	return r, nil
 }
 
+// Window start modes of a fixed window ("window_start").
+const (
+	WindowAligned = iota // windows start at multiples of window_seconds since the epoch
+	WindowHash           // each key's windows start at an offset its hash chooses
+	WindowRandom         // each key's windows start at an offset drawn when it is created
+)
+
+// maxWindow bounds window_seconds (about 31 years).
+const maxWindow = 1e9
+
+// windowConfig reads a fixed window's algorithm_config: limit tokens per
+// window of window_seconds, a rollover capacity (default limit) and where
+// windows start.
+func windowConfig(path string, v gjson.Result, r *Rule) error {
+	if !v.Exists() {
+		return errAt(path, "is required")
+	}
+	if !v.IsObject() {
+		return errAt(path, "must be an object, got "+typeName(v))
+	}
+	if err := onlyFields(path, v, "limit", "window_seconds", "capacity", "window_start", "cost_source", "fixed_cost", "default_cost"); err != nil {
+		return err
+	}
+	need := func(field string, max float64) (float64, error) {
+		f := v.Get(field)
+		if !f.Exists() {
+			return 0, errAt(path+"."+field, "is required")
+		}
+		return positive(path+"."+field, f, max)
+	}
+	limit, err := need("limit", maxBurst)
+	if err != nil {
+		return err
+	}
+	window, err := need("window_seconds", maxWindow)
+	if err != nil {
+		return err
+	}
+	capacity := limit
+	if c := v.Get("capacity"); c.Exists() {
+		if capacity, err = positive(path+".capacity", c, maxBurst); err != nil {
+			return err
+		}
+	}
+	switch ws := v.Get("window_start"); {
+	case !ws.Exists(), ws.Type == gjson.String && ws.Str == "aligned":
+	case ws.Type == gjson.String && ws.Str == "hash":
+		r.windowStart = WindowHash
+	case ws.Type == gjson.String && ws.Str == "random":
+		r.windowStart = WindowRandom
+	default:
+		return errAt(path+".window_start", `must be "aligned", "hash" or "random", got `+short(ws.Raw))
+	}
+	r.Limit = bucket.Limit{Rate: limit, Burst: capacity, Window: window}
+	return costConfig(path, v, r)
+}
+
 func algorithmConfig(path string, v gjson.Result, r *Rule) error {
 	if !v.Exists() {
 		return errAt(path, "is required")
@@ -595,6 +664,13 @@ func algorithmConfig(path string, v gjson.Result, r *Rule) error {
 			") so that an empty bucket refills within 1e9 seconds, got "+num(rate))
 	}
 	r.Limit = bucket.Limit{Rate: rate, Burst: burst}
+	return costConfig(path, v, r)
+}
+
+// costConfig reads the cost fields both algorithms share, then refuses a
+// rule that could never admit a request.
+func costConfig(path string, v gjson.Result, r *Rule) error {
+	var err error
 	r.Cost = CostSource{Kind: CostFixed, Fixed: 1, Default: 1}
 	if fc := v.Get("fixed_cost"); fc.Exists() {
 		if r.Cost.Fixed, err = positive(path+".fixed_cost", fc, maxBurst); err != nil {
@@ -624,18 +700,22 @@ func algorithmConfig(path string, v gjson.Result, r *Rule) error {
 func admissible(path string, v gjson.Result, r *Rule) error {
 	burst := r.Limit.Burst
 	never := " or no request can ever pass"
+	cap := "burst"
+	if r.Limit.Window > 0 {
+		cap = "capacity" // a fixed window's
+	}
 	if r.Cost.Kind == CostFixed && r.Cost.Fixed > burst {
 		if !v.Get("fixed_cost").Exists() {
-			return errAt(path+".burst", "must be >= the cost of a request (1, the default fixed_cost)"+never+", got "+num(burst))
+			return errAt(path+"."+cap, "must be >= the cost of a request (1, the default fixed_cost)"+never+", got "+num(burst))
 		}
-		return errAt(path+".fixed_cost", "must be <= burst ("+num(burst)+")"+never+", got "+num(r.Cost.Fixed))
+		return errAt(path+".fixed_cost", "must be <= "+cap+" ("+num(burst)+")"+never+", got "+num(r.Cost.Fixed))
 	}
 	if r.Cost.Default > burst && (r.Cost.Kind != CostFixed || v.Get("default_cost").Exists()) {
 		if !v.Get("default_cost").Exists() {
-			return errAt(path+".burst", "must be >= default_cost (1, the default), the cost of a request without "+
+			return errAt(path+"."+cap, "must be >= default_cost (1, the default), the cost of a request without "+
 				"a valid cost,"+never+" without one, got "+num(burst))
 		}
-		return errAt(path+".default_cost", "must be <= burst ("+num(burst)+")"+never+" without a valid cost, got "+num(r.Cost.Default))
+		return errAt(path+".default_cost", "must be <= "+cap+" ("+num(burst)+")"+never+" without a valid cost, got "+num(r.Cost.Default))
 	}
 	return nil
 }

@@ -23,11 +23,17 @@ type rulePlan struct {
 // compile fills r.plan; ParseConfig calls it on every rule it returns.
 func (r *Rule) compile() {
 	limit := strconv.FormatInt(int64(r.Limit.Burst), 10)
+	window := seconds(r.Limit.FillTime())
+	if r.Limit.Window > 0 {
+		// A fixed window's quota is its limit per window (capacity may let
+		// unused tokens roll over beyond it).
+		limit, window = strconv.FormatInt(int64(r.Limit.Rate), 10), seconds(r.Limit.Window)
+	}
 	quoted := strconv.Quote(r.Name)
 	r.plan = rulePlan{
 		compiled: true,
 		limit:    limit,
-		policy:   quoted + ";q=" + limit + ";w=" + strconv.FormatInt(seconds(r.Limit.FillTime()), 10),
+		policy:   quoted + ";q=" + limit + ";w=" + strconv.FormatInt(window, 10),
 		quoted:   quoted,
 	}
 }

@@ -258,11 +258,11 @@ type quota struct {
 	reset     int64 // seconds until full
 }
 
-func quotaOf(r *Rule, tokens float64) quota {
+func quotaOf(r *Rule, res bucket.Result) quota {
 	return quota{
 		r:         r,
-		remaining: int64(math.Floor(tokens)),
-		reset:     seconds(r.Limit.ResetAfter(tokens)),
+		remaining: int64(math.Floor(res.Tokens)),
+		reset:     seconds(res.FullIn),
 	}
 }
 
@@ -408,6 +408,9 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 	}
 	g.rules = append(g.rules, r)
 	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.Limit, Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0})
+	if r.windowStart != WindowAligned {
+		g.reqs[len(g.reqs)-1].Limit.Offset = r.windowOffset(p.rc.vals[start:])
+	}
 	g.vals = append(g.vals, [2]int{start, len(p.rc.vals)})
 	return true
 }
@@ -530,7 +533,7 @@ func (s *Stream) decide(req *request, now float64) Action {
 		s.quotas, s.best = s.quotas[:0], 0
 		for i, r := range g.rules {
 			r.metrics.allowed.inc(p.host, 1)
-			s.quotas = append(s.quotas, quotaOf(r, g.res[i].Tokens))
+			s.quotas = append(s.quotas, quotaOf(r, g.res[i]))
 			if g.res[i].Tokens < g.res[s.best].Tokens {
 				s.best = i
 			}
@@ -702,4 +705,22 @@ func (p *Plugin) recoverTo(callback string, fail func()) {
 	}
 	p.metrics.panics.inc(p.host, 1)
 	p.host.Log(LogCritical, "tokengate: recovered panic in "+callback+", failing open: "+msg)
+}
+
+// windowOffset is where a fixed window's windows start for the key with
+// these limit-key values, in seconds after multiples of the window: chosen
+// by the key's hash (the same on every worker and after a restart), or at
+// random (used only when the key's state is created; the stored window
+// start keeps it from then on, for every worker).
+func (r *Rule) windowOffset(vals []string) float64 {
+	w := r.Limit.Window
+	if r.windowStart == WindowRandom {
+		return rand.Float64() * w
+	}
+	h := fnv64(r.Name)
+	for _, v := range vals {
+		h = fnv64Add(fnv64Add(h, "\x00"), v)
+	}
+	const us = 1e6 // microsecond steps, as stored
+	return float64(h%uint64(w*us)) / us
 }

@@ -76,7 +76,7 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 	if st.RateLimitHeaders {
 		quotas := p.rc.quotas[:0]
 		for i, rr := range g.rules {
-			q := quotaOf(rr, g.res[i].Tokens)
+			q := quotaOf(rr, g.res[i])
 			if !g.res[i].Allowed && !math.IsInf(g.res[i].RetryAfter, 1) {
 				q.reset = seconds(g.res[i].RetryAfter)
 			}

@@ -359,6 +359,7 @@ func (u *Updater) reject(reqs []Request, pend []pending, now float64, out *Outco
 		p := &pend[i]
 		refilled := reqs[i].Limit.Refill(p.read, now)
 		out.Results[i].Tokens = refilled.Tokens
+		out.Results[i].FullIn = reqs[i].Limit.FullAfter(refilled, now)
 		// A corrupt value is repaired, and a bucket whose last refill lies
 		// beyond the clock (stepped back by more than bucket.MaxClockSkew)
 		// is stored re-anchored at now: otherwise an empty bucket would

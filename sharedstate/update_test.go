@@ -86,7 +86,7 @@ func TestTakeAllSeedsFull(t *testing.T) {
 		if out.Err != nil || !out.Allowed || out.Rejected != -1 || out.Attempts != 1 || out.Corrupt != 0 {
 			t.Fatalf("got %+v, want allowed after 1 attempt", out)
 		}
-		if want := (bucket.Result{Allowed: true, Tokens: 4}); out.Results[0] != want {
+		if want := (bucket.Result{Allowed: true, Tokens: 4}); noFull(out.Results[0]) != want {
 			t.Errorf("got result %+v, want %+v", out.Results[0], want)
 		}
 		// Kong refuses the SeedCAS create, then takes cas 0: one mismatch.
@@ -126,7 +126,7 @@ func TestTakeAllSteps(t *testing.T) {
 			if out.Err != nil {
 				t.Fatalf("step %d: got error %v", i, out.Err)
 			}
-			if out.Allowed != st.result.Allowed || out.Results[0] != st.result {
+			if out.Allowed != st.result.Allowed || noFull(out.Results[0]) != st.result {
 				t.Errorf("step %d: got %v %+v, want %+v", i, out.Allowed, out.Results[0], st.result)
 			}
 			if wantRej := map[bool]int{true: -1, false: 0}[st.result.Allowed]; out.Rejected != wantRej {
@@ -155,10 +155,10 @@ func TestTakeAllAllOrNothing(t *testing.T) {
 		}
 		// The wide bucket had enough but nothing was taken: its result
 		// shows the refilled, untouched count.
-		if want := (bucket.Result{Allowed: true, Tokens: 9.5}); out.Results[0] != want {
+		if want := (bucket.Result{Allowed: true, Tokens: 9.5}); noFull(out.Results[0]) != want {
 			t.Errorf("got result 0 %+v, want %+v", out.Results[0], want)
 		}
-		if want := (bucket.Result{Tokens: 0.5, RetryAfter: 0.5}); out.Results[1] != want {
+		if want := (bucket.Result{Tokens: 0.5, RetryAfter: 0.5}); noFull(out.Results[1]) != want {
 			t.Errorf("got result 1 %+v, want %+v", out.Results[1], want)
 		}
 		after := m.Snapshot("")
@@ -641,4 +641,10 @@ func TestRefundAfterTakeAll(t *testing.T) {
 			t.Error("Refund of an unstored request succeeded")
 		}
 	})
+}
+
+// noFull drops Result.FullIn, which bucket's tests check, from a comparison.
+func noFull(r bucket.Result) bucket.Result {
+	r.FullIn = 0
+	return r
 }
