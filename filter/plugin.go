@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -149,7 +148,7 @@ func NewPlugin(h Host) *Plugin {
 	p.bv, _ = h.(bytesViewer)
 	// Workers that collide on a key must not retry in lockstep; seed each
 	// plugin instance (one per worker VM) differently.
-	p.upd.Backoff = sharedstate.SpinBackoff(uint64(time.Now().UnixNano()))
+	p.upd.Backoff = sharedstate.SpinBackoff(rand.Uint64())
 	p.metrics = pluginMetrics{
 		panics:         define(h, MetricPanics),
 		configRejected: define(h, MetricConfigRejected),
@@ -159,10 +158,6 @@ func NewPlugin(h Host) *Plugin {
 		rlsErrors:      define(h, MetricRLSErrors),
 	}
 	return p
-}
-
-func wallClock() float64 {
-	return float64(time.Now().UnixNano()) / 1e9
 }
 
 // Config returns the configuration in force, or nil before the first
