@@ -2,7 +2,7 @@
 
 GO        ?= go
 WASM      := build/tokengate.wasm
-GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/lite third_party/tidwall-pretty -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
+GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/lite -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 
 .PHONY: all build build-small test run bench fuzz lint check clean envoy image
 
@@ -33,8 +33,6 @@ test: build
 	$(GO) vet ./...
 	$(GO) test -race -timeout 5m $(RACE_PKGS)
 	$(GO) test -timeout 8m $$($(GO) list ./... | grep -v -e '/bucket$$' -e '/sharedstate$$' -e '/filter$$' -e '/filtertest$$')
-	cd third_party/tidwall-pretty && $(GO) vet ./... && $(GO) test ./...
-	cd third_party/tidwall-pretty/difftest && $(GO) vet ./... && $(GO) test ./...
 	cd deploy && $(GO) test ./...
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./... > /dev/null
 

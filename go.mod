@@ -21,6 +21,3 @@ require (
 	golang.org/x/sys v0.39.0 // indirect
 	gopkg.in/check.v1 v1.0.0-20201130134442-10cb98267c6c // indirect
 )
-
-// tidwall/pretty without encoding/json: about 1 MB less in the wasm module; see third_party/tidwall-pretty/README.md.
-replace github.com/tidwall/pretty => ./third_party/tidwall-pretty

@@ -3,7 +3,7 @@ package filter
 import (
 	"strconv"
 
-	"github.com/tidwall/gjson"
+	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
 // RLSSettings name the rate-limit service (Envoy's RLS v3 API) that decides
@@ -40,7 +40,7 @@ const (
 	maxRLSTimeoutMs     = 10000
 )
 
-func rlsSettings(path string, v gjson.Result) (*RLSSettings, error) {
+func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
@@ -56,7 +56,7 @@ func rlsSettings(path string, v gjson.Result) (*RLSSettings, error) {
 			}
 			return nil
 		}
-		if f.Type != gjson.String || f.Str == "" || len(f.Str) > 256 {
+		if f.Type != ljson.String || f.Str == "" || len(f.Str) > 256 {
 			return errAt(join(path, field), "must be a string of 1 to 256 bytes, got "+short(f.Raw))
 		}
 		*dst = f.Str
@@ -80,16 +80,16 @@ func rlsSettings(path string, v gjson.Result) (*RLSSettings, error) {
 		s.TimeoutMs = uint32(n)
 	}
 	switch oe := v.Get("on_error"); {
-	case !oe.Exists(), oe.Type == gjson.String && oe.Str == "allow":
-	case oe.Type == gjson.String && oe.Str == "deny":
+	case !oe.Exists(), oe.Type == ljson.String && oe.Str == "allow":
+	case oe.Type == ljson.String && oe.Str == "deny":
 		s.OnError = OnErrorDeny
-	case oe.Type == gjson.String && oe.Str == "local":
+	case oe.Type == ljson.String && oe.Str == "local":
 		s.OnError = OnErrorLocal
 	default:
 		return nil, errAt(join(path, "on_error"), `must be "allow", "deny" or "local", got `+short(oe.Raw))
 	}
 	switch p := v.Get("protocol"); {
-	case !p.Exists(), p.Type == gjson.String && p.Str == "grpc":
+	case !p.Exists(), p.Type == ljson.String && p.Str == "grpc":
 	default:
 		return nil, errAt(join(path, "protocol"), `must be "grpc" (unary gRPC over proxy_http_call), got `+short(p.Raw))
 	}

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tidwall/gjson"
+	"github.com/tokengate/tokengate/internal/lite/ljson"
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/internal/lite"
@@ -197,10 +197,10 @@ func ParseConfig(data []byte) (*Config, error) {
 	if len(strings.TrimSpace(string(data))) == 0 {
 		return nil, errAt("", "configuration is empty")
 	}
-	if !gjson.ValidBytes(data) {
-		return nil, errAt("", "configuration is not valid JSON: "+jsonSyntaxError(data))
+	if !ljson.Valid(data) {
+		return nil, errAt("", "configuration is not valid JSON: "+ljson.SyntaxError(data))
 	}
-	root := gjson.ParseBytes(data)
+	root := ljson.ParseBytes(data)
 	if !root.IsObject() {
 		return nil, errAt("", "configuration must be a JSON object, got "+typeName(root))
 	}
@@ -261,7 +261,7 @@ type parser struct {
 	metricNames map[string]claimed // rule name with '-' as '_' → its rule
 }
 
-func (p *parser) rulesShape(cfg *Config, root gjson.Result) error {
+func (p *parser) rulesShape(cfg *Config, root ljson.Result) error {
 	if err := onlyFields("", root, "rules", "settings"); err != nil {
 		return err
 	}
@@ -273,7 +273,7 @@ func (p *parser) rulesShape(cfg *Config, root gjson.Result) error {
 	return p.settings(cfg, root.Get("settings"))
 }
 
-func (p *parser) bundle(cfg *Config, root gjson.Result) error {
+func (p *parser) bundle(cfg *Config, root ljson.Result) error {
 	if err := onlyFields("", root, "bundle_version", "policies", "settings"); err != nil {
 		return err
 	}
@@ -281,7 +281,7 @@ func (p *parser) bundle(cfg *Config, root gjson.Result) error {
 	if !v.Exists() {
 		return errAt("bundle_version", "is required in a policy bundle")
 	}
-	if v.Type != gjson.Number || v.Raw != "1" {
+	if v.Type != ljson.Number || v.Raw != "1" {
 		return errAt("bundle_version", "must be 1, got "+short(v.Raw))
 	}
 	pols := root.Get("policies")
@@ -290,7 +290,7 @@ func (p *parser) bundle(cfg *Config, root gjson.Result) error {
 	}
 	ids := map[string]bool{}
 	var err error
-	pols.ForEach(func(k, pv gjson.Result) bool {
+	pols.ForEach(func(k, pv ljson.Result) bool {
 		path := "policies[" + k.String() + "]"
 		var pol *Policy
 		pol, err = p.policy(path, pv)
@@ -314,7 +314,7 @@ func (p *parser) bundle(cfg *Config, root gjson.Result) error {
 	return p.settings(cfg, root.Get("settings"))
 }
 
-func (p *parser) policy(path string, v gjson.Result) (*Policy, error) {
+func (p *parser) policy(path string, v ljson.Result) (*Policy, error) {
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
@@ -339,7 +339,7 @@ func (p *parser) policy(path string, v gjson.Result) (*Policy, error) {
 	}
 	switch mode := spec.Get("mode"); {
 	case !mode.Exists():
-	case mode.Type != gjson.String:
+	case mode.Type != ljson.String:
 		return nil, errAt(spath+".mode", "must be a string, got "+typeName(mode))
 	case mode.Str == "enforce":
 	case mode.Str == "shadow":
@@ -369,7 +369,7 @@ func (p *parser) policy(path string, v gjson.Result) (*Policy, error) {
 	return pol, nil
 }
 
-func selector(path string, v gjson.Result) (Selector, error) {
+func selector(path string, v ljson.Result) (Selector, error) {
 	var s Selector
 	if !v.Exists() {
 		return s, nil
@@ -381,7 +381,7 @@ func selector(path string, v gjson.Result) (Selector, error) {
 		return s, err
 	}
 	if pp := v.Get("pathPrefix"); pp.Exists() {
-		if pp.Type != gjson.String || !strings.HasPrefix(pp.Str, "/") {
+		if pp.Type != ljson.String || !strings.HasPrefix(pp.Str, "/") {
 			return s, errAt(path+".pathPrefix", `must be a string starting with "/", got `+short(pp.Raw))
 		}
 		s.PathPrefix = pp.Str
@@ -402,7 +402,7 @@ func selector(path string, v gjson.Result) (Selector, error) {
 	return s, err
 }
 
-func stringList(path string, v gjson.Result, norm func(string) (string, bool)) ([]string, error) {
+func stringList(path string, v ljson.Result, norm func(string) (string, bool)) ([]string, error) {
 	if !v.Exists() {
 		return nil, nil
 	}
@@ -411,9 +411,9 @@ func stringList(path string, v gjson.Result, norm func(string) (string, bool)) (
 	}
 	var out []string
 	var err error
-	v.ForEach(func(k, e gjson.Result) bool {
+	v.ForEach(func(k, e ljson.Result) bool {
 		n, ok := norm(e.Str)
-		if e.Type != gjson.String || !ok {
+		if e.Type != ljson.String || !ok {
 			err = errAt(path+"["+k.String()+"]", "invalid value "+short(e.Raw))
 			return false
 		}
@@ -423,13 +423,13 @@ func stringList(path string, v gjson.Result, norm func(string) (string, bool)) (
 	return out, err
 }
 
-func (p *parser) ruleList(path string, v gjson.Result) ([]*Rule, error) {
+func (p *parser) ruleList(path string, v ljson.Result) ([]*Rule, error) {
 	if !v.IsArray() {
 		return nil, errAt(path, "must be an array, got "+typeName(v))
 	}
 	var out []*Rule
 	var err error
-	v.ForEach(func(k, rv gjson.Result) bool {
+	v.ForEach(func(k, rv ljson.Result) bool {
 		var r *Rule
 		r, err = p.rule(path+"["+k.String()+"]", rv, false)
 		out = append(out, r)
@@ -445,7 +445,7 @@ func (p *parser) ruleList(path string, v gjson.Result) ([]*Rule, error) {
 }
 
 // rule parses one rule. A fallback limit may omit its name and has no match.
-func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error) {
+func (p *parser) rule(path string, v ljson.Result, fallback bool) (*Rule, error) {
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
@@ -470,8 +470,8 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 	fixedWindow := false
 	if a := v.Get("algorithm"); a.Exists() {
 		switch {
-		case a.Type == gjson.String && a.Str == "token_bucket":
-		case a.Type == gjson.String && a.Str == "fixed_window":
+		case a.Type == ljson.String && a.Str == "token_bucket":
+		case a.Type == ljson.String && a.Str == "fixed_window":
 			fixedWindow = true
 		default:
 			return nil, errAt(join(path, "algorithm"), `unknown algorithm `+short(a.Raw)+`, want "token_bucket" or "fixed_window"`)
@@ -483,9 +483,9 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 			return nil, errAt(kpath, "must be an array of descriptors, got "+typeName(keys))
 		}
 		var err error
-		keys.ForEach(func(k, e gjson.Result) bool {
+		keys.ForEach(func(k, e ljson.Result) bool {
 			epath := kpath + "[" + k.String() + "]"
-			if e.Type != gjson.String {
+			if e.Type != ljson.String {
 				err = errAt(epath, "must be a string, got "+typeName(e))
 				return false
 			}
@@ -523,14 +523,14 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 			return nil, errAt(mpath, "must be an object of descriptor → value, got "+typeName(m))
 		}
 		var err error
-		m.ForEach(func(k, e gjson.Result) bool {
+		m.ForEach(func(k, e ljson.Result) bool {
 			epath := mpath + "." + k.Str
 			var d Descriptor
 			if d, err = ParseDescriptor(k.Str); err != nil {
 				err = errAt(epath, err.Error())
 				return false
 			}
-			if e.Type != gjson.String {
+			if e.Type != ljson.String {
 				err = errAt(epath, "expected value must be a string, got "+typeName(e))
 				return false
 			}
@@ -550,16 +550,16 @@ func (p *parser) rule(path string, v gjson.Result, fallback bool) (*Rule, error)
 	}
 	switch sc := v.Get("scope"); {
 	case !sc.Exists():
-	case sc.Type == gjson.String && sc.Str == "local":
-	case sc.Type == gjson.String && sc.Str == "cluster":
+	case sc.Type == ljson.String && sc.Str == "local":
+	case sc.Type == ljson.String && sc.Str == "cluster":
 		r.Cluster = true
 	default:
 		return nil, errAt(join(path, "scope"), `must be "local" or "cluster", got `+short(sc.Raw))
 	}
 	switch ose := v.Get("on_store_error"); {
 	case !ose.Exists():
-	case ose.Type == gjson.String && ose.Str == "allow":
-	case ose.Type == gjson.String && ose.Str == "deny":
+	case ose.Type == ljson.String && ose.Str == "allow":
+	case ose.Type == ljson.String && ose.Str == "deny":
 		r.DenyOnStoreError = true
 	default:
 		return nil, errAt(join(path, "on_store_error"), `must be "allow" or "deny", got `+short(ose.Raw))
@@ -580,7 +580,7 @@ const maxWindow = 1e9
 // windowConfig reads a fixed window's algorithm_config: limit tokens per
 // window of window_seconds, a rollover capacity (default limit) and where
 // windows start.
-func windowConfig(path string, v gjson.Result, r *Rule) error {
+func windowConfig(path string, v ljson.Result, r *Rule) error {
 	if !v.Exists() {
 		return errAt(path, "is required")
 	}
@@ -612,10 +612,10 @@ func windowConfig(path string, v gjson.Result, r *Rule) error {
 		}
 	}
 	switch ws := v.Get("window_start"); {
-	case !ws.Exists(), ws.Type == gjson.String && ws.Str == "aligned":
-	case ws.Type == gjson.String && ws.Str == "hash":
+	case !ws.Exists(), ws.Type == ljson.String && ws.Str == "aligned":
+	case ws.Type == ljson.String && ws.Str == "hash":
 		r.windowStart = WindowHash
-	case ws.Type == gjson.String && ws.Str == "random":
+	case ws.Type == ljson.String && ws.Str == "random":
 		r.windowStart = WindowRandom
 	default:
 		return errAt(path+".window_start", `must be "aligned", "hash" or "random", got `+short(ws.Raw))
@@ -624,7 +624,7 @@ func windowConfig(path string, v gjson.Result, r *Rule) error {
 	return costConfig(path, v, r)
 }
 
-func algorithmConfig(path string, v gjson.Result, r *Rule) error {
+func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 	if !v.Exists() {
 		return errAt(path, "is required")
 	}
@@ -669,7 +669,7 @@ func algorithmConfig(path string, v gjson.Result, r *Rule) error {
 
 // costConfig reads the cost fields both algorithms share, then refuses a
 // rule that could never admit a request.
-func costConfig(path string, v gjson.Result, r *Rule) error {
+func costConfig(path string, v ljson.Result, r *Rule) error {
 	var err error
 	r.Cost = CostSource{Kind: CostFixed, Fixed: 1, Default: 1}
 	if fc := v.Get("fixed_cost"); fc.Exists() {
@@ -683,7 +683,7 @@ func costConfig(path string, v gjson.Result, r *Rule) error {
 		}
 	}
 	if cs := v.Get("cost_source"); cs.Exists() {
-		if cs.Type != gjson.String {
+		if cs.Type != ljson.String {
 			return errAt(path+".cost_source", "must be a string, got "+typeName(cs))
 		}
 		kind, name, ok := parseCostSource(cs.Str)
@@ -697,7 +697,7 @@ func costConfig(path string, v gjson.Result, r *Rule) error {
 
 // admissible refuses a rule that could never admit a request: one whose
 // every request costs more than its bucket can hold.
-func admissible(path string, v gjson.Result, r *Rule) error {
+func admissible(path string, v ljson.Result, r *Rule) error {
 	burst := r.Limit.Burst
 	never := " or no request can ever pass"
 	cap := "burst"
@@ -737,7 +737,7 @@ func parseCostSource(s string) (CostKind, string, bool) {
 	return 0, "", false
 }
 
-func (p *parser) settings(cfg *Config, v gjson.Result) error {
+func (p *parser) settings(cfg *Config, v ljson.Result) error {
 	if !v.Exists() {
 		return nil
 	}
@@ -775,7 +775,7 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 		}
 	}
 	if j := v.Get("jwt_payload_in_metadata"); j.Exists() {
-		if j.Type != gjson.String || !validMetadataKey(j.Str) {
+		if j.Type != ljson.String || !validMetadataKey(j.Str) {
 			return errAt("settings.jwt_payload_in_metadata", "must be jwt_authn's payload_in_metadata name (Istio uses the issuer), 1 to 256 printable ASCII characters, got "+short(j.Raw))
 		}
 		cfg.Settings.JWTPayloadInMetadata = j.Str
@@ -796,7 +796,7 @@ func (p *parser) settings(cfg *Config, v gjson.Result) error {
 	return nil
 }
 
-func maxKeys(path string, v gjson.Result) (int, error) {
+func maxKeys(path string, v ljson.Result) (int, error) {
 	n, ok := integer(v)
 	if !ok || n < 0 || n > maxMaxKeys {
 		return 0, errAt(path, "must be an integer from 0 (unbounded) to "+strconv.Itoa(maxMaxKeys)+", got "+short(v.Raw))
@@ -825,11 +825,11 @@ func (p *parser) claim(path, name string) error {
 
 type claimed struct{ name, path string }
 
-func requiredName(path string, v gjson.Result) (string, error) {
+func requiredName(path string, v ljson.Result) (string, error) {
 	if !v.Exists() {
 		return "", errAt(path, "is required")
 	}
-	if v.Type != gjson.String {
+	if v.Type != ljson.String {
 		return "", errAt(path, "must be a string, got "+typeName(v))
 	}
 	if !validName(v.Str) {
@@ -866,8 +866,8 @@ func isToken(s string) bool {
 }
 
 // positive returns v as a finite number in (0, max].
-func positive(path string, v gjson.Result, max float64) (float64, error) {
-	if v.Type != gjson.Number {
+func positive(path string, v ljson.Result, max float64) (float64, error) {
+	if v.Type != ljson.Number {
 		return 0, errAt(path, "must be a number, got "+typeName(v))
 	}
 	f, err := strconv.ParseFloat(v.Raw, 64)
@@ -883,8 +883,8 @@ func positive(path string, v gjson.Result, max float64) (float64, error) {
 	return f, nil
 }
 
-func integer(v gjson.Result) (int64, bool) {
-	if v.Type != gjson.Number {
+func integer(v ljson.Result) (int64, bool) {
+	if v.Type != ljson.Number {
 		return 0, false
 	}
 	n, err := strconv.ParseInt(v.Raw, 10, 64)
@@ -892,10 +892,10 @@ func integer(v gjson.Result) (int64, bool) {
 }
 
 // onlyFields rejects any key of obj not in allowed.
-func onlyFields(path string, obj gjson.Result, allowed ...string) error {
+func onlyFields(path string, obj ljson.Result, allowed ...string) error {
 	var err error
 	seen := map[string]bool{}
-	obj.ForEach(func(k, _ gjson.Result) bool {
+	obj.ForEach(func(k, _ ljson.Result) bool {
 		if seen[k.Str] {
 			err = errAt(join(path, k.Str), "duplicate field")
 			return false
@@ -919,7 +919,7 @@ func join(path, field string) string {
 	return path + "." + field
 }
 
-func typeName(v gjson.Result) string {
+func typeName(v ljson.Result) string {
 	switch {
 	case !v.Exists():
 		return "nothing"
@@ -929,13 +929,13 @@ func typeName(v gjson.Result) string {
 		return "an object"
 	}
 	switch v.Type {
-	case gjson.String:
+	case ljson.String:
 		return "a string"
-	case gjson.Number:
+	case ljson.Number:
 		return "a number"
-	case gjson.True, gjson.False:
+	case ljson.True, ljson.False:
 		return "a boolean"
-	case gjson.Null:
+	case ljson.Null:
 		return "null"
 	}
 	return "an unknown value"
@@ -960,7 +960,7 @@ var errEmptyDescriptor = errors.New("descriptor is empty")
 // with every x-forwarded-for entry walked.
 const maxTrustedCIDRs = 64
 
-func trustedCIDRs(path string, v gjson.Result) ([]lite.CIDR, error) {
+func trustedCIDRs(path string, v ljson.Result) ([]lite.CIDR, error) {
 	if !v.IsArray() {
 		return nil, errAt(path, "must be an array of CIDR strings, got "+typeName(v))
 	}
@@ -971,7 +971,7 @@ func trustedCIDRs(path string, v gjson.Result) ([]lite.CIDR, error) {
 	out := make([]lite.CIDR, 0, len(list))
 	for i, e := range list {
 		c, ok := lite.ParseCIDR(e.Str)
-		if e.Type != gjson.String || !ok {
+		if e.Type != ljson.String || !ok {
 			return nil, errAt(path+"["+strconv.Itoa(i)+"]", "must be an address prefix such as \"10.0.0.0/8\" or \"2001:db8::/32\", got "+short(e.Raw))
 		}
 		out = append(out, c)

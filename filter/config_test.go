@@ -306,3 +306,12 @@ func TestRuleBound(t *testing.T) {
 		t.Fatalf("%d rules: got %v, want an error containing %q", MaxRules+1, err, want)
 	}
 }
+
+// TestConfigJSONPosition: a configuration that is not JSON says where it
+// breaks (issue 11, item 4).
+func TestConfigJSONPosition(t *testing.T) {
+	_, err := ParseConfig([]byte("{\n\"name\": \"a\",\n}"))
+	if err == nil || !strings.Contains(err.Error(), "configuration is not valid JSON: line 3, column 1: trailing comma") {
+		t.Errorf("ParseConfig: %v, want the line and column", err)
+	}
+}

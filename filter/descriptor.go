@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tidwall/gjson"
+	"github.com/tokengate/tokengate/internal/lite/ljson"
 
 	"github.com/tokengate/tokengate/internal/lite"
 )
@@ -114,7 +114,7 @@ type request struct {
 	authority   string
 	ip          string
 	ipOK        bool
-	claims      gjson.Result // the JWT payload object; !Exists() if none
+	claims      ljson.Result // the JWT payload object; !Exists() if none
 
 	// Cache of header lookups: the first ones in hdrs, without an
 	// allocation, the rest in more.
@@ -304,7 +304,7 @@ func (r *request) jwtClaim(name string) (string, bool) {
 
 // jwtClaims returns the payload of the bearer JWT in Authorization, or a
 // Result that does not exist when there is none or it is malformed.
-func (r *request) jwtClaims() gjson.Result {
+func (r *request) jwtClaims() ljson.Result {
 	if r.jwtDone {
 		return r.claims
 	}
@@ -318,41 +318,41 @@ func (r *request) jwtClaims() gjson.Result {
 }
 
 // parseBearerJWT decodes the payload of "Bearer <header>.<payload>.<sig>".
-func parseBearerJWT(auth string) gjson.Result {
+func parseBearerJWT(auth string) ljson.Result {
 	const prefix = "bearer "
 	if len(auth) <= len(prefix) || !strings.EqualFold(auth[:len(prefix)], prefix) {
-		return gjson.Result{}
+		return ljson.Result{}
 	}
 	tok := strings.TrimSpace(auth[len(prefix):])
 	if len(tok) > maxJWTLen || strings.Count(tok, ".") != 2 {
-		return gjson.Result{}
+		return ljson.Result{}
 	}
 	first := strings.IndexByte(tok, '.')
 	second := first + 1 + strings.IndexByte(tok[first+1:], '.')
 	seg := strings.TrimRight(tok[first+1:second], "=")
 	payload, err := base64.RawURLEncoding.DecodeString(seg)
-	if err != nil || !gjson.ValidBytes(payload) {
-		return gjson.Result{}
+	if err != nil || !ljson.Valid(payload) {
+		return ljson.Result{}
 	}
-	res := gjson.ParseBytes(payload)
+	res := ljson.ParseBytes(payload)
 	if !res.IsObject() || hasDuplicateKey(res) {
-		return gjson.Result{}
+		return ljson.Result{}
 	}
 	return res
 }
 
 // hasDuplicateKey reports whether an object names a top-level key twice
 // (after unescaping: "\u0073ub" is "sub"). Readers disagree on such a
-// payload: gjson would take the first "sub", Go's encoding/json and many
+// payload: some take the first "sub" (our reader, gjson), Go's encoding/json and many
 // verifiers the last. A token whose claims mean different things to the
 // verifier and to the filter identifies no one, so the filter treats it as
 // no token at all.
-func hasDuplicateKey(obj gjson.Result) bool {
+func hasDuplicateKey(obj ljson.Result) bool {
 	var small [16]string
 	keys := small[:0]
 	var seen map[string]bool
 	dup := false
-	obj.ForEach(func(k, _ gjson.Result) bool {
+	obj.ForEach(func(k, _ ljson.Result) bool {
 		switch {
 		case seen != nil:
 			dup = seen[k.Str]
@@ -380,12 +380,12 @@ func hasDuplicateKey(obj gjson.Result) bool {
 // claim returns a top-level claim as a string: strings as they are, numbers
 // as written in the token, booleans as "true"/"false". Other types (objects,
 // arrays, null) count as absent.
-func claim(claims gjson.Result, name string) (string, bool) {
+func claim(claims ljson.Result, name string) (string, bool) {
 	if !claims.Exists() {
 		return "", false
 	}
-	var v gjson.Result
-	claims.ForEach(func(k, val gjson.Result) bool {
+	var v ljson.Result
+	claims.ForEach(func(k, val ljson.Result) bool {
 		if k.Str == name {
 			v = val
 			return false
@@ -393,13 +393,13 @@ func claim(claims gjson.Result, name string) (string, bool) {
 		return true
 	})
 	switch v.Type {
-	case gjson.String:
+	case ljson.String:
 		return v.Str, true
-	case gjson.Number:
+	case ljson.Number:
 		return v.Raw, true
-	case gjson.True:
+	case ljson.True:
 		return "true", true
-	case gjson.False:
+	case ljson.False:
 		return "false", true
 	}
 	return "", false

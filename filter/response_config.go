@@ -3,7 +3,7 @@ package filter
 import (
 	"strconv"
 
-	"github.com/tidwall/gjson"
+	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
 // ResponseSettings are the options an operator of Envoy's local_ratelimit
@@ -41,13 +41,13 @@ func defaultResponseSettings() ResponseSettings {
 }
 
 // responseSettings reads the response options of settings v into rs.
-func responseSettings(rs *ResponseSettings, v gjson.Result) error {
+func responseSettings(rs *ResponseSettings, v ljson.Result) error {
 	for _, f := range []struct {
 		name string
 		dst  *bool
 	}{{"ratelimit_headers", &rs.RateLimitHeaders}, {"rule_headers", &rs.RuleHeaders}} {
 		if b := v.Get(f.name); b.Exists() {
-			if b.Type != gjson.True && b.Type != gjson.False {
+			if b.Type != ljson.True && b.Type != ljson.False {
 				return errAt("settings."+f.name, "must be true or false, got "+short(b.Raw))
 			}
 			*f.dst = b.Bool()
@@ -62,14 +62,14 @@ func responseSettings(rs *ResponseSettings, v gjson.Result) error {
 	}
 	ct := v.Get("rejection_content_type")
 	if b := v.Get("rejection_body"); b.Exists() {
-		if b.Type != gjson.String || len(b.Str) > maxRejectionBody {
+		if b.Type != ljson.String || len(b.Str) > maxRejectionBody {
 			return errAt("settings.rejection_body", "must be a string of at most "+strconv.Itoa(maxRejectionBody)+" bytes, got "+short(b.Raw))
 		}
 		rs.RejectionBody = []byte(b.Str)
 		rs.RejectionContentType = "text/plain"
 	}
 	if ct.Exists() {
-		if ct.Type != gjson.String || ct.Str == "" || len(ct.Str) > 128 || !printable(ct.Str) {
+		if ct.Type != ljson.String || ct.Str == "" || len(ct.Str) > 128 || !printable(ct.Str) {
 			return errAt("settings.rejection_content_type", "must be a media type of 1 to 128 printable characters, got "+short(ct.Raw))
 		}
 		rs.RejectionContentType = ct.Str

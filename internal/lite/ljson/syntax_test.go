@@ -1,4 +1,4 @@
-package filter
+package ljson
 
 import (
 	"encoding/json"
@@ -6,9 +6,9 @@ import (
 	"testing"
 )
 
-// TestJSONSyntaxErrorPosition: an invalid configuration says where it
-// breaks (issue 11, item 4: it said only "not valid JSON").
-func TestJSONSyntaxErrorPosition(t *testing.T) {
+// TestSyntaxErrors: an invalid document says where it breaks and why
+// (configuration errors quote it).
+func TestSyntaxErrors(t *testing.T) {
 	tests := []struct{ input, expected string }{
 		{`{"name":"a",}`, `line 1, column 13: trailing comma`},
 		{`{"name":"a", 5}`, `line 1, column 14: expected a string key`},
@@ -21,18 +21,17 @@ func TestJSONSyntaxErrorPosition(t *testing.T) {
 		{"{\"a\":\n\n  -}", `line 3, column 4: expected a digit`},
 		{`{"a" 1}`, `line 1, column 6: expected ':' after an object key`},
 		{`{"a":"\q"}`, `line 1, column 8: bad escape in a string`},
-		{strings.Repeat("[", 600), `line 1, column 514: nested too deeply`},
+		{strings.Repeat("[", 10100), `line 1, column 10001: nested too deeply`},
 	}
 	for _, tc := range tests {
 		if json.Valid([]byte(tc.input)) {
 			t.Fatalf("%q is valid JSON", tc.input)
 		}
-		if got := jsonSyntaxError([]byte(tc.input)); got != tc.expected {
+		if Valid([]byte(tc.input)) {
+			t.Fatalf("%q: Valid says yes", tc.input)
+		}
+		if got := SyntaxError([]byte(tc.input)); got != tc.expected {
 			t.Errorf("%q: got %q, want %q", tc.input, got, tc.expected)
 		}
-	}
-	_, err := ParseConfig([]byte("{\n\"name\": \"a\",\n}"))
-	if err == nil || !strings.Contains(err.Error(), "line 3, column 1") {
-		t.Errorf("ParseConfig: %v, want the line and column", err)
 	}
 }

@@ -1,12 +1,32 @@
-package filter
+// Package ljson reads JSON for the filter: a validator that says where a
+// document stops being JSON, and a Result that walks a valid document
+// without building it, in the shape of the subset of tidwall/gjson the
+// filter used (Parse, Get of a member, ForEach, Array, the Type, Raw and
+// Str fields). It replaces gjson in the wasm guest: gjson's init keeps its
+// path modifiers alive, and through them tidwall/pretty, tidwall/match and
+// the time package with its GODEBUG machinery, about 340 KB of the module
+// for features the filter never uses. ljson_test.go checks it against
+// gjson and encoding/json.
+package ljson
 
 import "strconv"
 
-// jsonSyntaxError says where data, which gjson found invalid, stops being
-// JSON: "line L, column C: <what>". Columns count bytes from 1. It runs only
-// on invalid configurations, so it favours being small over being fast.
-func jsonSyntaxError(data []byte) string {
-	s := jsonScanner{b: data}
+// Valid reports whether data is one JSON value (RFC 8259), surrounded by
+// nothing but whitespace, nested at most maxDepth deep.
+func Valid(data []byte) bool {
+	s := scanner{b: data}
+	s.space()
+	if !s.value(0) {
+		return false
+	}
+	s.space()
+	return s.i == len(s.b)
+}
+
+// SyntaxError says where data, which Valid refused, stops being JSON:
+// "line L, column C: <what>". Columns count bytes from 1.
+func SyntaxError(data []byte) string {
+	s := scanner{b: data}
 	s.space()
 	if s.value(0) {
 		s.space()
@@ -28,36 +48,38 @@ func jsonSyntaxError(data []byte) string {
 	return "line " + strconv.Itoa(line) + ", column " + strconv.Itoa(col) + ": " + s.msg
 }
 
-// maxJSONDepth bounds the nesting jsonScanner follows.
-const maxJSONDepth = 512
+// maxDepth bounds the nesting the scanner follows, as encoding/json does.
+const maxDepth = 10000
 
-type jsonScanner struct {
+type scanner struct {
 	b   []byte
 	i   int
 	msg string
 }
 
-func (s *jsonScanner) fail(msg string) bool {
+func (s *scanner) fail(msg string) bool {
 	if s.msg == "" {
 		s.msg = msg
 	}
 	return false
 }
 
-func (s *jsonScanner) space() {
+func (s *scanner) space() {
 	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
 		s.i++
 	}
 }
 
-func (s *jsonScanner) value(depth int) bool {
-	if depth > maxJSONDepth {
+func (s *scanner) value(depth int) bool {
+	if depth > maxDepth {
 		return s.fail("nested too deeply")
 	}
 	if s.i >= len(s.b) {
 		return s.fail("unexpected end of input")
 	}
 	switch c := s.b[s.i]; {
+	case (c == '{' || c == '[') && depth >= maxDepth:
+		return s.fail("nested too deeply")
 	case c == '{':
 		return s.container(depth, '}', true)
 	case c == '[':
@@ -77,7 +99,7 @@ func (s *jsonScanner) value(depth int) bool {
 }
 
 // container scans an object (members with keys) or an array up to close.
-func (s *jsonScanner) container(depth int, close byte, members bool) bool {
+func (s *scanner) container(depth int, close byte, members bool) bool {
 	s.i++
 	s.space()
 	if s.i < len(s.b) && s.b[s.i] == close {
@@ -121,7 +143,7 @@ func (s *jsonScanner) container(depth int, close byte, members bool) bool {
 	}
 }
 
-func (s *jsonScanner) str() bool {
+func (s *scanner) str() bool {
 	s.i++ // the opening quote
 	for s.i < len(s.b) {
 		switch c := s.b[s.i]; {
@@ -157,7 +179,7 @@ func (s *jsonScanner) str() bool {
 
 func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
 
-func (s *jsonScanner) number() bool {
+func (s *scanner) number() bool {
 	digits := func() int {
 		n := 0
 		for s.i < len(s.b) && '0' <= s.b[s.i] && s.b[s.i] <= '9' {
