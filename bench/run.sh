@@ -99,13 +99,14 @@ log "the filter's code alone against a zero-cost host: native, and GOOS=wasip1 i
 $GO test -run '^$' -bench '^BenchmarkZeroCostHost$' -benchmem -count "$COUNT" ./filter/ >"$OUT/go-zerohost-native.txt"
 mkdir -p "$OUT/bin"
 $GO build -o "$OUT/bin/wazero" github.com/tetratelabs/wazero/cmd/wazero
-PATH="$PWD/$OUT/bin:$PATH" GOWASIRUNTIME=wazero GOOS=wasip1 GOARCH=wasm \
+PATH="$(cd "$OUT/bin" && pwd):$PATH" GOWASIRUNTIME=wazero GOOS=wasip1 GOARCH=wasm \
 	$GO test -exec "$($GO env GOROOT)/lib/wasm/go_wasip1_wasm_exec" -run '^$' -bench '^BenchmarkZeroCostHost$' \
 	-benchmem -count "$COUNT" ./filter/ >"$OUT/go-zerohost-wasm.txt"
 
 log "the module in wazero: per-request guest sequence ($GUEST_N x $COUNT)"
 $GO test -c -o "$OUT/bench.test" ./bench/
-run_bench() { (cd bench && "../$OUT/bench.test" -test.run '^$' "$@"); }
+BENCH_TEST=$(cd "$OUT" && pwd)/bench.test
+run_bench() { (cd bench && "$BENCH_TEST" -test.run '^$' "$@"); }
 run_bench -test.bench '^BenchmarkGuestRequest$' -test.benchtime "$GUEST_N" -test.count "$COUNT" >"$OUT/go-guest.txt"
 run_bench -test.bench '^BenchmarkHostShare$' -test.benchtime "$GUEST_N" -test.count "$COUNT" >"$OUT/go-hostshare.txt"
 if ensure_tool node nodejs; then
