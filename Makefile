@@ -4,7 +4,7 @@ GO        ?= go
 WASM      := build/tokengate.wasm
 GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/lite -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 
-.PHONY: all build build-small test run bench fuzz lint check clean envoy image ratelimit
+.PHONY: all build build-small test run bench fuzz lint check clean envoy image ratelimit cluster
 
 all: build
 
@@ -52,6 +52,17 @@ $(LOCAL): $(LOCAL_SRC)
 	@mkdir -p build
 	@echo 'building the local host into $(LOCAL): the first build compiles wazero and takes a minute or two on a cold cache; later runs reuse it'
 	$(GO) build -o $(LOCAL) ./cmd/tokengate-local
+
+## cluster: a fleet sharing one limit per client IP: redis-server, tokengate-rls and three tokengate-local proxies on 127.0.0.1:10000, :10010, :10020 (tools/cluster.sh; Ctrl-C stops them).
+RLS     := build/tokengate-rls
+RLS_SRC := $(shell find cmd/tokengate-rls internal filter bucket sharedstate -name '*.go' -not -name '*_test.go' -not -path '*/testdata/*' 2>/dev/null) go.mod go.sum
+
+cluster: build $(LOCAL) $(RLS)
+	tools/cluster.sh
+
+$(RLS): $(RLS_SRC)
+	@mkdir -p build
+	$(GO) build -o $(RLS) ./cmd/tokengate-rls
 
 ## envoy: run Envoy (>= 1.33, on PATH) with envoy.yaml, from the repository root.
 envoy: build
