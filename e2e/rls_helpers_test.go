@@ -1,15 +1,23 @@
 package e2e
 
 import (
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tokengate/tokengate/internal/envoyconf"
 	"github.com/tokengate/tokengate/internal/envoyrl"
+	"github.com/tokengate/tokengate/internal/wasmbuild"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
@@ -112,4 +120,129 @@ func getURL(t testing.TB, url string, header map[string]string) (*http.Response,
 		t.Fatal(err)
 	}
 	return resp, string(b)
+}
+
+var (
+	rlsBuildOnce sync.Once
+	rlsBin       string
+	rlsBuildErr  error
+)
+
+// tokengateRLS builds cmd/tokengate-rls once per test process, into a
+// directory removed by TestMain's cleanup of the module build.
+func tokengateRLS(t testing.TB) string {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(repoRoot(t), "cmd", "tokengate-rls", "main.go")); err != nil {
+		t.Skip("no cmd/tokengate-rls in this tree (it comes from the rls branch)")
+	}
+	rlsBuildOnce.Do(func() {
+		root, err := wasmbuild.Root()
+		if err != nil {
+			rlsBuildErr = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "tokengate-rls")
+		if err != nil {
+			rlsBuildErr = err
+			return
+		}
+		rlsBin = filepath.Join(dir, "tokengate-rls")
+		cmd := exec.Command("go", "build", "-o", rlsBin, "./cmd/tokengate-rls")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			rlsBuildErr = fmt.Errorf("building cmd/tokengate-rls: %v\n%s", err, out)
+		}
+	})
+	if rlsBuildErr != nil {
+		t.Fatal(rlsBuildErr)
+	}
+	return rlsBin
+}
+
+// rlsProc is a running tokengate-rls.
+type rlsProc struct {
+	Addr, Admin string
+	cmd         *exec.Cmd
+	out         *syncBuffer
+	done        chan struct{}
+}
+
+// startTokengateRLS runs tokengate-rls with the plugin configuration cfg on
+// Redis at redisAddr (host:port), on free loopback ports, until the test
+// ends; it returns once /ready answers 200.
+func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rlsProc {
+	t.Helper()
+	bin := tokengateRLS(t)
+	path := filepath.Join(t.TempDir(), "rls.json")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := &rlsProc{Addr: freeAddr(t), Admin: freeAddr(t), out: &syncBuffer{}, done: make(chan struct{})}
+	args := append([]string{"-config", path, "-redis", redisAddr, "-listen", p.Addr, "-admin", p.Admin}, extra...)
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("tokengate-rls output:\n%s", p.out.String())
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + p.Admin + "/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p
+			}
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("tokengate-rls exited:\n%s", p.out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tokengate-rls not ready after 20 s:\n%s", p.out.String())
+		}
+	}
+}
+
+// Stop ends the process (SIGTERM, then SIGKILL after 5 s); idempotent.
+func (p *rlsProc) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGCONT) // in case a test froze it
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// Freeze stops the process with SIGSTOP: its sockets accept connections
+// but nothing answers, a service slower than any timeout. Thaw resumes it.
+func (p *rlsProc) Freeze() { _ = p.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen process.
+func (p *rlsProc) Thaw() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }
+
+// freeAddr returns "127.0.0.1:port" for a port free a moment ago (the
+// programs under test take addresses, not listeners).
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
