@@ -90,17 +90,7 @@ func ParseJWKS(data []byte) ([]JWK, error) {
 			if k.Crv != "P-256" || x == nil || y == nil {
 				return nil, fmt.Errorf("jwks: keys[%d]: only P-256 EC keys are supported", i)
 			}
-			if x.BitLen() > 256 || y.BitLen() > 256 {
-				return nil, fmt.Errorf("jwks: keys[%d]: bad P-256 x or y", i)
-			}
-			// The uncompressed point 04 || x || y: ParseUncompressedPublicKey
-			// checks it is on the curve (setting X and Y is deprecated).
-			pt := append([]byte{4}, x.FillBytes(make([]byte, 32))...)
-			pub, err := ecdsa.ParseUncompressedPublicKey(elliptic.P256(), append(pt, y.FillBytes(make([]byte, 32))...))
-			if err != nil {
-				return nil, fmt.Errorf("jwks: keys[%d]: %w", i, err)
-			}
-			out = append(out, JWK{Kid: k.Kid, Alg: "ES256", Key: pub})
+			out = append(out, JWK{Kid: k.Kid, Alg: "ES256", Key: &ecdsa.PublicKey{Curve: elliptic.P256(), X: x, Y: y}})
 		default:
 			return nil, fmt.Errorf("jwks: keys[%d]: unsupported kty %q", i, k.Kty)
 		}
