@@ -72,6 +72,7 @@ else
 	$GO build -o "$OUT/rlsload" ./bench/cmd/rlsload
 	redis-server --port "$RLS_REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no >"$OUT/rls-redis.log" 2>&1 &
 	pids+=($!)
+	REDIS_PID=$!
 	for i in $(seq 50); do
 		redis-cli -p "$RLS_REDIS_PORT" ping >/dev/null 2>&1 && break
 		sleep 0.1
@@ -86,6 +87,7 @@ else
 	"$OUT/tokengate-rls" -config "$OUT/rls.json" -redis "127.0.0.1:$RLS_REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" \
 		-admin "127.0.0.1:$((RLS_PORT + 1))" >"$OUT/rls-tokengate.log" 2>&1 &
 	pids+=($!)
+	TG_PID=$!
 	mkdir -p "$OUT/ratelimit/ratelimit/config"
 	cat >"$OUT/ratelimit/ratelimit/config/bench.yaml" <<-'EOF'
 		domain: tokengate
@@ -104,17 +106,22 @@ else
 		RUNTIME_ROOT="$(cd "$OUT/ratelimit" && pwd)" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
 		"$RL_BIN" >"$OUT/rls-envoy.log" 2>&1 &
 	pids+=($!)
-	load() { # name port keys out
-		"$OUT/rlsload" -addr "127.0.0.1:$2" -name "$1" -keys "$3" -c "$RLS_CLIENTS" -n 2000000 -d "${RLS_SECS}s" -warmup 1s >"$4" 2>>"$OUT/rls-load.err"
+	EV_PID=$!
+	# CPU per decision (-pid, -redis-pid) is steadier than decisions/s on a
+	# shared machine.
+	load() { # name port keys out pid
+		"$OUT/rlsload" -addr "127.0.0.1:$2" -name "$1" -keys "$3" -c "$RLS_CLIENTS" -n 2000000 -d "${RLS_SECS}s" -warmup 1s \
+			-pid "$5" -redis-pid "$REDIS_PID" >"$4" 2>>"$OUT/rls-load.err"
 	}
 	for i in $(seq 100); do
-		load probe "$RLS_PORT" 1 /dev/null 2>/dev/null && load probe $((RLS_PORT + 3)) 1 /dev/null 2>/dev/null && break
+		"$OUT/rlsload" -addr "127.0.0.1:$RLS_PORT" -n 1 -warmup 0 >/dev/null 2>&1 &&
+			"$OUT/rlsload" -addr "127.0.0.1:$((RLS_PORT + 3))" -n 1 -warmup 0 >/dev/null 2>&1 && break
 		sleep 0.2
-	done 2>/dev/null || true
+	done
 	for r in $(seq "$RLS_ROUNDS"); do
 		for keys in 1 10000; do
-			load tokengate-rls "$RLS_PORT" "$keys" "$OUT/rls-tokengate-$keys-$r.json" || log "rlsload against tokengate-rls failed (see $OUT/rls-load.err)"
-			load envoyproxy/ratelimit $((RLS_PORT + 3)) "$keys" "$OUT/rls-envoy-$keys-$r.json" || log "rlsload against envoyproxy/ratelimit failed (see $OUT/rls-load.err)"
+			load tokengate-rls "$RLS_PORT" "$keys" "$OUT/rls-tokengate-$keys-$r.json" "$TG_PID" || log "rlsload against tokengate-rls failed (see $OUT/rls-load.err)"
+			load envoyproxy/ratelimit $((RLS_PORT + 3)) "$keys" "$OUT/rls-envoy-$keys-$r.json" "$EV_PID" || log "rlsload against envoyproxy/ratelimit failed (see $OUT/rls-load.err)"
 		done
 	done
 

@@ -322,6 +322,9 @@ func (r *report) print(w io.Writer) {
 			ratio := ""
 			if me.PerSecond > 0 {
 				ratio = fmt.Sprintf("%.2f× decisions/s, p99 %.2f×", mt.PerSecond/me.PerSecond, mt.P99us/me.P99us)
+				if mt.ServiceCPUus > 0 && me.ServiceCPUus > 0 {
+					ratio += fmt.Sprintf(", service CPU %.2f×", mt.ServiceCPUus/me.ServiceCPUus)
+				}
 			}
 			add("8", "tokengate-rls (token bucket), "+what+" (rlsload)", mt.String(), ratio, "≥ 2×, p99 ≤ 1×")
 		}
@@ -358,10 +361,16 @@ type rlsResult struct {
 	Errors    int64   `json:"errors"`
 	Decisions int64   `json:"decisions"`
 	Clients   int     `json:"clients"`
+	// CPU per decision, µs: the service's and Redis's.
+	ServiceCPUus float64 `json:"service_cpu_us"`
+	RedisCPUus   float64 `json:"redis_cpu_us"`
 }
 
 func (x rlsResult) String() string {
 	s := fmt.Sprintf("%s decisions/s, p50 %s ms, p99 %s ms (%d clients)", si(x.PerSecond), f3(x.P50us/1e3), f3(x.P99us/1e3), x.Clients)
+	if x.ServiceCPUus > 0 {
+		s += fmt.Sprintf("; CPU per decision: service %.0f µs, Redis %.0f µs", x.ServiceCPUus, x.RedisCPUus)
+	}
 	if x.Errors > 0 {
 		s += fmt.Sprintf(", %d errors", x.Errors)
 	}
