@@ -55,7 +55,7 @@ type env struct {
 }
 
 // startServer serves cfg on 127.0.0.1 over gRPC with store.
-func startServer(t *testing.T, cfgJSON string, store rls.Runner) env {
+func startServer(t testing.TB, cfgJSON string, store rls.Runner) env {
 	t.Helper()
 	cfg, err := rls.ParseConfig([]byte(cfgJSON))
 	if err != nil {
