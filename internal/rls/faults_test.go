@@ -141,6 +141,20 @@ func TestClusterMasterKilled(t *testing.T) {
 			t.Errorf("key %s on a live master: admitted %d of 5, want burst 3", k, admitted)
 		}
 	}
+	// The master comes back (empty: no persistence) and its slots decide
+	// again without restarting the service.
+	c.Nodes[0].Restart()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, err := call(e, "tokengate", ours("keys", dead[1], 0))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slots of the restarted master still fail 15 s later: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func containsLine(text, prefix string) bool {
