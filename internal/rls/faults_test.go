@@ -85,15 +85,23 @@ func TestRedisSlow(t *testing.T) {
 		_, _ = srv.Do("DEBUG", "SLEEP", "1")
 		close(slept)
 	}()
-	time.Sleep(100 * time.Millisecond) // let DEBUG SLEEP start
-	_, err := call(e, "tokengate", ours("keys", "slow", 0))
-	select {
-	case <-slept:
-		t.Fatal("the request returned only after DEBUG SLEEP ended (or the sleep was too short to test)")
-	default:
-	}
-	if status.Code(err) != codes.Unavailable {
-		t.Fatalf("during DEBUG SLEEP: got %v, want UNAVAILABLE", err)
+	// Ask until a request fails: it must be UNAVAILABLE, and it must come
+	// before the sleep ends (the timeout, not Redis, ended the wait).
+	for {
+		_, err := call(e, "tokengate", ours("keys", "slow", 0))
+		select {
+		case <-slept:
+			t.Fatalf("DEBUG SLEEP ended before a request failed (last: %v)", err)
+		default:
+		}
+		if err == nil {
+			time.Sleep(10 * time.Millisecond) // DEBUG SLEEP not started yet
+			continue
+		}
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("during DEBUG SLEEP: got %v, want UNAVAILABLE", err)
+		}
+		break
 	}
 	<-slept
 }
