@@ -106,12 +106,13 @@ func TestRedisSlow(t *testing.T) {
 	<-slept
 }
 
-// TestClusterMasterKilled: with one of three masters down, descriptors in
+// clusterMasterKilled: with one of three masters down, descriptors in
 // its slots fail with UNAVAILABLE (refunding the live ones of the same
 // request), the other masters' buckets keep working, and nothing is
 // admitted over the limit.
-func TestClusterMasterKilled(t *testing.T) {
-	c := redistest.StartCluster(t, 3)
+// clusterMasterKilled runs as the last subtest of TestServer on the
+// cluster backend (starting a cluster takes seconds).
+func clusterMasterKilled(t *testing.T, c *redistest.Cluster) {
 	store := newStore(t, c.Addrs(), true, faultTimeout)
 	e := startServer(t, testConfig, store)
 	var dead, live []string

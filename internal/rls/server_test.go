@@ -149,6 +149,9 @@ func TestServer(t *testing.T) {
 		t.Run("shadow", func(t *testing.T) { shadow(t, e) })
 		t.Run("envoy native descriptors", func(t *testing.T) { envoyNative(t, e) })
 		t.Run("hits_addend", func(t *testing.T) { hitsAddend(t, e) })
+		if b.cluster {
+			t.Run("master killed", func(t *testing.T) { clusterMasterKilled(t, b.c) })
+		}
 	})
 }
 
