@@ -11,6 +11,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/rls"
 )
 
 const benchConfig = `{"rules": [
@@ -51,5 +52,36 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// allow is a Runner that admits everything without Redis, to measure the
+// server's own work.
+type allow struct{}
+
+func (allow) Run(_ context.Context, ops []rls.Op) []rls.Outcome {
+	out := make([]rls.Outcome, len(ops))
+	for i := range out {
+		out[i] = rls.Outcome{Allowed: true, Tokens: 5}
+	}
+	return out
+}
+
+// BenchmarkServerDecide is ShouldRateLimit without gRPC or Redis: the
+// service's own cost per decision (two descriptors, headers on).
+func BenchmarkServerDecide(b *testing.B) {
+	cfg, err := rls.ParseConfig([]byte(testConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := rls.NewServer(cfg, allow{}, rls.NewMetrics(cfg))
+	req := &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		ours("keys", "203.0.113.7", 0), ours("hot", "", 0)}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := srv.ShouldRateLimit(ctx, req); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

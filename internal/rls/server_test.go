@@ -31,19 +31,19 @@ const testConfig = `{
   "policies": [
     {"id": "main", "spec": {"rules": [
       {"name": "hot", "scope": "cluster", "algorithm_config": {"tokens_per_second": 20, "burst": 40}},
-      {"name": "keys", "scope": "cluster", "limit_keys": ["ip:address"], "algorithm_config": {"tokens_per_second": 0.001, "burst": 3}},
-      {"name": "wide", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.001, "burst": 10}},
-      {"name": "narrow", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.001, "burst": 2}},
+      {"name": "keys", "scope": "cluster", "limit_keys": ["ip:address"], "algorithm_config": {"tokens_per_second": 0.000001, "burst": 3}},
+      {"name": "wide", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.000001, "burst": 10}},
+      {"name": "narrow", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.000001, "burst": 2}},
       {"name": "local", "algorithm_config": {"tokens_per_second": 1, "burst": 1}}
     ]}},
     {"id": "watch", "spec": {"mode": "shadow", "rules": [
-      {"name": "watched", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.001, "burst": 1}}
+      {"name": "watched", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.000001, "burst": 1}}
     ]}}
   ],
   "rls_descriptors": [{"domain": "edge", "descriptors": [
-    {"key": "remote_address", "rule": {"name": "edge-ip", "algorithm_config": {"tokens_per_second": 0.001, "burst": 2}}},
+    {"key": "remote_address", "rule": {"name": "edge-ip", "algorithm_config": {"tokens_per_second": 0.000001, "burst": 2}}},
     {"key": "generic_key", "value": "api", "descriptors": [
-      {"key": "header_match", "value": "post", "rule": {"name": "api-post", "algorithm_config": {"tokens_per_second": 0.001, "burst": 1}}}
+      {"key": "header_match", "value": "post", "rule": {"name": "api-post", "algorithm_config": {"tokens_per_second": 0.000001, "burst": 1}}}
     ]}
   ]}]
 }`
@@ -149,6 +149,9 @@ func TestServer(t *testing.T) {
 		t.Run("shadow", func(t *testing.T) { shadow(t, e) })
 		t.Run("envoy native descriptors", func(t *testing.T) { envoyNative(t, e) })
 		t.Run("hits_addend", func(t *testing.T) { hitsAddend(t, e) })
+		if b.cluster {
+			t.Run("master killed", func(t *testing.T) { clusterMasterKilled(t, b.c) })
+		}
 	})
 }
 
@@ -200,7 +203,7 @@ func hammerOneKey(t *testing.T, e env) {
 	}
 }
 
-// manyKeys: 300 identities of burst 3 (a refill of one token takes 1000 s),
+// manyKeys: 300 identities of burst 3 (a refill of one token takes 1e6 s),
 // 5 requests each from several goroutines: exactly 3 admitted per key.
 func manyKeys(t *testing.T, e env) {
 	const keys, per = 300, 5
@@ -249,15 +252,15 @@ func allOrNothing(t *testing.T, e env) {
 	if got := r.Statuses[0].LimitRemaining; got != 8 {
 		t.Errorf("wide after the refund: limit_remaining %d, want 8", got)
 	}
-	if got := r.Statuses[1].DurationUntilReset.AsDuration(); got < 999*time.Second || got > 1001*time.Second {
-		t.Errorf("narrow: duration_until_reset %v, want the 1000 s one token takes", got)
+	if got := r.Statuses[1].DurationUntilReset.AsDuration(); got < 999999*time.Second || got > 1000001*time.Second {
+		t.Errorf("narrow: duration_until_reset %v, want the 1e6 s one token takes", got)
 	}
 	// The headers the filter would send for this rejection.
-	wantList := `"wide";r=8;t=2000, "narrow";r=0;t=1000`
+	wantList := `"wide";r=8;t=2000000, "narrow";r=0;t=1000000`
 	if got := header(r, "ratelimit"); got != wantList {
 		t.Errorf("ratelimit: got %q, want %q", got, wantList)
 	}
-	if got := header(r, "ratelimit-policy"); got != `"wide";q=10;w=10000, "narrow";q=2;w=2000` {
+	if got := header(r, "ratelimit-policy"); got != `"wide";q=10;w=10000000, "narrow";q=2;w=2000000` {
 		t.Errorf("ratelimit-policy: got %q", got)
 	}
 	if got := header(r, "ratelimit-limit"); got != "2" {
