@@ -58,8 +58,10 @@ func TestClusterExampleIsOneConfiguration(t *testing.T) {
 }
 
 // TestMakeCluster runs tools/cluster.sh (`make cluster`) on free ports with
-// binaries built by the test: the fleet comes up, the three proxies share
-// one bucket per client IP, and SIGINT (Ctrl-C) stops every process.
+// binaries built by the test, with two proxies instead of three (each
+// compiles the module as it starts, seconds apiece on a busy machine; the
+// fleet tests cover three): the fleet comes up, the proxies share one
+// bucket per client IP, and SIGINT (Ctrl-C) stops every process.
 func TestMakeCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts five processes")
@@ -75,7 +77,7 @@ func TestMakeCluster(t *testing.T) {
 	}
 	localBin, rlsBin := buildLocal(t), tokengateRLS(t)
 	var ports []string
-	for range 3 {
+	for range 2 {
 		ports = append(ports, strconv.Itoa(freePortPair(t)))
 	}
 	rlsPort, rlsAdmin, redisPort := freePortNum(t), freePortNum(t), freePortNum(t)
@@ -127,10 +129,10 @@ func TestMakeCluster(t *testing.T) {
 	}
 
 	// The example's rule: bursts of 6, 2 a second, per client IP across
-	// the fleet. Four rounds over the three proxies.
+	// the fleet. Six rounds over the two proxies.
 	t0 := time.Now()
 	admitted := 0
-	for range 4 {
+	for range 6 {
 		for _, p := range ports {
 			resp, err := http.Get("http://127.0.0.1:" + p + "/")
 			if err != nil {
@@ -147,7 +149,7 @@ func TestMakeCluster(t *testing.T) {
 		}
 	}
 	if upper := 6 + 2*time.Since(t0).Seconds() + 1; admitted < 6 || float64(admitted) > upper {
-		t.Errorf("the fleet admitted %d of 12, want 6 to %.1f (one bucket for the three proxies)", admitted, upper)
+		t.Errorf("the fleet admitted %d of 12, want 6 to %.1f (one bucket for both proxies)", admitted, upper)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
