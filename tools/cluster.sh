@@ -59,8 +59,8 @@ stop() {
 		wait "$p" 2>/dev/null || true
 	done
 }
-trap 'stop; exit 130' INT
-trap 'stop; exit 143' TERM
+# Ctrl-C is how this ends: a clean exit, not make's "Error 130".
+trap 'stop; exit 0' INT TERM
 trap stop EXIT
 
 # wait_http URL NAME LOG PID: until URL answers 200, at most 60 s.
@@ -129,7 +129,8 @@ cat <<-MSG
 	  for i in \$(seq 4); do for p in ${PORTS[*]}; do curl -s -o /dev/null -w "\$p:%{http_code} " 127.0.0.1:\$p/; done; done; echo
 	  curl -i 127.0.0.1:${PORTS[0]}/
 	  redis-cli -p $REDIS_PORT --scan --pattern 'tb:*'
-	  curl -s 127.0.0.1:$((PORTS[0] + 1))/stats | grep fleet-per-ip
+	  curl -s 127.0.0.1:$((PORTS[0] + 1))/stats | grep fleet_per_ip
+	  curl -s 127.0.0.1:$RLS_ADMIN_PORT/metrics | grep decisions
 	Stop tokengate-rls (kill the pid below) to see on_error "local": each proxy then limits on its own.
 	  pids: redis-server ${pids[0]}, tokengate-rls ${pids[1]}, proxies ${pids[*]:2}
 	Ctrl-C to stop everything.
