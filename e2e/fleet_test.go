@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -238,7 +239,8 @@ func TestFleetAllOrNothing(t *testing.T) {
 }
 
 // TestFleetShadow: a cluster rule in a shadow policy never rejects and adds
-// no headers, though its bucket runs dry.
+// no headers, though its bucket runs dry: the service counts the four
+// would-be rejections.
 func TestFleetShadow(t *testing.T) {
 	const cfg = `{"bundle_version":1,"policies":[{"id":"trial","spec":{"mode":"shadow",
 	  "rules":[{"name":"trial","scope":"cluster","limit_keys":["header:x-api-key"],"algorithm_config":{"rps":0.001,"burst":2}}]}}],
@@ -251,6 +253,11 @@ func TestFleetShadow(t *testing.T) {
 			t.Errorf("request %d: %d, want 200 (shadow)", i, resp.StatusCode)
 		}
 		checkNoRateLimitHeaders(t, "request "+strconv.Itoa(i), r)
+	}
+	resp, body := getURL(t, "http://"+f.rls.Admin+"/metrics", nil)
+	want := `tokengate_rls_decisions_total{rule="trial",code="shadow_over_limit"} 4`
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, want) {
+		t.Errorf("the service's metrics lack %s:\n%s", want, body)
 	}
 }
 
