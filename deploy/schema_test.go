@@ -79,6 +79,9 @@ func exampleConfigs(t *testing.T) map[string][]byte {
 	if len(files) == 0 {
 		t.Fatal("no examples/*.json")
 	}
+	// make cluster's configuration (tokengate-rls reads it; its envoy.yaml
+	// inlines the same, TestFleetEnvoyYAML).
+	files = append(files, filepath.Join(repoRoot, "examples", "cluster", "cluster.json"))
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
