@@ -2,7 +2,7 @@
 # bench/run.sh is `make bench`: every benchmark of BENCHMARKS.md in one run,
 # printed as one table (bench/report). Raw outputs stay in $BENCH_OUT.
 #
-#   bench/run.sh                 # everything, about 6 minutes on 2 cores
+#   bench/run.sh                 # everything, about 10 minutes on 2 cores
 #   BENCH_QUICK=1 bench/run.sh   # fewer repetitions and shorter runs
 #
 # Tools: wrk (HTTP), redis-server and redis-benchmark (the Redis peer),
