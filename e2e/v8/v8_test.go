@@ -48,7 +48,7 @@ type result struct {
 	Released []result `json:"released"`
 	Periods  []int    `json:"periods"`
 	TickSets int      `json:"tickSets"`
-	Calls     []struct {
+	Calls    []struct {
 		Cluster string      `json:"cluster"`
 		Headers [][2]string `json:"headers"`
 		Timeout int         `json:"timeout"`
