@@ -339,3 +339,26 @@ func TestDelayConfig(t *testing.T) {
 		t.Errorf("max_reserved 0: %v", err)
 	}
 }
+
+// TestDelayHeldHeaders: a held request's response gets RateLimit headers
+// that say nothing is left and when the bucket is full again (the debt
+// paid back and the burst refilled), not the shifted balance.
+func TestDelayHeldHeaders(t *testing.T) {
+	f := delayFixture(t, "")
+	f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+	f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+	s, _ := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000")) // balance -2
+	f.now = epoch + 0.2
+	f.h.Tick(f.p)
+	f.h.Tick(f.p)
+	f.h.Response = filtertest.Response{}
+	s.OnResponseHeaders(0, false)
+	got := map[string]string{}
+	for _, kv := range f.h.Response.Headers {
+		got[kv[0]] = kv[1]
+	}
+	// Balance -2 then +1 at 10/s: full (1 token) 300 ms later, 1 s rounded up.
+	if got["ratelimit-remaining"] != "0" || got["ratelimit"] != `"g";r=0;t=1` || got["ratelimit-policy"] != `"g";q=1;w=1` {
+		t.Errorf("headers %v", got)
+	}
+}
