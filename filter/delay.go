@@ -295,9 +295,11 @@ func (p *Plugin) OnTick() {
 		p.forget(w)
 		w.s.waiter = nil
 		// A stream that is gone leaves the previous context effective:
-		// continuing then would resume the wrong stream.
+		// continuing then would resume the wrong stream. Its client left.
 		if p.host.(Caller).SetEffectiveContext(w.s.id) {
 			w.s.resume()
+		} else {
+			p.cancelled(w, now)
 		}
 	}
 	p.arm(t, now, true)
@@ -310,29 +312,36 @@ func (p *Plugin) forget(w *waiter) {
 	}
 }
 
-// cancelWait drops a held request whose stream ended before its release,
-// refunding its buckets if its rules ask for it.
+// cancelWait drops a held request whose stream ended before its release
+// (proxy_on_delete), refunding its buckets if its rules ask for it.
 func (s *Stream) cancelWait() {
 	w := s.waiter
 	if w == nil {
 		return
 	}
 	p := s.p
-	now := p.Clock()
+	defer p.recoverTo("proxy_on_delete", func() {})
 	s.waiter = nil
 	p.delays.remove(w)
 	p.forget(w)
+	now := p.Clock()
+	p.cancelled(w, now)
+	if t, ok := p.host.(Ticker); ok {
+		p.arm(t, now, false)
+	}
+}
+
+// cancelled counts a held request whose client left and, if its rules ask
+// for it, gives its tokens back. The refund is made at the current time: a
+// stale time would look to the bucket like the clock stepping back
+// (bucket.MaxClockSkew).
+func (p *Plugin) cancelled(w *waiter, now float64) {
 	for _, r := range w.rules {
 		r.metrics.delayCancelled.inc(p.host, 1)
 	}
 	if len(w.refund) > 0 {
-		// Refunded at the current time: a stale time would look like the
-		// clock stepping back to the bucket (bucket.MaxClockSkew).
 		if _, err := p.upd.Refund(w.refund, now); err != nil {
 			p.warnf(now, "event=refund_error reason="+strconv.Quote(err.Error()))
 		}
-	}
-	if t, ok := p.host.(Ticker); ok {
-		p.arm(t, now, false)
 	}
 }

@@ -157,17 +157,28 @@ func TestDelayClientLeaves(t *testing.T) {
 
 // TestDelayGoneStreamNotContinued: a stream the host has ended but not yet
 // deleted when its deadline comes fails set_effective_context and is never
-// continued (which would resume whatever context was effective); the
-// others still go.
+// continued (which would resume whatever context was effective); it counts
+// as cancelled and is refunded if asked; the others still go.
 func TestDelayGoneStreamNotContinued(t *testing.T) {
-	f := delayFixture(t, "")
+	f := delayFixture(t, `,"refund_on_cancel":true`)
 	for range 4 {
 		f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
 	}
 	f.h.Gone = map[uint32]bool{3: true}
+	f.now = epoch + 0.2
+	if got := f.h.Tick(f.p); !slices.Equal(got, []uint32{2}) {
+		t.Errorf("tick at +200 ms continued %v, want [2]", got)
+	}
+	if got := f.counter("g", filter.CounterDelayCancelled); got != 1 {
+		t.Errorf("delay_cancelled = %d, want 1", got)
+	}
+	// Stored 2 at the start (balance -3), +2 refilled, +1 refunded.
+	if tokens, last := f.state("tb:g:"); tokens != 5 || last != epoch+0.2 {
+		t.Errorf("stored %v at %+v, want 5 at +0.2", tokens, last-epoch)
+	}
 	f.now = epoch + 1
-	if got := f.h.Tick(f.p); !slices.Equal(got, []uint32{2, 4}) {
-		t.Errorf("tick continued %v, want [2 4]", got)
+	if got := f.h.Tick(f.p); !slices.Equal(got, []uint32{4}) {
+		t.Errorf("tick at +1 s continued %v, want [4]", got)
 	}
 	if f.p.Waiting() != 0 {
 		t.Errorf("%d waiting, want 0", f.p.Waiting())
