@@ -83,6 +83,25 @@ type delayQueue struct {
 	// deadline it was computed for.
 	period   uint32
 	armedFor float64
+	// latest is the latest time seen when holding or ticking: a clock
+	// more than bucket.MaxClockSkew behind it was stepped back.
+	latest float64
+}
+
+// rebase moves every deadline back by the amount the clock was stepped
+// back since latest, so that held requests keep the wait they had left
+// instead of waiting for the old time to come back (the buckets re-anchor
+// at the new time too; see bucket.Limit.Refill). Moving them all keeps the
+// heap's order.
+func (q *delayQueue) rebase(now float64) {
+	if step := q.latest - now; step > bucket.MaxClockSkew {
+		for _, w := range q.h {
+			w.deadline -= step
+		}
+		q.armedFor = 0
+		q.latest = now
+	}
+	q.latest = max(q.latest, now)
 }
 
 func (q *delayQueue) less(i, j int) bool {
@@ -204,6 +223,7 @@ func (s *Stream) unholdable(g *group) int {
 // and OnTick releases it at now+wait. unholdable must have said it can.
 func (s *Stream) hold(g *group, now, wait float64) Action {
 	p := s.p
+	p.delays.rebase(now)
 	w := &waiter{deadline: now + wait, s: s}
 	for i, r := range g.rules {
 		if r.Delay.debt == 0 {
@@ -289,6 +309,7 @@ func (p *Plugin) OnTick() {
 	}
 	now := p.Clock()
 	q := &p.delays
+	q.rebase(now)
 	for len(q.h) > 0 && q.h[0].deadline <= now {
 		w := q.h[0]
 		q.remove(w)

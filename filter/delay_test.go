@@ -373,3 +373,56 @@ func TestDelayHeldHeaders(t *testing.T) {
 		t.Errorf("headers %v", got)
 	}
 }
+
+// TestDelayClockSteppedBack: a clock stepped back by more than
+// bucket.MaxClockSkew while requests are held does not make them wait for
+// the old time to come back: they keep the wait they had left.
+func TestDelayClockSteppedBack(t *testing.T) {
+	f := delayFixture(t, "")
+	for range 3 { // held until +100 and +200 ms
+		f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+	}
+	f.now = epoch + 0.05
+	f.h.Tick(f.p)
+	f.now = epoch - 3600 // an hour back, 50 ms after the last tick
+	if got := f.h.Tick(f.p); len(got) != 0 {
+		t.Fatalf("released %v right after the step", got)
+	}
+	f.now += 0.05 + 1e-6 // a microsecond for the rounding of the shift
+	if got := f.h.Tick(f.p); !slices.Equal(got, []uint32{2}) {
+		t.Errorf("50 ms after the step released %v, want [2]", got)
+	}
+	f.now += 0.1
+	if got := f.h.Tick(f.p); !slices.Equal(got, []uint32{3}) {
+		t.Errorf("150 ms after the step released %v, want [3]", got)
+	}
+}
+
+// TestDelaySlotted: a reserving rule with limit keys (slots) holds and
+// refunds per key: two clients do not share a reservation, and a refund
+// goes to the slot the cost was taken from.
+func TestDelaySlotted(t *testing.T) {
+	f := newFixture(t, `{"name":"g","limit_keys":["ip:address"],"algorithm_config":{"rps":10,"burst":1,"max_reserved":2,"refund_on_cancel":true}}`)
+	from := func(ip string) filtertest.Request { return filtertest.Get("/", ip+":5000") }
+	var got []string
+	var held *filter.Stream
+	for _, ip := range []string{"192.0.2.1", "192.0.2.1", "192.0.2.2", "192.0.2.1", "192.0.2.1"} {
+		s, res := f.h.Start(f.p, from(ip))
+		switch {
+		case res.Status() == 429:
+			got = append(got, "429")
+		case res.RequestAction == filter.Pause:
+			got = append(got, "held")
+			held = s
+		default:
+			got = append(got, "200")
+		}
+	}
+	if want := []string{"200", "held", "200", "held", "429"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	f.h.End(held, 4) // the second held request of 192.0.2.1 leaves: refunded
+	if _, res := f.h.Start(f.p, from("192.0.2.1")); res.RequestAction != filter.Pause || res.Local != nil {
+		t.Errorf("after the refund: status %d, want held", res.Status())
+	}
+}
