@@ -56,17 +56,17 @@ func TestFixedWindowBoundaryEachMode(t *testing.T) {
 // fw (its state's second field).
 func storedWindowStart(t *testing.T, f *fixture) float64 {
 	t.Helper()
-	for _, e := range f.h.Store.(*sharedstatetest.Store).Snapshot("tb:fw:") {
-		parts := strings.Split(e.Value, ":")
-		if len(parts) < 2 {
-			t.Fatalf("stored %q", e.Value)
-		}
-		v, err := strconv.ParseFloat(parts[1], 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
+	entries := f.h.Store.(*sharedstatetest.Store).Snapshot("tb:fw:")
+	if len(entries) != 1 {
+		t.Fatalf("stored %+v, want one fw key", entries)
 	}
-	t.Fatal("no fw key stored")
-	return 0
+	parts := strings.Split(entries[0].Value, ":")
+	if len(parts) < 2 {
+		t.Fatalf("stored %q", entries[0].Value)
+	}
+	v, err := strconv.ParseFloat(parts[1], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
