@@ -176,6 +176,9 @@ func (p *parser) rlsNode(path string, v ljson.Result, depth int) (*RLSDescriptor
 		if err != nil {
 			return nil, err
 		}
+		if r.Delay.MaxReserved > 0 {
+			return nil, errAt(join(rpath, "algorithm_config.max_reserved"), "the service answers at once: delayed admission is the filter's alone")
+		}
 		if r.Cost.Kind != CostFixed || r.Cost.Fixed != 1 {
 			return nil, errAt(join(rpath, "algorithm_config"), "cost comes from the descriptor's hits_addend: no cost_source or fixed_cost")
 		}

@@ -1,6 +1,7 @@
 package rls_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/tokengate/tokengate/internal/rls"
@@ -53,4 +54,41 @@ func TestResolve(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzResolve: whatever the descriptor, Resolve does not panic, and a key
+// it returns is "tb:{...}" with no other brace, so its Redis Cluster hash
+// tag is the whole bucket identity; the same input gives the same key.
+func FuzzResolve(f *testing.F) {
+	cfg, err := rls.ParseConfig([]byte(testConfig))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add("tokengate", "tokengate_rule", "keys", "key", "10.0.0.1")
+	f.Add("edge", "remote_address", "a}b", "", "")
+	f.Add("edge", "generic_key", "api", "header_match", "post")
+	f.Add("x", "tokengate_rule", "hot", "key", "{{}}")
+	f.Fuzz(func(t *testing.T, domain, k1, v1, k2, v2 string) {
+		entries := []rls.Entry{{Key: k1, Value: v1}}
+		if k2 != "" {
+			entries = append(entries, rls.Entry{Key: k2, Value: v2})
+		}
+		r, key := cfg.Resolve(domain, entries)
+		if r == nil {
+			if key != "" {
+				t.Fatalf("no rule but key %q", key)
+			}
+			return
+		}
+		inner, ok := strings.CutPrefix(key, "tb:{")
+		if !ok || !strings.HasSuffix(inner, "}") || strings.ContainsAny(inner[:len(inner)-1], "{}") {
+			t.Fatalf("key %q: the hash tag is not the whole identity", key)
+		}
+		if !strings.HasPrefix(inner, r.Name+":") {
+			t.Fatalf("key %q does not start with rule %q", key, r.Name)
+		}
+		if _, again := cfg.Resolve(domain, entries); again != key {
+			t.Fatalf("key %q then %q", key, again)
+		}
+	})
 }

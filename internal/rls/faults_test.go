@@ -66,6 +66,9 @@ func TestRedisDown(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if !containsLine(e.m.String(), `tokengate_rls_decisions_total{rule="keys",code="error"}`) {
+		t.Errorf("failed decisions not counted:\n%s", e.m.String())
+	}
 	if !containsLine(e.m.String(), `tokengate_rls_requests_total{code="unavailable"}`) {
 		t.Errorf("unavailable requests not counted:\n%s", e.m.String())
 	}

@@ -34,6 +34,8 @@ const testConfig = `{
       {"name": "keys", "scope": "cluster", "limit_keys": ["ip:address"], "algorithm_config": {"tokens_per_second": 0.000001, "burst": 3}},
       {"name": "wide", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.000001, "burst": 10}},
       {"name": "narrow", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.000001, "burst": 2}},
+      {"name": "wide2", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.000001, "burst": 100}},
+      {"name": "narrow2", "scope": "cluster", "algorithm_config": {"tokens_per_second": 0.000001, "burst": 10}},
       {"name": "local", "algorithm_config": {"tokens_per_second": 1, "burst": 1}}
     ]}},
     {"id": "watch", "spec": {"mode": "shadow", "rules": [
@@ -146,6 +148,7 @@ func TestServer(t *testing.T) {
 		t.Run("hammer one key", func(t *testing.T) { hammerOneKey(t, e) })
 		t.Run("many keys", func(t *testing.T) { manyKeys(t, e) })
 		t.Run("all or nothing", func(t *testing.T) { allOrNothing(t, e) })
+		t.Run("all or nothing, concurrent", func(t *testing.T) { allOrNothingConcurrent(t, e) })
 		t.Run("shadow", func(t *testing.T) { shadow(t, e) })
 		t.Run("envoy native descriptors", func(t *testing.T) { envoyNative(t, e) })
 		t.Run("hits_addend", func(t *testing.T) { hitsAddend(t, e) })
@@ -274,6 +277,34 @@ func allOrNothing(t *testing.T, e env) {
 	}
 	if r := ask(t, e.client, "tokengate", ours("wide", "", 0)); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("wide alone, 9th request: %v, want OVER_LIMIT", r.OverallCode)
+	}
+}
+
+// allOrNothingConcurrent: 160 requests from 8 goroutines on wide2 (burst
+// 100) and narrow2 (burst 10): exactly 10 pass, and wide2 lost exactly
+// those 10 tokens, whatever the interleaving of takes and refunds.
+func allOrNothingConcurrent(t *testing.T, e env) {
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				r := ask(t, e.client, "tokengate", ours("wide2", "", 0), ours("narrow2", "", 0))
+				if r.OverallCode == rlsv3.RateLimitResponse_OK {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != 10 {
+		t.Fatalf("admitted %d, want narrow2's burst 10", got)
+	}
+	r := ask(t, e.client, "tokengate", ours("wide2", "", 0))
+	if got := r.Statuses[0].LimitRemaining; got != 89 {
+		t.Fatalf("wide2 after 10 admitted requests and one more: %d tokens left, want 89", got)
 	}
 }
 
