@@ -33,7 +33,7 @@ descriptors:
 func envoyRLFilter(onError string) string {
 	return `{"rules":[{"name":"per-key","scope":"cluster","limit_keys":["header:x-api-key"],
 	  "algorithm_config":{"rps":0.001,"burst":2}}],
-	  "settings":{"rls":{"cluster":"ratelimit","timeout_ms":300,"on_error":"` + onError + `"}}}`
+	  "settings":{"rls":{"cluster":"ratelimit","timeout_ms":1000,"on_error":"` + onError + `"}}}`
 }
 
 // sameHour reports whether t0 and t1 fall in one calendar hour (UTC), the
@@ -137,7 +137,7 @@ func TestFilterAgainstEnvoyRatelimit(t *testing.T) {
 				t0 := time.Now()
 				resp, body := getURL(t, hosts[tc.onError]+"/", map[string]string{"x-api-key": "erin"})
 				if d := time.Since(t0); d > 5*time.Second {
-					t.Errorf("on_error %s: a request took %v with timeout_ms 300", tc.onError, d)
+					t.Errorf("on_error %s: a request took %v with timeout_ms 1000", tc.onError, d)
 				}
 				codes = append(codes, resp.StatusCode)
 				if resp.StatusCode == http.StatusServiceUnavailable && !strings.Contains(body, "rls_error") {
@@ -169,7 +169,7 @@ func TestEnvoyRatelimitRedisDown(t *testing.T) {
 			t.Errorf("request %d with Redis down: %d, want 503 (on_error deny)", i, resp.StatusCode)
 		}
 		if d := time.Since(t0); d > 5*time.Second {
-			t.Errorf("request %d took %v with timeout_ms 300", i, d)
+			t.Errorf("request %d took %v with timeout_ms 1000", i, d)
 		}
 	}
 }

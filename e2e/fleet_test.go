@@ -265,13 +265,16 @@ func TestFleetShadow(t *testing.T) {
 // its Redis down. Each request follows on_error, none waits much past the
 // timeout, and nothing is admitted past the limit.
 func TestFleetFaults(t *testing.T) {
-	const timeoutMs = 100
+	// Long enough that a loaded machine does not turn the healthy phase
+	// into errors (the service's Redis timeout below it); every fault
+	// below answers at once or costs one timeout.
+	const timeoutMs = 300
 	// Generous: the bound is that a request does not hang on the service,
 	// not how fast this machine is.
 	const patience = 3 * time.Second
 	cfg := func(onError string) string { return fleetRule("f", "cluster", 0.001, 2, onError, timeoutMs) }
 	redis := redistest.Start(t)
-	rls := startTokengateRLS(t, cfg("deny"), redis.Addr)
+	rls := startTokengateRLS(t, cfg("deny"), redis.Addr, "-redis-timeout", "250ms")
 	proxies := map[string]string{}
 	for _, oe := range []string{"allow", "deny", "local"} {
 		_, srv := startClusterHost(t, cfg(oe), rlsBootstrap(rls.Addr), 2)
