@@ -109,8 +109,8 @@ else
 	EV_PID=$!
 	# CPU per decision (-pid, -redis-pid) is steadier than decisions/s on a
 	# shared machine.
-	load() { # name port keys out pid
-		"$OUT/rlsload" -addr "127.0.0.1:$2" -name "$1" -keys "$3" -c "$RLS_CLIENTS" -n 2000000 -d "${RLS_SECS}s" -warmup 1s \
+	load() { # name port keys out pid [clients]
+		"$OUT/rlsload" -addr "127.0.0.1:$2" -name "$1" -keys "$3" -c "${6:-$RLS_CLIENTS}" -n 2000000 -d "${RLS_SECS}s" -warmup 1s \
 			-pid "$5" -redis-pid "$REDIS_PID" >"$4" 2>>"$OUT/rls-load.err"
 	}
 	for i in $(seq 100); do
@@ -123,6 +123,9 @@ else
 			load tokengate-rls "$RLS_PORT" "$keys" "$OUT/rls-tokengate-$keys-$r.json" "$TG_PID" || log "rlsload against tokengate-rls failed (see $OUT/rls-load.err)"
 			load envoyproxy/ratelimit $((RLS_PORT + 3)) "$keys" "$OUT/rls-envoy-$keys-$r.json" "$EV_PID" || log "rlsload against envoyproxy/ratelimit failed (see $OUT/rls-load.err)"
 		done
+		# One client: the latency of one call with nothing queued.
+		load tokengate-rls "$RLS_PORT" 10000 "$OUT/rls-tokengate-c1-$r.json" "$TG_PID" 1 || log "rlsload -c 1 against tokengate-rls failed"
+		load envoyproxy/ratelimit $((RLS_PORT + 3)) 10000 "$OUT/rls-envoy-c1-$r.json" "$EV_PID" 1 || log "rlsload -c 1 against envoyproxy/ratelimit failed"
 	done
 
 	if ensure_tool wrk wrk; then
