@@ -128,12 +128,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "tokengate_rule", Value: o.rule}, {Key: "key", Value: "k" + strconv.Itoa(i)}},
 		}}}
 	}
-	// The service must answer before the load starts.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	_, err = clients[0].ShouldRateLimit(ctx, reqs[0], grpc.WaitForReady(true))
-	cancel()
-	if err != nil {
-		return fmt.Errorf("%s: first call: %w", o.addr, err)
+	// The service must answer before the load starts; a service that
+	// fails a call now and then (a Redis timeout) gets a few tries.
+	for try := 0; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = clients[0].ShouldRateLimit(ctx, reqs[0], grpc.WaitForReady(true))
+		cancel()
+		if err == nil {
+			break
+		}
+		if try == 4 {
+			return fmt.Errorf("%s: first call: %w", o.addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if o.warmup > 0 {
 		load(o, clients, reqs, o.warmup, 1<<62)
