@@ -374,7 +374,11 @@ type rlsResult struct {
 }
 
 func (x rlsResult) String() string {
-	s := fmt.Sprintf("%s decisions/s, p50 %s ms, p99 %s ms (%d clients)", si(x.PerSecond), f3(x.P50us/1e3), f3(x.P99us/1e3), x.Clients)
+	clients := strconv.Itoa(x.Clients) + " clients"
+	if x.Clients == 1 {
+		clients = "1 client"
+	}
+	s := fmt.Sprintf("%s decisions/s, p50 %s ms, p99 %s ms (%s)", si(x.PerSecond), f3(x.P50us/1e3), f3(x.P99us/1e3), clients)
 	if x.ServiceCPUus > 0 {
 		s += fmt.Sprintf("; CPU per decision: service %.0f µs, Redis %.0f µs", x.ServiceCPUus, x.RedisCPUus)
 	}
