@@ -132,9 +132,6 @@ var (
 // directory removed by TestMain's cleanup of the module build.
 func tokengateRLS(t testing.TB) string {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(repoRoot(t), "cmd", "tokengate-rls", "main.go")); err != nil {
-		t.Skip("no cmd/tokengate-rls in this tree (it comes from the rls branch)")
-	}
 	rlsBuildOnce.Do(func() {
 		root, err := wasmbuild.Root()
 		if err != nil {
