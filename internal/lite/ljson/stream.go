@@ -175,6 +175,16 @@ func (s *PointerScanner) fail() { s.state = psFailed }
 // is not JSON stops the scan (see Failed).
 func (s *PointerScanner) Write(b []byte) {
 	for i := 0; i < len(b) && s.state < psDone; i++ {
+		if s.state == psString && s.esc == 0 && !s.cmp {
+			// Most of a large document is string contents that are not
+			// compared: skip them in a tight loop.
+			for i < len(b) && b[i] != '"' && b[i] != '\\' && b[i] >= 0x20 {
+				i++
+			}
+			if i == len(b) {
+				return
+			}
+		}
 		s.step(b[i])
 	}
 }
