@@ -43,6 +43,15 @@ const (
 	// live bucket because both of their slots were taken: the key bound is
 	// too small for the number of clients active at once.
 	CounterSlotCollisions = "slot_collisions"
+	// CounterSettleCharged, CounterSettleRefunded and CounterSettleReset
+	// count requests settled after the response (docs/configuration.md,
+	// "Settling after the response"): charged more than admission took,
+	// refunded (a status count_statuses does not list, or a reported cost
+	// below what admission took), or whose success filled the bucket
+	// (reset_on_statuses).
+	CounterSettleCharged  = "settle_charged"
+	CounterSettleRefunded = "settle_refunded"
+	CounterSettleReset    = "settle_reset"
 )
 
 // Plugin-wide counters.
@@ -76,6 +85,7 @@ func RuleMetricName(rule, counter string) string {
 type ruleMetrics struct {
 	allowed, rejected, shadowRejected, failOpen, casRetries, descriptorMissing, storeDenied, contention counter
 	slotTakeovers, slotCollisions                                                                       counter
+	settleCharged, settleRefunded, settleReset                                                          counter
 }
 
 type pluginMetrics struct {
@@ -116,5 +126,10 @@ func (r *Rule) defineMetrics(h Host) {
 		contention:        n(CounterContention),
 		slotTakeovers:     n(CounterSlotTakeovers),
 		slotCollisions:    n(CounterSlotCollisions),
+	}
+	if r.Settle != nil {
+		r.metrics.settleCharged = n(CounterSettleCharged)
+		r.metrics.settleRefunded = n(CounterSettleRefunded)
+		r.metrics.settleReset = n(CounterSettleReset)
 	}
 }
