@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"math"
 	"strconv"
 	"strings"
 
@@ -230,15 +231,17 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 
 // nonNegative returns v as a finite number in [0, max].
 func nonNegative(path string, v ljson.Result, max float64) (float64, error) {
-	if v.Type == ljson.Number && v.Raw == "0" {
-		return 0, nil
+	if v.Type != ljson.Number {
+		return 0, errAt(path, "must be a number, got "+typeName(v))
 	}
-	if v.Type == ljson.Number {
-		if f, err := strconv.ParseFloat(v.Raw, 64); err == nil && f == 0 {
-			return 0, nil
-		}
+	f, err := strconv.ParseFloat(v.Raw, 64)
+	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+		return 0, errAt(path, "must be a finite number, got "+short(v.Raw))
 	}
-	return positive(path, v, max)
+	if f < 0 || f > max {
+		return 0, errAt(path, "must be from 0 to "+num(max)+", got "+num(f))
+	}
+	return f, nil
 }
 
 // InFlightSpec is a concurrency rule's limit ("algorithm": "concurrency").
