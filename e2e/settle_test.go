@@ -419,16 +419,18 @@ func TestCountStatuses(t *testing.T) {
 	}
 }
 
-// TestConcurrencyHammer: max_in_flight 3 under goroutines that finish,
-// time out (the client leaves while the upstream works, before or during
-// the body), or are rejected; the upstream never sees more than 3 at once
-// and the count returns to 0.
+// TestConcurrencyHammer: max_in_flight 3 under goroutines whose requests
+// finish, are rejected by the concurrency rule or by a token bucket after
+// it, or (second phase) are left by their client while the upstream works,
+// before or during the body. Without clients leaving, the upstream never
+// sees more than 3 at once (one that leaves is released at once, while the
+// upstream may take a moment to notice); in both phases the count returns
+// to 0 and the key admits again.
 func TestConcurrencyHammer(t *testing.T) {
-	var inflight, peak, served atomic.Int64
+	var inflight, peak atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := inflight.Add(1)
 		defer inflight.Add(-1)
-		served.Add(1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 		}
 		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
@@ -444,74 +446,87 @@ func TestConcurrencyHammer(t *testing.T) {
 		_, _ = io.WriteString(w, "done\n")
 	}))
 	defer up.Close()
+	// A bucket that rejects every request with x-tb after the first: the
+	// place in flight taken before it decides must be released too.
 	cfg := `{"rules":[{"name":"cc","limit_keys":["ip:address"],"algorithm":"concurrency","algorithm_config":{"max_in_flight":3}},` +
-		`{"name":"tb","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}],"settings":{"rule_headers":true}}`
+		`{"name":"tb","limit_keys":["ip:address"],"match":{"header:x-tb":"1"},"algorithm_config":{"rps":0.001,"burst":1}}],"settings":{"rule_headers":true}}`
 	for _, stream := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
-			peak.Store(0)
 			clk := wasmhost.NewFakeClock(t0)
 			h, srv, ms := settleHost(t, cfg, up, stream, false, clk)
-			const P, N = 8, 25
-			var wg sync.WaitGroup
-			var ok200, limited, gone atomic.Int64
-			for g := 0; g < P; g++ {
-				wg.Add(1)
-				go func(g int) {
-					defer wg.Done()
-					c := clientFrom("127.0.0.1", 4)
-					for i := 0; i < N; i++ {
-						timeout := time.Duration(0)
-						path := "/?ms=" + strconv.Itoa(1+(g*N+i)%7)
-						switch (g + i) % 4 {
-						case 1:
-							path, timeout = "/?ms=200", 10*time.Millisecond // leaves while the upstream works
-						case 2:
-							path, timeout = "/?ms=200&body=1", 30*time.Millisecond // leaves during the body
-						}
-						ctx, cancel := context.WithCancel(context.Background())
-						if timeout > 0 {
-							ctx, cancel = context.WithTimeout(context.Background(), timeout)
-						}
-						req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+path, nil)
-						resp, err := c.Do(req)
-						if err == nil {
-							_, err = io.Copy(io.Discard, resp.Body)
-							resp.Body.Close()
-							switch {
-							case err != nil:
-								gone.Add(1)
-							case resp.StatusCode == 200:
-								ok200.Add(1)
-							case resp.StatusCode == 429 && resp.Header.Get("X-Tokengate-Reason") == "concurrency_limit":
-								limited.Add(1)
+			for _, leave := range []bool{false, true} {
+				peak.Store(0)
+				const P, N = 8, 25
+				var wg sync.WaitGroup
+				var ok200, limited, bucketLimited, gone atomic.Int64
+				for g := 0; g < P; g++ {
+					wg.Add(1)
+					go func(g int) {
+						defer wg.Done()
+						c := clientFrom("127.0.0.1", 4)
+						for i := 0; i < N; i++ {
+							timeout, tb := time.Duration(0), false
+							path := "/?ms=" + strconv.Itoa(1+(g*N+i)%7)
+							switch k := (g + i) % 5; {
+							case k == 3:
+								tb = true
+							case k == 1 && leave:
+								path, timeout = "/?ms=200", 10*time.Millisecond // leaves while the upstream works
+							case k == 2 && leave:
+								path, timeout = "/?ms=200&body=1", 30*time.Millisecond // leaves during the body
 							}
-						} else {
-							gone.Add(1)
+							ctx, cancel := context.WithCancel(context.Background())
+							if timeout > 0 {
+								ctx, cancel = context.WithTimeout(context.Background(), timeout)
+							}
+							req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+path, nil)
+							if tb {
+								req.Header.Set("X-Tb", "1")
+							}
+							resp, err := c.Do(req)
+							if err == nil {
+								_, err = io.Copy(io.Discard, resp.Body)
+								resp.Body.Close()
+								switch {
+								case err != nil:
+									gone.Add(1)
+								case resp.StatusCode == 200:
+									ok200.Add(1)
+								case resp.StatusCode == 429 && resp.Header.Get("X-Tokengate-Reason") == "concurrency_limit":
+									limited.Add(1)
+								case resp.StatusCode == 429 && resp.Header.Get("X-Tokengate-Rule") == "tb":
+									bucketLimited.Add(1)
+								}
+							} else {
+								gone.Add(1)
+							}
+							cancel()
 						}
-						cancel()
-					}
-				}(g)
-			}
-			wg.Wait()
-			if p := peak.Load(); p > 3 || p == 0 {
-				t.Errorf("upstream peak in flight %d, want 1..3", p)
-			}
-			if ok200.Load() == 0 || limited.Load() == 0 || gone.Load() == 0 {
-				t.Errorf("paths not all taken: %d ok, %d limited, %d gone", ok200.Load(), limited.Load(), gone.Load())
-			}
-			// Every stream ends, whatever its path; then nothing is in flight.
-			waitFor(t, func() bool {
-				for _, e := range ms.Snapshot("cc:cc:") {
-					if cur, prev, _, _, err := sharedstate.ParseInFlight([]byte(e.Value)); err != nil || cur+prev != 0 {
-						return false
-					}
+					}(g)
 				}
-				return inflight.Load() == 0
-			})
-			if r := mustDo(t, srv.Client(), srv, "/?ms=1", nil); r.status != 200 {
-				t.Errorf("after the hammer: got %d, want 200", r.status)
+				wg.Wait()
+				if p := peak.Load(); p == 0 || (!leave && p > 3) {
+					t.Errorf("leave=%v: upstream peak in flight %d, want 1..3", leave, p)
+				}
+				if ok200.Load() == 0 || limited.Load() == 0 || bucketLimited.Load() == 0 || (leave != (gone.Load() > 0)) {
+					t.Errorf("leave=%v: paths not all taken: %d ok, %d limited, %d by the bucket, %d gone",
+						leave, ok200.Load(), limited.Load(), bucketLimited.Load(), gone.Load())
+				}
+				// Every stream ends, whatever its path; then nothing is in flight.
+				waitFor(t, func() bool {
+					for _, e := range ms.Snapshot("cc:cc:") {
+						if cur, prev, _, _, err := sharedstate.ParseInFlight([]byte(e.Value)); err != nil || cur+prev != 0 {
+							return false
+						}
+					}
+					return inflight.Load() == 0
+				})
+				if r := mustDo(t, srv.Client(), srv, "/?ms=1", nil); r.status != 200 {
+					t.Errorf("leave=%v: after the hammer: got %d, want 200", leave, r.status)
+				}
+				t.Logf("leave=%v: %d ok, %d limited, %d by the bucket, %d gone; peak %d; %d rejected by the module", leave,
+					ok200.Load(), limited.Load(), bucketLimited.Load(), gone.Load(), peak.Load(), metric(t, h, "cc", "rejected"))
 			}
-			t.Logf("%d ok, %d limited, %d gone; %d rejected by the module", ok200.Load(), limited.Load(), gone.Load(), metric(t, h, "cc", "rejected"))
 		})
 	}
 }
