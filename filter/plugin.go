@@ -266,7 +266,7 @@ type quota struct {
 func quotaOf(r *Rule, res bucket.Result) quota {
 	return quota{
 		r:         r,
-		remaining: int64(math.Floor(res.Tokens)),
+		remaining: max(0, int64(math.Floor(res.Tokens))), // 0 while in debt
 		reset:     seconds(res.FullIn),
 	}
 }
