@@ -178,11 +178,12 @@ func (s *Stream) OnResponseBody(size int, endOfStream bool) (act Action) {
 		return Continue
 	}
 	if br, ok := s.p.host.(bodyReader); ok && size > 0 && st.scanning() {
-		for start := 0; start < size && st.scanning(); start += bodyWindow {
+		for start := 0; start < size && st.scanning(); {
 			b, ok := br.ResponseBody(start, min(bodyWindow, size-start))
 			if !ok || len(b) == 0 {
 				break
 			}
+			start += len(b)
 			for i := range st.charges {
 				if c := &st.charges[i]; c.scanning {
 					c.feed(b)
