@@ -530,3 +530,33 @@ func TestConcurrencyHammer(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkResponseCostScan measures a 1 MiB JSON response read for its
+// cost by the module (response_json) against the same response under a
+// fixed cost, through the local host with streamed responses.
+func BenchmarkResponseCostScan(b *testing.B) {
+	body := bigJSON(1 << 20)
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		for i := 0; i < len(body); i += 16 << 10 {
+			_, _ = w.Write(body[i:min(i+16<<10, len(body))])
+		}
+	})
+	for _, source := range []string{"fixed", "response_json:/usage/total_tokens"} {
+		b.Run(strings.TrimSuffix(source, ":/usage/total_tokens"), func(b *testing.B) {
+			_, srv := startHost(b, wasmhost.Options{
+				PluginConfig: []byte(`{"rules":[{"name":"r","algorithm_config":{"rps":1000000,"burst":1000000,"cost_source":"` + source + `"}}]}`),
+				Upstream:        up,
+				StreamResponses: true,
+			})
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				resp, got := get(b, srv, "/", nil)
+				if resp.StatusCode != http.StatusOK || len(got) != len(body) {
+					b.Fatalf("status %d, %d bytes", resp.StatusCode, len(got))
+				}
+			}
+		})
+	}
+}

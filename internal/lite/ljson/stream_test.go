@@ -178,3 +178,35 @@ func BenchmarkPointerScanner(b *testing.B) {
 		s.Write(doc)
 	}
 }
+
+// FuzzPointerScanner: any bytes, split anywhere, never panic, and the
+// result does not depend on where the document was split.
+func FuzzPointerScanner(f *testing.F) {
+	f.Add([]byte(`{"usage":{"total_tokens":42}}`), uint(7))
+	f.Add([]byte(`[[[[[[`), uint(2))
+	f.Add([]byte(`{"usage":{"total_tokens":4e2},"usage":{"total_tokens":"x"}}`), uint(30))
+	p, _ := ParsePointer("/usage/total_tokens")
+	f.Fuzz(func(t *testing.T, doc []byte, cut uint) {
+		c := int(cut % uint(len(doc)+1))
+		v1, ok1 := scanAll(p, string(doc))
+		v2, ok2 := scanAll(p, string(doc), c)
+		if ok1 != ok2 || (ok1 && v1 != v2) {
+			t.Fatalf("%q: whole %v %v, split at %d %v %v", doc, v1, ok1, c, v2, ok2)
+		}
+	})
+}
+
+func TestPointerScannerDeepNesting(t *testing.T) {
+	p, _ := ParsePointer("/a")
+	var s PointerScanner
+	s.Reset(p)
+	s.Write([]byte(strings.Repeat("[", 100000)))
+	if !s.Failed() || !s.Done() {
+		t.Fatal("100,000 levels: want the scan stopped")
+	}
+	s.Reset(p)
+	s.Write([]byte(strings.Repeat("[", 511) + `{"a":1}` + strings.Repeat("]", 511)))
+	if _, ok := s.Found(); ok || s.Failed() {
+		t.Fatal("511 levels: want followed, /a not at the root")
+	}
+}
