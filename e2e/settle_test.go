@@ -545,7 +545,7 @@ func BenchmarkResponseCostScan(b *testing.B) {
 	for _, source := range []string{"fixed", "response_json:/usage/total_tokens"} {
 		b.Run(strings.TrimSuffix(source, ":/usage/total_tokens"), func(b *testing.B) {
 			_, srv := startHost(b, wasmhost.Options{
-				PluginConfig: []byte(`{"rules":[{"name":"r","algorithm_config":{"rps":1000000,"burst":1000000,"cost_source":"` + source + `"}}]}`),
+				PluginConfig:    []byte(`{"rules":[{"name":"r","algorithm_config":{"rps":1000000,"burst":1000000,"cost_source":"` + source + `"}}]}`),
 				Upstream:        up,
 				StreamResponses: true,
 			})
