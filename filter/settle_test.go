@@ -1,11 +1,14 @@
 package filter_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate"
+	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
 )
 
 // stream drives one stream by hand through the fixture's plugin.
@@ -134,4 +137,38 @@ func TestInFlightReleasedOnEveryPath(t *testing.T) {
 		t.Fatalf("after the lease: %+v, %d in flight, want admitted with 1", res.Local, count())
 	}
 	e.end()
+}
+
+// TestInFlightStoreFailure: a concurrency rule fails open when the shared
+// data fails, or answers 503 with on_store_error deny; a corrupt counter
+// is taken over.
+func TestInFlightStoreFailure(t *testing.T) {
+	for _, deny := range []bool{false, true} {
+		ose := map[bool]string{false: "allow", true: "deny"}[deny]
+		f := newFixture(t, `{"rules":[{"name":"cc","on_store_error":"`+ose+`","algorithm":"concurrency","algorithm_config":{"max_in_flight":1}}]}`)
+		mem := f.mem()
+		f.h.Store = &sharedstatetest.FaultStore{Store: mem, GetErr: func(string) error { return errors.New("boom") }}
+		_, res := f.start()
+		switch {
+		case deny && (res.Local == nil || res.Local.Status != 503):
+			t.Errorf("deny: got %+v, want 503", res.Local)
+		case !deny && res.Local != nil:
+			t.Errorf("allow: got %+v, want through", res.Local)
+		}
+		want := map[bool]string{false: filter.CounterFailOpen, true: filter.CounterStoreDenied}[deny]
+		if got := f.counter("cc", want); got != 1 {
+			t.Errorf("%s: got %d, want 1", want, got)
+		}
+		f.h.Store = mem
+	}
+	f := newFixture(t, `{"rules":[{"name":"cc","algorithm":"concurrency","algorithm_config":{"max_in_flight":1}}]}`)
+	f.put("cc:cc:", "garbage")
+	st, res := f.start()
+	if res.Local != nil {
+		t.Fatalf("corrupt counter: got %+v, want admitted", res.Local)
+	}
+	st.end()
+	if v := f.raw("cc:cc:"); !strings.HasPrefix(v, "0:0:") {
+		t.Errorf("after release: %q, want nothing in flight", v)
+	}
 }
