@@ -84,7 +84,9 @@ const maxRequestBody = 16 << 20
 // while the guest runs, so a worker interleaves streams as Envoy's do.
 //
 // Differences from Envoy worth knowing: bodies are buffered whole and each
-// body callback sees the whole body with end_of_stream set; a Pause without
+// body callback sees the whole body with end_of_stream set, unless
+// Options.StreamResponses passes responses through as they arrive
+// (stream.go); a Pause without
 // a local reply or proxy_continue_stream answers 500 instead of hanging;
 // a VM trap answers 503 (Envoy's fail-closed reply) and the worker's VM is
 // restarted on its next use.
