@@ -24,6 +24,8 @@ func FuzzParseConfig(f *testing.F) {
 		`{"rules":[{"name":"a","limit_keys":["ip:address","header:x"],"algorithm_config":{"tokens_per_second":0.5,"burst":1e12,"cost_source":"query:c","default_cost":3}}],"settings":{"cas_max_attempts":1000,"xff_trusted_hops":10,"max_keys_per_rule":0}}`,
 		`{"bundle_version":1,"policies":[{"id":"p","spec":{"mode":"shadow","selector":{"pathPrefix":"/a","methods":["get"],"hosts":["*.x.com"]},"fallback_limit":{"algorithm_config":{"rps":1,"burst":2}}}}]}`,
 		`{"name":"a","algorithm_config":{"rps":1e-320,"burst":1}}`,
+		`{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":9,"cost_source":"response_sse:/a/0+/b","pre_charge":2,"max_debt":0,"count_statuses":["4xx",200]}},` +
+			`{"name":"b","algorithm":"concurrency","algorithm_config":{"max_in_flight":2,"lease_seconds":1}}]}`,
 	} {
 		f.Add([]byte(s))
 	}
