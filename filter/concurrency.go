@@ -76,7 +76,7 @@ func (s *Stream) admitInFlight(req *request, now float64) Action {
 			s.logInFlight("tokengate: event=shadow_rejected ", r, &one[0])
 		default:
 			r.metrics.allowed.inc(p.host, 1)
-			s.hold(r, &one[0])
+			s.holdInFlight(r, &one[0])
 		}
 	}
 	if len(enforce) == 0 {
@@ -114,16 +114,16 @@ func (s *Stream) admitInFlight(req *request, now float64) Action {
 	}
 	for i, r := range rules {
 		r.metrics.allowed.inc(p.host, 1)
-		s.hold(r, &enforce[i])
+		s.holdInFlight(r, &enforce[i])
 	}
 	return Continue
 }
 
 func quote(err error) string { return `"` + strings.ReplaceAll(err.Error(), `"`, `'`) + `"` }
 
-// hold keeps a place in flight for release when the stream ends; the keys
+// holdInFlight keeps a place in flight for release when the stream ends; the keys
 // are copied, since the request's key buffer is reused.
-func (s *Stream) hold(r *Rule, f *sharedstate.InFlight) {
+func (s *Stream) holdInFlight(r *Rule, f *sharedstate.InFlight) {
 	l := lease{r: r, f: *f}
 	l.f.Key, l.f.Alt, l.f.Owner, l.f.Stored = "", "", strings.Clone(f.Owner), strings.Clone(f.Stored)
 	st := s.settleOf()

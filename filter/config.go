@@ -114,6 +114,10 @@ type Rule struct {
 	MaxKeys int
 	// windowStart is a fixed window's start mode (WindowAligned, ...).
 	windowStart int
+	// Delay is a token bucket's delayed admission (delay.go); waiting
+	// counts the requests it holds on this worker.
+	Delay   Delay
+	waiting int
 
 	// Cluster reports "scope": "cluster": the rule is decided by the
 	// rate-limit service of Settings.RLS, across every proxy, instead of in
@@ -269,6 +273,9 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, errAt("", "configuration has no rules")
 	}
 	if err := checkClusterRules(cfg); err != nil {
+		return nil, err
+	}
+	if err := checkDelayRules(cfg); err != nil {
 		return nil, err
 	}
 	if len(cfg.rules) > MaxRules {
@@ -662,7 +669,8 @@ func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 	if !v.IsObject() {
 		return errAt(path, "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost", "count_statuses", "reset_on_statuses", "pre_charge", "max_debt"); err != nil {
+	if err := onlyFields(path, v, append([]string{"tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost",
+		"count_statuses", "reset_on_statuses", "pre_charge", "max_debt"}, delayFields...)...); err != nil {
 		return err
 	}
 	tps, rps := v.Get("tokens_per_second"), v.Get("rps")
@@ -687,14 +695,19 @@ func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 	if err != nil {
 		return err
 	}
-	if burst < rate {
+	r.Limit = bucket.Limit{Rate: rate, Burst: burst}
+	if err := delayConfig(path, v, r); err != nil {
+		return err
+	}
+	// A shaping rule (max_reserved) may let less than a second's worth
+	// through at once, as nginx's burst does.
+	if burst < rate && r.Delay.MaxReserved == 0 {
 		return errAt(path+".burst", "must be >= "+rateField+" ("+num(rate)+"), got "+num(burst))
 	}
 	if burst/rate > maxFillTime {
 		return errAt(path+"."+rateField, "must be >= burst/1e9 ("+num(burst/maxFillTime)+
 			") so that an empty bucket refills within 1e9 seconds, got "+num(rate))
 	}
-	r.Limit = bucket.Limit{Rate: rate, Burst: burst}
 	return costConfig(path, v, r)
 }
 

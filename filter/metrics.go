@@ -52,6 +52,12 @@ const (
 	CounterSettleCharged  = "settle_charged"
 	CounterSettleRefunded = "settle_refunded"
 	CounterSettleReset    = "settle_reset"
+	// CounterDelayed (defined for rules with max_reserved) counts requests the rule admitted into its
+	// reservation (max_reserved) and held until their tokens were due.
+	CounterDelayed = "delayed"
+	// CounterDelayCancelled (defined for rules with max_reserved) counts held requests whose client left before
+	// their release.
+	CounterDelayCancelled = "delay_cancelled"
 )
 
 // Plugin-wide counters.
@@ -84,7 +90,7 @@ func RuleMetricName(rule, counter string) string {
 
 type ruleMetrics struct {
 	allowed, rejected, shadowRejected, failOpen, casRetries, descriptorMissing, storeDenied, contention counter
-	slotTakeovers, slotCollisions                                                                       counter
+	slotTakeovers, slotCollisions, delayed, delayCancelled                                              counter
 	settleCharged, settleRefunded, settleReset                                                          counter
 }
 
@@ -131,5 +137,9 @@ func (r *Rule) defineMetrics(h Host) {
 		r.metrics.settleCharged = n(CounterSettleCharged)
 		r.metrics.settleRefunded = n(CounterSettleRefunded)
 		r.metrics.settleReset = n(CounterSettleReset)
+	}
+	if r.Delay.MaxReserved > 0 { // only rules that can delay have these
+		r.metrics.delayed = n(CounterDelayed)
+		r.metrics.delayCancelled = n(CounterDelayCancelled)
 	}
 }

@@ -198,6 +198,10 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 	if s := r.Settle; s != nil && s.HasCount && s.HasReset && s.Count.overlaps(&s.Reset) {
 		return errAt(path+".reset_on_statuses", "must not share a status with count_statuses: a status either counts or resets")
 	}
+	if r.Settle != nil && r.Delay.MaxReserved > 0 {
+		return errAt(path+".max_reserved", "cannot be combined with count_statuses, reset_on_statuses or a response_* cost_source: "+
+			"a reservation holds requests against a debt the bucket already carries; settle in a rule of its own")
+	}
 	response := r.Settle != nil && r.Settle.Response != ResponseNone
 	for _, f := range []string{"pre_charge", "max_debt"} {
 		if v.Get(f).Exists() && !response {

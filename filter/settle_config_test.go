@@ -55,6 +55,8 @@ func TestParseSettleConfigErrors(t *testing.T) {
 			`algorithm_config.cost_source: at most 4 JSON pointers joined by '+', got 5`},
 		{"bad header", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:"}}`,
 			`algorithm_config.cost_source: response_header needs a header name of 1 to 64 characters from [A-Za-z0-9_-], got ""`},
+		{"reservation and settling", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"max_reserved":2,"count_statuses":[401]}}`,
+			`algorithm_config.max_reserved: cannot be combined with count_statuses, reset_on_statuses or a response_* cost_source: a reservation holds requests against a debt the bucket already carries; settle in a rule of its own`},
 		{"lease too short", `{"name":"a","algorithm":"concurrency","algorithm_config":{"max_in_flight":1,"lease_seconds":0.5}}`,
 			`algorithm_config.lease_seconds: must be >= 1, got 0.5`},
 		{"cluster settles", `{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":3,"count_statuses":[401]}}]` + rls,
