@@ -329,6 +329,7 @@ class Worker {
       reqHeaders: req.headers.map(([k, v]) => [k.toLowerCase(), v]),
       respHeaders: null,
       source: req.source || '127.0.0.1:40000',
+      response: req.response, // the upstream's answer, if the step gives one
       local: null,
       continued: 0,
       done: false,
@@ -374,12 +375,12 @@ class Worker {
     } else if (action !== 0 && s.continued === 0) {
       s.respHeaders = [[':status', '500']];
       body = 'v8host: the filter paused the request and never resumed it\n';
-    } else if (req.response) {
+    } else if (s.response) {
       // The upstream's response: a status, headers and body chunks, each
       // handed to proxy_on_response_body as it would arrive (Envoy with a
       // filter answering Continue); abort ends the stream without
       // end_of_stream, as an upstream reset does.
-      const r = req.response;
+      const r = s.response;
       s.respHeaders = [[':status', String(r.status || 200)], ...(r.headers || [])];
       body = (r.chunks || []).join('');
     } else {
@@ -388,10 +389,10 @@ class Worker {
     }
     const local = s.local;
     if (!local) call(ex.proxy_on_response_headers, s.id, s.respHeaders.length, body.length === 0 ? 1 : 0);
-    if (!local && s.local === local && req.response && body.length > 0) {
-      const chunks = req.response.chunks, te = new TextEncoder();
+    if (!local && s.local === local && s.response && body.length > 0) {
+      const chunks = s.response.chunks, te = new TextEncoder();
       for (let i = 0; i < chunks.length; i++) {
-        const last = i === chunks.length - 1 && !req.response.abort;
+        const last = i === chunks.length - 1 && !s.response.abort;
         s.respChunk = te.encode(chunks[i]);
         try { call(ex.proxy_on_response_body, s.id, s.respChunk.length, last ? 1 : 0); } finally { s.respChunk = null; }
       }
