@@ -73,7 +73,10 @@ type reqContext struct {
 	// cluster holds the cluster-scope rules, enforced and shadow, that the
 	// rate-limit service decides (cluster.go).
 	cluster group
-	keyBuf  []byte
+	// inflight holds the concurrency rules, enforced and shadow
+	// (concurrency.go).
+	inflight group
+	keyBuf   []byte
 	// vals holds the limit-key values of every applying rule, in order;
 	// group.vals locate each rule's.
 	vals []string
@@ -96,6 +99,7 @@ func (c *reqContext) begin() {
 	c.enforce.reset()
 	c.shadow.reset()
 	c.cluster.reset()
+	c.inflight.reset()
 	c.keyBuf = c.keyBuf[:0]
 	c.vals = c.vals[:0]
 }
@@ -224,6 +228,7 @@ func (s *Stream) Release() {
 	}
 	if p != nil {
 		s.cancelWait()
+		s.finish() // a host that skipped proxy_on_done
 	}
 	if p == nil || len(p.free) >= maxFreeStreams {
 		return
@@ -253,6 +258,9 @@ type Stream struct {
 	// the fewest tokens left, which the legacy headers describe.
 	quotas []quota
 	best   int
+	// settle is what the stream settles and releases when it ends
+	// (settle.go); nil for a request that needs nothing of the kind.
+	settle *settleState
 }
 
 // quota is what the RateLimit headers say about one bucket that varies per
@@ -266,7 +274,7 @@ type quota struct {
 func quotaOf(r *Rule, res bucket.Result) quota {
 	return quota{
 		r:         r,
-		remaining: int64(math.Floor(res.Tokens)),
+		remaining: max(0, int64(math.Floor(res.Tokens))), // 0 while in debt
 		reset:     seconds(res.FullIn),
 	}
 }
@@ -300,12 +308,18 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata}
 	p.rc.begin()
 	p.collect(cfg, &req)
-	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 {
+	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 && len(p.rc.inflight.reqs) == 0 {
 		return Continue
 	}
 	now := p.time()
 	if len(p.rc.shadow.reqs) > 0 {
 		p.observe(&req, now)
+	}
+	if len(p.rc.inflight.reqs) > 0 {
+		// Counted first, released when the stream ends whatever decides.
+		if act = s.admitInFlight(&req, now); act != Continue {
+			return act
+		}
 	}
 	if len(p.rc.enforce.reqs) > 0 {
 		if act = s.decide(&req, now); act != Continue {
@@ -364,7 +378,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 			slotted = slotted || pol.Fallback.MaxKeys > 0
 		}
 	}
-	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs) == 0 {
+	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs)+len(p.rc.inflight.reqs) == 0 {
 		return
 	}
 	if slotted {
@@ -373,12 +387,14 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 	p.buildKeys(&p.rc.enforce)
 	p.buildKeys(&p.rc.shadow)
 	p.buildKeys(&p.rc.cluster)
+	p.buildKeys(&p.rc.inflight)
 	// One string holds every key of the request: keyBuf stays untouched
 	// until the next request.
 	keys := p.view(p.rc.keyBuf)
 	p.rc.enforce.setKeys(keys)
 	p.rc.shadow.setKeys(keys)
 	p.rc.cluster.setKeys(keys)
+	p.rc.inflight.setKeys(keys)
 }
 
 func (r *Rule) matches(req *request) bool {
@@ -406,6 +422,8 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 	}
 	g := &p.rc.enforce
 	switch {
+	case r.InFlight != nil:
+		g = &p.rc.inflight
 	case r.Cluster:
 		g = &p.rc.cluster
 	case r.shadow:
@@ -443,6 +461,10 @@ func (p *Plugin) buildKeys(g *group) {
 			sp.key[0] = len(p.rc.keyBuf)
 			p.rc.keyBuf = sharedstate.AppendKey(p.rc.keyBuf, r.shadow, r.Name, vals)
 			sp.key[1] = len(p.rc.keyBuf)
+		}
+		if r.InFlight != nil {
+			markInFlight(p.rc.keyBuf[sp.key[0]:sp.key[1]], r.shadow)
+			markInFlight(p.rc.keyBuf[sp.alt[0]:sp.alt[1]], r.shadow)
 		}
 		g.spans = append(g.spans, sp)
 	}
@@ -543,12 +565,17 @@ func (s *Stream) decide(req *request, now float64) Action {
 			}
 		}
 		s.quotas, s.best = s.quotas[:0], 0
+		settles := false
 		for i, r := range g.rules {
 			r.metrics.allowed.inc(p.host, 1)
 			s.quotas = append(s.quotas, quotaOf(r, g.res[i]))
 			if g.res[i].Tokens < g.res[s.best].Tokens {
 				s.best = i
 			}
+			settles = settles || r.Settle != nil
+		}
+		if settles {
+			s.track(g)
 		}
 		if wait > 0 {
 			return s.hold(g, now, wait)
@@ -691,6 +718,7 @@ func fnv64Add(h uint64, s string) uint64 {
 func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action) {
 	defer s.p.recoverTo("proxy_on_response_headers", func() { act = Continue })
 	p := s.p
+	s.settleHeaders(endOfStream)
 	if p.cfg != nil && p.cfg.Settings.RateLimitHeaders {
 		for _, h := range s.rlsHeaders {
 			p.host.SetResponseHeader(strings.ToLower(h[0]), h[1])

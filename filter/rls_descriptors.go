@@ -182,6 +182,9 @@ func (p *parser) rlsNode(path string, v ljson.Result, depth int) (*RLSDescriptor
 		if r.Cost.Kind != CostFixed || r.Cost.Fixed != 1 {
 			return nil, errAt(join(rpath, "algorithm_config"), "cost comes from the descriptor's hits_addend: no cost_source or fixed_cost")
 		}
+		if r.Settle != nil {
+			return nil, errAt(join(rpath, "algorithm_config"), "the service takes hits at admission only: no count_statuses or reset_on_statuses")
+		}
 		r.Cluster = true
 		n.Rule = r
 	}

@@ -53,8 +53,10 @@ func Quantize(now float64) float64 {
 // to dst and returns the extended slice.
 //
 // Tokens are floored to 6 decimals, never rounded up, so that storing a state
-// never admits more than it holds; NaN, infinite or negative tokens are
-// written as 0 (bucket.Limit never produces them). From 2^53 micro-tokens
+// never admits more than it holds; NaN and infinite tokens are written as 0
+// (bucket.Limit never produces them). Negative tokens, a bucket in debt
+// (bucket.Limit.MaxDebt), are written with a leading '-', floored too (the
+// debt rounds up). From 2^53 micro-tokens
 // (about 9.007e9 tokens) on, tokens are floored to a whole number. Last is
 // formatted with strconv's 'f', 6 (rounded to the microsecond): pass a time
 // from Quantize for an exact round trip.
@@ -63,6 +65,20 @@ func Quantize(now float64) float64 {
 // hold any state with tokens and last below 1e15.
 func AppendState(dst []byte, s bucket.State) []byte {
 	t := s.Tokens
+	if t < 0 && t > -maxExactMicros/micro {
+		// Debt: -ceil(-t) to the microunit, so that the stored debt is
+		// never smaller than the exact one.
+		d := floorMicro(-t)
+		if d < -t {
+			d = (math.Round(d*micro) + 1) / micro
+		}
+		if d > 0 {
+			dst = append(dst, '-')
+			dst = appendMicro(dst, d)
+			dst = append(dst, ':')
+			return appendMicro(dst, s.Last)
+		}
+	}
 	switch {
 	case !(t > 0) || math.IsInf(t, 1): // NaN, <= 0, +Inf
 		t = 0
@@ -119,8 +135,8 @@ func appendMicro(dst []byte, x float64) []byte {
 //
 // It is strict: the value must be two decimal numbers (digits with an
 // optional fractional part, as AppendState writes, any number of decimals)
-// separated by exactly one ':'; tokens must be >= 0 and last_refill > 0, both
-// finite. Signs, exponents, spaces, "NaN" and "Inf" are errors. The error
+// separated by exactly one ':'; tokens may carry a leading '-' (a bucket in
+// debt) and last_refill must be > 0, both finite. Signs, exponents, spaces, "NaN" and "Inf" are errors. The error
 // names the problem and quotes the value, truncated to 48 bytes.
 //
 // ParseState does not check that last_refill is in the past: a timestamp far
@@ -149,7 +165,14 @@ func parseStateStrict(b []byte) (bucket.State, error) {
 	if colon < 0 {
 		return bucket.State{}, stateError("missing ':'", b)
 	}
-	tokens, msg := parseDecimal(b[:colon], "tokens")
+	tb, neg := b[:colon], false
+	if len(tb) > 1 && tb[0] == '-' && isDecimal(tb[1:]) {
+		tb, neg = tb[1:], true
+	}
+	tokens, msg := parseDecimal(tb, "tokens")
+	if neg {
+		tokens = -tokens
+	}
 	if msg != "" {
 		return bucket.State{}, stateError(msg, b)
 	}
@@ -199,6 +222,10 @@ func parseDecimal(b []byte, field string) (float64, string) {
 // wasm guest each pass over the bytes costs a few nanoseconds a byte.
 func parseStateFast(b []byte) (s bucket.State, end int, ok bool) {
 	i := 0
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		i = 1
+	}
 	var v [2]float64
 	for f := range 2 {
 		var n uint64
@@ -239,6 +266,9 @@ func parseStateFast(b []byte) (s bucket.State, end int, ok bool) {
 	}
 	if i < len(b) && b[i] != ':' || !(v[1] > 0) {
 		return s, 0, false
+	}
+	if neg {
+		v[0] = -v[0]
 	}
 	return bucket.State{Tokens: v[0], Last: v[1]}, i, true
 }

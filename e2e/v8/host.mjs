@@ -133,6 +133,7 @@ class Worker {
         let buf;
         if (type === 6) buf = h.vmConfig; else if (type === 7) buf = h.pluginConfig;
         else if (type === 4 && w.callResp) buf = w.callResp.body;
+        else if (type === 1 && w.cur && w.cur.respChunk) buf = w.cur.respChunk;
         else return type > 7 ? BAD_ARGUMENT : NOT_FOUND;
         const s = Math.min(start, buf.length), e = Math.min(buf.length, s + max);
         return w.copyOut(buf.subarray(s, e), ptrPtr, sizePtr);
@@ -328,6 +329,7 @@ class Worker {
       reqHeaders: req.headers.map(([k, v]) => [k.toLowerCase(), v]),
       respHeaders: null,
       source: req.source || '127.0.0.1:40000',
+      response: req.response, // the upstream's answer, if the step gives one
       local: null,
       continued: 0,
       done: false,
@@ -373,12 +375,28 @@ class Worker {
     } else if (action !== 0 && s.continued === 0) {
       s.respHeaders = [[':status', '500']];
       body = 'v8host: the filter paused the request and never resumed it\n';
+    } else if (s.response) {
+      // The upstream's response: a status, headers and body chunks, each
+      // handed to proxy_on_response_body as it would arrive (Envoy with a
+      // filter answering Continue); abort ends the stream without
+      // end_of_stream, as an upstream reset does.
+      const r = s.response;
+      s.respHeaders = [[':status', String(r.status || 200)], ...(r.headers || [])];
+      body = (r.chunks || []).join('');
     } else {
       s.respHeaders = [[':status', '200'], ['content-type', 'application/json']];
       body = '{"echo":true}';
     }
     const local = s.local;
     if (!local) call(ex.proxy_on_response_headers, s.id, s.respHeaders.length, body.length === 0 ? 1 : 0);
+    if (!local && s.local === local && s.response && body.length > 0) {
+      const chunks = s.response.chunks, te = new TextEncoder();
+      for (let i = 0; i < chunks.length; i++) {
+        const last = i === chunks.length - 1 && !s.response.abort;
+        s.respChunk = te.encode(chunks[i]);
+        try { call(ex.proxy_on_response_body, s.id, s.respChunk.length, last ? 1 : 0); } finally { s.respChunk = null; }
+      }
+    }
     if (s.local !== local) ({ headers: s.respHeaders, body } = localReply(s.local, grpc));
     call(ex.proxy_on_log, s.id);
     call(ex.proxy_on_done, s.id);

@@ -8,7 +8,9 @@
 // "clusters": [names], "steps": [...]}. Steps:
 //   {"op": "request", "headers": [[k, v]...], "source": "ip:port",
 //    "worker": i, "rls": {"codes": [1|2...], "remaining": n, "reset": s} |
-//    {"fail": true}}           the rate-limit service's answer, if called
+//    {"fail": true},           the rate-limit service's answer, if called
+//    "response": {"status": n, "headers": [[k, v]...], "chunks": [s...],
+//    "abort": bool}}           the upstream's answer (default: a JSON echo)
 //   {"op": "advance", "ms": n} move the fixed clock
 //   {"op": "shared"}           the shared data, sorted
 //   {"op": "metric", "name": s}

@@ -207,6 +207,23 @@ func (*host) SendLocalResponse(status uint32, details string, body []byte, heade
 	return nil
 }
 
+// ResponseBody reads up to max bytes of the response body chunk of the
+// running proxy_on_response_body, from start, into one static window (see
+// memory.go): valid until the next ResponseBody call or the callback ends.
+func (*host) ResponseBody(start, max int) ([]byte, bool) {
+	if max <= 0 {
+		return nil, true
+	}
+	unpin()
+	wantWindow = true
+	st := proxyGetBufferBytes(bufferResponseBody, uint32(start), uint32(max), &ret.data, &ret.size)
+	wantWindow = false
+	if st != statusOK {
+		return nil, false
+	}
+	return returned(ret.data, ret.size)
+}
+
 // headerMapBuf is SendLocalResponse's scratch for the encoded headers.
 var headerMapBuf []byte
 
