@@ -170,6 +170,55 @@ func TestFleetManyKeys(t *testing.T) {
 	}
 }
 
+// TestFleetOnRedisCluster: the fleet on a 3-master Redis Cluster. Keys
+// spread over every master's slots; each gets exactly its burst, and a
+// request with two cluster rules whose buckets live on different masters is
+// all-or-nothing across them (the service refunds across nodes).
+func TestFleetOnRedisCluster(t *testing.T) {
+	const cfg = `{"rules":[
+	  {"name":"a","scope":"cluster","limit_keys":["header:x-a"],"algorithm_config":{"rps":0.001,"burst":3}},
+	  {"name":"b","scope":"cluster","limit_keys":["header:x-b"],"algorithm_config":{"rps":0.001,"burst":1}}],
+	  "settings":{"rls":{"cluster":"ratelimit","timeout_ms":1000,"on_error":"deny"}}}`
+	rc := redistest.StartCluster(t, 3)
+	rls := startTokengateRLS(t, cfg, strings.Join(rc.Addrs(), ","), "-redis-cluster", "-redis-timeout", "1s")
+	f := &fleet{rls: rls}
+	for range 3 {
+		_, srv := startClusterHost(t, cfg, rlsBootstrap(rls.Addr), 2)
+		f.proxies = append(f.proxies, srv)
+	}
+	// 30 keys of rule a, each with a fresh b: exactly 3 pass per a-key.
+	nodes := map[int]bool{}
+	for k := range 30 {
+		key := "ka" + strconv.Itoa(k)
+		nodes[rc.NodeFor("tb:{a:"+key+"}")] = true
+		var hs []map[string]string
+		for i := range 5 {
+			hs = append(hs, ab(key, key+"-b"+strconv.Itoa(i)))
+		}
+		codes, _ := f.codesOf(t, hs...)
+		if want := []int{200, 200, 200, 429, 429}; !slices.Equal(codes, want) {
+			t.Errorf("key %s: %v, want %v", key, codes, want)
+		}
+	}
+	if len(nodes) != 3 {
+		t.Errorf("the keys reached %d masters, want all 3", len(nodes))
+	}
+	// b-keys on another master than a's key "x": the first b admits one;
+	// the second request with it is rejected by b and must not take from
+	// a, which then still admits two more (fresh bs) before running dry.
+	aNode := rc.NodeFor("tb:{a:x}")
+	var bs []string
+	for i := 0; len(bs) < 4; i++ {
+		if b := "b" + strconv.Itoa(i); rc.NodeFor("tb:{b:"+b+"}") != aNode {
+			bs = append(bs, b)
+		}
+	}
+	codes, rules := f.codesOf(t, ab("x", bs[0]), ab("x", bs[0]), ab("x", bs[1]), ab("x", bs[2]), ab("x", bs[3]))
+	if want, wantRules := []int{200, 429, 200, 200, 429}, []string{"", "b", "", "", "a"}; !slices.Equal(codes, want) || !slices.Equal(rules, wantRules) {
+		t.Errorf("across masters: %v %q, want %v %q", codes, rules, want, wantRules)
+	}
+}
+
 // codesOf sends one request per header set to proxies in turn and returns
 // the statuses and the x-tokengate-rule of each answer.
 func (f *fleet) codesOf(t *testing.T, hs ...map[string]string) ([]int, []string) {
