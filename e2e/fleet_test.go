@@ -171,9 +171,11 @@ func TestFleetManyKeys(t *testing.T) {
 }
 
 // TestFleetOnRedisCluster: the fleet on a 3-master Redis Cluster. Keys
-// spread over every master's slots; each gets exactly its burst, and a
-// request with two cluster rules whose buckets live on different masters is
-// all-or-nothing across them (the service refunds across nodes).
+// spread over every master's slots; each gets exactly its burst; a request
+// with two cluster rules whose buckets live on different masters is
+// all-or-nothing across them (the service refunds across nodes); with a
+// master killed, requests that need it follow on_error and the rest are
+// decided.
 func TestFleetOnRedisCluster(t *testing.T) {
 	const cfg = `{"rules":[
 	  {"name":"a","scope":"cluster","limit_keys":["header:x-a"],"algorithm_config":{"rps":0.001,"burst":3}},
@@ -216,6 +218,40 @@ func TestFleetOnRedisCluster(t *testing.T) {
 	codes, rules := f.codesOf(t, ab("x", bs[0]), ab("x", bs[0]), ab("x", bs[1]), ab("x", bs[2]), ab("x", bs[3]))
 	if want, wantRules := []int{200, 429, 200, 200, 429}, []string{"", "b", "", "", "a"}; !slices.Equal(codes, want) || !slices.Equal(rules, wantRules) {
 		t.Errorf("across masters: %v %q, want %v %q", codes, rules, want, wantRules)
+	}
+
+	// A master killed: requests whose buckets live there follow on_error
+	// (deny: 503) without waiting past the timeout; the others' buckets
+	// keep deciding.
+	dead := rc.NodeFor("tb:{a:x}")
+	rc.Nodes[dead].Kill()
+	// key returns a value of rule whose bucket is (or is not) on the dead
+	// master, a different one for each prefix.
+	key := func(rule string, onDead bool, prefix string) string {
+		for i := 0; ; i++ {
+			v := prefix + strconv.Itoa(i)
+			if (rc.NodeFor("tb:{"+rule+":"+v+"}") == dead) == onDead {
+				return v
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		h      map[string]string
+		status int
+	}{
+		{"both buckets on live masters", ab(key("a", false, "p"), key("b", false, "p")), 200},
+		{"a on the dead master", ab(key("a", true, "q"), key("b", false, "q")), 503},
+		{"b on the dead master", ab(key("a", false, "r"), key("b", true, "r")), 503},
+	} {
+		t0 := time.Now()
+		codes, _ := f.codesOf(t, tc.h)
+		if codes[0] != tc.status {
+			t.Errorf("master killed, %s: %d, want %d", tc.name, codes[0], tc.status)
+		}
+		if d := time.Since(t0); d > 3*time.Second {
+			t.Errorf("master killed, %s: took %v (timeout_ms 1000)", tc.name, d)
+		}
 	}
 }
 
