@@ -75,15 +75,16 @@ function encodePairs(pairs) {
 }
 
 // decodeAt decodes len bytes of m at p as UTF-8, as td.decode does: short
-// ASCII by hand, anything else by the decoder.
+// ASCII by hand, eight characters a step (one string per character costs
+// three times as much), anything else by the decoder.
+const fcc = String.fromCharCode;
 function decodeAt(m, p, len) {
-  if (len > 64) return td.decode(m.subarray(p, p + len));
-  let s = '';
-  for (let i = p, e = p + len; i < e; i++) {
-    const c = m[i];
-    if (c > 127) return td.decode(m.subarray(p, p + len));
-    s += String.fromCharCode(c);
-  }
+  const e = p + len;
+  if (len > 64) return td.decode(m.subarray(p, e));
+  for (let i = p; i < e; i++) if (m[i] > 127) return td.decode(m.subarray(p, e));
+  let s = '', i = p;
+  for (; i + 8 <= e; i += 8) s += fcc(m[i], m[i + 1], m[i + 2], m[i + 3], m[i + 4], m[i + 5], m[i + 6], m[i + 7]);
+  for (; i < e; i++) s += fcc(m[i]);
   return s;
 }
 
