@@ -94,21 +94,43 @@ func appendMicro(dst []byte, x float64) []byte {
 	if n/micro != x {
 		return strconv.AppendFloat(dst, x, 'f', 6, 64)
 	}
+	// Digits by hand in 32-bit pieces: the Go wasm backend divides a
+	// uint64 by a constant with a dozen emulated multiplies a step, a
+	// uint32 with one.
 	u := uint64(n)
+	ip := uint64(x) // the whole part, corrected below (x may round up)
+	if ip*micro > u {
+		ip--
+	}
+	frac := u - ip*micro
+	if frac >= micro {
+		ip, frac = ip+1, frac-micro
+	}
 	var buf [24]byte
 	i := len(buf)
-	for d := 0; d < 6; d++ {
+	f := uint32(frac)
+	for range 6 {
 		i--
-		buf[i] = byte('0' + u%10)
-		u /= 10
+		buf[i] = byte('0' + f%10)
+		f /= 10
 	}
 	i--
 	buf[i] = '.'
+	if ip >= 1<<32 {
+		lo := uint32(ip % 1e9)
+		ip /= 1e9
+		for range 9 {
+			i--
+			buf[i] = byte('0' + lo%10)
+			lo /= 10
+		}
+	}
+	w := uint32(ip)
 	for {
 		i--
-		buf[i] = byte('0' + u%10)
-		u /= 10
-		if u == 0 {
+		buf[i] = byte('0' + w%10)
+		w /= 10
+		if w == 0 {
 			break
 		}
 	}

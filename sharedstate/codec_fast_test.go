@@ -102,3 +102,25 @@ func TestParseStateFastMatchesStrict(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAppendState is the stored form of a typical bucket: a token
+// count and a time, both whole microunits (run it compiled to wasm too).
+func BenchmarkAppendState(b *testing.B) {
+	s := bucket.State{Tokens: 999998.5, Last: Quantize(1736940000.123456)}
+	buf := make([]byte, 0, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendState(buf[:0], s)
+	}
+}
+
+// BenchmarkParseState parses what BenchmarkAppendState writes.
+func BenchmarkParseState(b *testing.B) {
+	v := AppendState(nil, bucket.State{Tokens: 999998.5, Last: Quantize(1736940000.123456)})
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseState(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
