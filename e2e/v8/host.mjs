@@ -95,12 +95,15 @@ const interned = new Map(); // hash -> string
 const maxInterned = 4096;
 function nameAt(m, p, len) {
   if (len > 64) return td.decode(m.subarray(p, p + len));
-  let h = 0x811c9dc5;
+  // h stays an int32 (the offset basis written as one, or the loop would
+  // box it as a double), and the key a small integer.
+  let h = 0x811c9dc5 | 0;
   for (let i = p, e = p + len; i < e; i++) {
     const c = m[i];
     if (c > 127) return td.decode(m.subarray(p, p + len));
     h = Math.imul(h ^ c, 0x01000193);
   }
+  h &= 0x3fffffff;
   const hit = interned.get(h);
   if (hit !== undefined && hit.length === len) {
     let i = 0;
