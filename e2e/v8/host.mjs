@@ -89,30 +89,45 @@ function decodeAt(m, p, len) {
 }
 
 // nameAt is decodeAt for names and keys, which the module sends again and
-// again: short ASCII ones are interned, an FNV-1a hash of the bytes finding
-// the string decoded last time, checked byte by byte, with no string built.
-const interned = new Map(); // hash -> string
+// again: short ASCII ones are interned. A hash of the bytes, read four at a
+// time, finds the entry decoded last time, whose bytes are compared four at
+// a time too; no string is built.
+const interned = new Map(); // hash -> { s, words }
 const maxInterned = 4096;
-function nameAt(m, p, len) {
+function nameAt(m, dv, p, len) {
   if (len > 64) return td.decode(m.subarray(p, p + len));
   // h stays an int32 (the offset basis written as one, or the loop would
   // box it as a double), and the key a small integer.
-  let h = 0x811c9dc5 | 0;
-  for (let i = p, e = p + len; i < e; i++) {
+  let h = 0x811c9dc5 | 0, ascii = 0;
+  const nw = len >> 2, e = p + len;
+  for (let i = p, we = p + 4 * nw; i < we; i += 4) {
+    const w = dv.getInt32(i, true);
+    ascii |= w;
+    h = Math.imul(h ^ w, 0x01000193);
+  }
+  for (let i = p + 4 * nw; i < e; i++) {
     const c = m[i];
-    if (c > 127) return td.decode(m.subarray(p, p + len));
+    ascii |= c;
     h = Math.imul(h ^ c, 0x01000193);
   }
-  h &= 0x3fffffff;
+  if (ascii & 0x80808080) return td.decode(m.subarray(p, e));
+  h = (h ^ len) & 0x3fffffff;
   const hit = interned.get(h);
-  if (hit !== undefined && hit.length === len) {
+  if (hit !== undefined && hit.s.length === len) {
+    const words = hit.words;
     let i = 0;
-    while (i < len && hit.charCodeAt(i) === m[p + i]) i++;
-    if (i === len) return hit;
+    while (i < nw && dv.getInt32(p + 4 * i, true) === words[i]) i++;
+    if (i === nw) {
+      let j = 4 * nw;
+      while (j < len && hit.s.charCodeAt(j) === m[p + j]) j++;
+      if (j === len) return hit.s;
+    }
   }
-  const s = decodeAt(m, p, len);
+  const s = td.decode(m.subarray(p, e));
+  const words = new Int32Array(nw);
+  for (let i = 0; i < nw; i++) words[i] = dv.getInt32(p + 4 * i, true);
   if (interned.size >= maxInterned) interned.clear();
-  interned.set(h, s);
+  interned.set(h, { s, words });
   return s;
 }
 
@@ -225,7 +240,7 @@ class Worker {
   name(ptr, len) {
     const m = this.bytes();
     if (ptr + len > m.length) return null;
-    return nameAt(m, ptr, len);
+    return nameAt(m, this.dv, ptr, len);
   }
 
   // copyOut hands data to the guest as proxy-wasm hosts do: guest memory
