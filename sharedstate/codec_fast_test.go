@@ -88,6 +88,15 @@ func TestParseStateFastMatchesStrict(t *testing.T) {
 		inputs = append(inputs, string(b))
 		inputs = append(inputs, string(AppendSlotValue(nil, bucket.State{Tokens: floorMicro(r.Float64() * 1e6), Last: Quantize(1e9 + r.Float64()*1e9)}, "o")))
 	}
+	// What AppendState and AppendSlotValue write takes the fast path.
+	for range 10000 {
+		st := bucket.State{Tokens: floorMicro(r.Float64() * 1e6), Last: Quantize(1e9 + r.Float64()*1e9)}
+		for _, in := range [][]byte{AppendState(nil, st), AppendSlotValue(nil, st, "10.0.0.1")} {
+			if got, _, ok := parseStateFast(in); !ok || got != st {
+				t.Fatalf("parseStateFast(%q) = %v, %v; want %v, true", in, got, ok, st)
+			}
+		}
+	}
 	for _, in := range inputs {
 		s, end, ok := parseStateFast([]byte(in))
 		if !ok {
