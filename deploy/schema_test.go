@@ -67,6 +67,11 @@ func exampleConfigs(t *testing.T) map[string][]byte {
 		t.Fatalf("wasmplugin.yaml: %v", err)
 	}
 	out["deploy/istio/wasmplugin.yaml"] = istio
+	rlsConfig, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "rls", "tokengate.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out["deploy/rls/tokengate.json"] = rlsConfig
 	files, err := filepath.Glob(filepath.Join(repoRoot, "examples", "*.json"))
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,10 @@ type Config struct {
 	Policies []*Policy
 	// Settings are the plugin-wide options.
 	Settings Settings
+	// RLSDescriptors ("rls_descriptors") map descriptors of Envoy's own
+	// ratelimit filter to token buckets for the rate-limit service; the
+	// filter validates them and applies none. See RLSDomain.
+	RLSDescriptors []*RLSDomain
 
 	rules []*Rule // every rule, fallbacks included, in configuration order
 }
@@ -110,6 +114,10 @@ type Rule struct {
 	MaxKeys int
 	// windowStart is a fixed window's start mode (WindowAligned, ...).
 	windowStart int
+	// Delay is a token bucket's delayed admission (delay.go); waiting
+	// counts the requests it holds on this worker.
+	Delay   Delay
+	waiting int
 
 	// Cluster reports "scope": "cluster": the rule is decided by the
 	// rate-limit service of Settings.RLS, across every proxy, instead of in
@@ -212,12 +220,20 @@ func ParseConfig(data []byte) (*Config, error) {
 		err = p.bundle(cfg, root)
 	case root.Get("rules").Exists():
 		err = p.rulesShape(cfg, root)
+	case root.Get("rls_descriptors").Exists():
+		// Only the rate-limit service's descriptors: no rule for the filter.
+		if err = onlyFields("", root, "rls_descriptors", "settings"); err == nil {
+			err = p.settings(cfg, root.Get("settings"))
+		}
 	default:
 		var r *Rule
 		r, err = p.rule("", root, false)
 		if err == nil {
 			cfg.Policies = []*Policy{{ID: "default", Rules: []*Rule{r}}}
 		}
+	}
+	if err == nil {
+		err = p.rlsDescriptors(cfg, root.Get("rls_descriptors"))
 	}
 	if err != nil {
 		return nil, err
@@ -240,10 +256,13 @@ func ParseConfig(data []byte) (*Config, error) {
 			r.MaxKeys = 0
 		}
 	}
-	if len(cfg.rules) == 0 {
+	if len(cfg.rules) == 0 && len(cfg.RLSDescriptors) == 0 {
 		return nil, errAt("", "configuration has no rules")
 	}
 	if err := checkClusterRules(cfg); err != nil {
+		return nil, err
+	}
+	if err := checkDelayRules(cfg); err != nil {
 		return nil, err
 	}
 	if len(cfg.rules) > MaxRules {
@@ -262,7 +281,7 @@ type parser struct {
 }
 
 func (p *parser) rulesShape(cfg *Config, root ljson.Result) error {
-	if err := onlyFields("", root, "rules", "settings"); err != nil {
+	if err := onlyFields("", root, "rules", "settings", "rls_descriptors"); err != nil {
 		return err
 	}
 	rules, err := p.ruleList("rules", root.Get("rules"))
@@ -274,7 +293,7 @@ func (p *parser) rulesShape(cfg *Config, root ljson.Result) error {
 }
 
 func (p *parser) bundle(cfg *Config, root ljson.Result) error {
-	if err := onlyFields("", root, "bundle_version", "policies", "settings"); err != nil {
+	if err := onlyFields("", root, "bundle_version", "policies", "settings", "rls_descriptors"); err != nil {
 		return err
 	}
 	v := root.Get("bundle_version")
@@ -631,7 +650,7 @@ func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 	if !v.IsObject() {
 		return errAt(path, "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost"); err != nil {
+	if err := onlyFields(path, v, append([]string{"tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost"}, delayFields...)...); err != nil {
 		return err
 	}
 	tps, rps := v.Get("tokens_per_second"), v.Get("rps")
@@ -656,14 +675,19 @@ func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 	if err != nil {
 		return err
 	}
-	if burst < rate {
+	r.Limit = bucket.Limit{Rate: rate, Burst: burst}
+	if err := delayConfig(path, v, r); err != nil {
+		return err
+	}
+	// A shaping rule (max_reserved) may let less than a second's worth
+	// through at once, as nginx's burst does.
+	if burst < rate && r.Delay.MaxReserved == 0 {
 		return errAt(path+".burst", "must be >= "+rateField+" ("+num(rate)+"), got "+num(burst))
 	}
 	if burst/rate > maxFillTime {
 		return errAt(path+"."+rateField, "must be >= burst/1e9 ("+num(burst/maxFillTime)+
 			") so that an empty bucket refills within 1e9 seconds, got "+num(rate))
 	}
-	r.Limit = bucket.Limit{Rate: rate, Burst: burst}
 	return costConfig(path, v, r)
 }
 

@@ -43,6 +43,12 @@ const (
 	// live bucket because both of their slots were taken: the key bound is
 	// too small for the number of clients active at once.
 	CounterSlotCollisions = "slot_collisions"
+	// CounterDelayed (defined for rules with max_reserved) counts requests the rule admitted into its
+	// reservation (max_reserved) and held until their tokens were due.
+	CounterDelayed = "delayed"
+	// CounterDelayCancelled (defined for rules with max_reserved) counts held requests whose client left before
+	// their release.
+	CounterDelayCancelled = "delay_cancelled"
 )
 
 // Plugin-wide counters.
@@ -75,7 +81,7 @@ func RuleMetricName(rule, counter string) string {
 
 type ruleMetrics struct {
 	allowed, rejected, shadowRejected, failOpen, casRetries, descriptorMissing, storeDenied, contention counter
-	slotTakeovers, slotCollisions                                                                       counter
+	slotTakeovers, slotCollisions, delayed, delayCancelled                                              counter
 }
 
 type pluginMetrics struct {
@@ -116,5 +122,9 @@ func (r *Rule) defineMetrics(h Host) {
 		contention:        n(CounterContention),
 		slotTakeovers:     n(CounterSlotTakeovers),
 		slotCollisions:    n(CounterSlotCollisions),
+	}
+	if r.Delay.MaxReserved > 0 { // only rules that can delay have these
+		r.metrics.delayed = n(CounterDelayed)
+		r.metrics.delayCancelled = n(CounterDelayCancelled)
 	}
 }

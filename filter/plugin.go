@@ -42,6 +42,8 @@ type Plugin struct {
 	// a slice, not a map: few are pending at once, and a map type costs the
 	// module tens of kilobytes.
 	calls []*pendingCall
+	// delays are the requests held for their reservation (delay.go).
+	delays delayQueue
 
 	// warn limits warn-level lines on the request path so that a store
 	// outage cannot flood the proxy's log; see warnf.
@@ -84,6 +86,8 @@ type reqContext struct {
 	replyHdrs                 [][2]string
 	// quotas is the rejection's scratch for the RateLimit list.
 	quotas []quota
+	// wait is the seconds an admission by take must be held (delay.go).
+	wait float64
 }
 
 // begin starts a request's decision.
@@ -218,6 +222,9 @@ func (s *Stream) Release() {
 		p.takeCall(s.call)
 		s.call = 0
 	}
+	if p != nil {
+		s.cancelWait()
+	}
 	if p == nil || len(p.free) >= maxFreeStreams {
 		return
 	}
@@ -238,6 +245,9 @@ type Stream struct {
 	// an admitted request.
 	call       uint32
 	rlsHeaders [][2]string
+	// waiter is the request's place in the plugin's timer heap while it
+	// is held for its reservation (delay.go).
+	waiter *waiter
 	// quotas describe, for the response headers, the bucket of every
 	// enforced rule that admitted the request; best indexes the one with
 	// the fewest tokens left, which the legacy headers describe.
@@ -402,7 +412,7 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 		g = &p.rc.shadow
 	}
 	g.rules = append(g.rules, r)
-	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.Limit, Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0})
+	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.shift(r.Limit), Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0})
 	if r.windowStart != WindowAligned {
 		g.reqs[len(g.reqs)-1].Limit.Offset = r.windowOffset(p.rc.vals[start:])
 	}
@@ -474,6 +484,7 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 	}
 	g.res = g.res[:len(g.reqs)]
 	out := p.upd.TakeAll(g.reqs, now, g.res)
+	p.rc.wait = unshift(g)
 	p.metrics.corrupt.inc(p.host, int64(out.Corrupt))
 	if out.Corrupt > 0 {
 		p.warnf(now, "event=corrupt_state rules="+ruleNames(g.rules)+" count="+strconv.Itoa(out.Corrupt)+" action=replaced_with_full_bucket")
@@ -525,6 +536,12 @@ func (s *Stream) decide(req *request, now float64) Action {
 	case out.Err != nil:
 		return s.undecided(req, g, now, out.Err)
 	case out.Allowed:
+		wait := p.rc.wait
+		if wait > 0 {
+			if over := s.unholdable(g); over >= 0 {
+				return s.refuseHold(req, g, now, wait, over)
+			}
+		}
 		s.quotas, s.best = s.quotas[:0], 0
 		for i, r := range g.rules {
 			r.metrics.allowed.inc(p.host, 1)
@@ -532,6 +549,9 @@ func (s *Stream) decide(req *request, now float64) Action {
 			if g.res[i].Tokens < g.res[s.best].Tokens {
 				s.best = i
 			}
+		}
+		if wait > 0 {
+			return s.hold(g, now, wait)
 		}
 		return Continue
 	}

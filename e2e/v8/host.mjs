@@ -199,6 +199,9 @@ class Worker {
     this.nextID = 2; // 1 is the root context
     this.streams = new Map(); // live streams by context id
     this.calls = []; // proxy_http_call calls not yet answered
+    this.tickPeriod = 0; // ms; 0 = no ticks (proxy_set_tick_period_milliseconds)
+    this.tickSets = 0; // how many times the period was set
+    this.held = new Map(); // streams paused with no call: a tick may continue them
     this.u8 = new Uint8Array(0); // views of linear memory; see bytes
     this.dv = null;
   }
@@ -327,6 +330,11 @@ class Worker {
         const s = w.streams.get(id);
         if (!s || s.done) return BAD_ARGUMENT; // previous context stays effective
         w.cur = s;
+        return OK;
+      },
+      proxy_set_tick_period_milliseconds(ms) {
+        w.tickPeriod = ms >>> 0;
+        w.tickSets++;
         return OK;
       },
       proxy_continue_stream(type) {
@@ -506,6 +514,21 @@ class Worker {
         } finally { this.callResp = null; this.cur = null; }
       }
     }
+    if (action !== 0 && !s.local && s.continued === 0 && calls.length === 0) {
+      // Paused with nothing to wait for but a tick: held, as Envoy holds a
+      // stream after StopAllIteration, until tick() continues it or
+      // cancel() ends it as a client that leaves.
+      this.held.set(s.id, { s, grpc, action });
+      return { status: 0, held: true, id: s.id, worker: this.index, paused: true, continued: 0, headers: [], calls: [] };
+    }
+    return this.finish(s, grpc, action, calls);
+  }
+
+  // finish runs the rest of a stream: the upstream's answer (or the local
+  // reply), the response callbacks and the end of the stream.
+  finish(s, grpc, action, calls) {
+    const ex = this.ex;
+    const call = (fn, a, b, c) => { this.cur = s; try { return fn(a, b, c); } finally { this.cur = null; } };
     let body = '';
     if (s.local) {
       ({ headers: s.respHeaders, body } = localReply(s.local, grpc));
@@ -525,8 +548,40 @@ class Worker {
     s.done = true;
     this.streams.delete(s.id);
     const status = Number((s.respHeaders.find(([k]) => k === ':status') || [, '0'])[1]);
-    return { status, headers: s.respHeaders.filter(([k]) => !k.startsWith(':')), body, paused: action !== 0, continued: s.continued,
+    return { status, id: s.id, worker: this.index, headers: s.respHeaders.filter(([k]) => !k.startsWith(':')), body, paused: action !== 0, continued: s.continued,
       calls: calls.map((c) => ({ cluster: c.cluster, headers: c.headers, timeout: c.timeout, body: Buffer.from(c.body).toString('base64') })) };
+  }
+
+  // tick calls the root context's proxy_on_tick if the filter set a tick
+  // period, and finishes the held streams it continued or answered, in the
+  // order they were held.
+  tick() {
+    if (this.tickPeriod === 0) return [];
+    this.cur = null;
+    try { this.ex.proxy_on_tick(1); } finally { this.cur = null; }
+    const out = [];
+    for (const [id, { s, grpc, action }] of this.held) {
+      if (s.continued === 0 && !s.local) continue;
+      this.held.delete(id);
+      out.push(this.finish(s, grpc, action, []));
+    }
+    return out;
+  }
+
+  // cancel ends a held stream as Envoy does when its client leaves:
+  // proxy_on_log, proxy_on_done, proxy_on_delete, and it is gone.
+  cancel(id) {
+    const h = this.held.get(id);
+    if (!h) return false;
+    this.held.delete(id);
+    const ex = this.ex, s = h.s;
+    for (const fn of [ex.proxy_on_log, ex.proxy_on_done, ex.proxy_on_delete]) {
+      this.cur = s;
+      try { fn(s.id); } finally { this.cur = null; }
+    }
+    s.done = true;
+    this.streams.delete(s.id);
+    return true;
   }
 }
 
@@ -587,6 +642,12 @@ export class Host {
     const i = req.worker ?? (this.next++ % this.workers.length);
     return this.workers[i].request(req, answerCall);
   }
+
+  // tick ticks every worker (see Worker.tick) and returns the streams
+  // finished, worker by worker.
+  tick() { return this.workers.flatMap((w) => w.tick()); }
+
+  cancel(worker, id) { return this.workers[worker].cancel(id); }
 
   metric(name) {
     const id = this.metricIDs.get(name);

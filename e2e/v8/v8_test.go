@@ -39,7 +39,16 @@ type result struct {
 	Body      string      `json:"body"`
 	Paused    bool        `json:"paused"`
 	Continued int         `json:"continued"`
-	Calls     []struct {
+	// Held, ID and Worker describe a request held for a tick; Released
+	// are the held requests a tick finished, Periods the workers' tick
+	// periods after it and TickSets how often they were set (delay_test.go).
+	Held     bool     `json:"held"`
+	ID       int      `json:"id"`
+	Worker   int      `json:"worker"`
+	Released []result `json:"released"`
+	Periods  []int    `json:"periods"`
+	TickSets int      `json:"tickSets"`
+	Calls    []struct {
 		Cluster string      `json:"cluster"`
 		Headers [][2]string `json:"headers"`
 		Timeout int         `json:"timeout"`

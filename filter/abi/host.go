@@ -227,7 +227,10 @@ func bufferBytes(typ, size uint32) ([]byte, error) {
 	return append([]byte(nil), b...), nil
 }
 
-var _ filter.Caller = (*host)(nil)
+var (
+	_ filter.Caller = (*host)(nil)
+	_ filter.Ticker = (*host)(nil)
+)
 
 // callHeaders is HTTPCall's scratch for the serialized header map.
 var callHeaders []byte
@@ -269,6 +272,14 @@ func (*host) CallResponseBody(size int) ([]byte, bool) {
 // previous context effective: the caller must not continue or reply then.
 func (*host) SetEffectiveContext(id uint32) bool {
 	return proxySetEffectiveContext(id) == statusOK
+}
+
+// SetTickPeriod implements filter.Ticker.
+func (*host) SetTickPeriod(ms uint32) error {
+	if st := proxySetTickPeriodMilliseconds(ms); st != statusOK {
+		return statusError(st)
+	}
+	return nil
 }
 
 // ContinueRequest implements filter.Caller.

@@ -27,6 +27,9 @@ func proxyHTTPCall(upstream unsafe.Pointer, upstreamSize uint32, headers unsafe.
 //go:wasmimport env proxy_set_effective_context
 func proxySetEffectiveContext(id uint32) uint32
 
+//go:wasmimport env proxy_set_tick_period_milliseconds
+func proxySetTickPeriodMilliseconds(ms uint32) uint32
+
 //go:wasmimport env proxy_continue_stream
 func proxyContinueStream(typ uint32) uint32
 

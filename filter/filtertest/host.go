@@ -47,6 +47,7 @@ type Host struct {
 	arena [][]byte
 
 	callouts // calls.go
+	ticks    // calls.go
 }
 
 // arenaChunk is the size of one arena chunk.
