@@ -354,3 +354,23 @@ func TestBenchScript(t *testing.T) {
 		t.Errorf("host calls per request: passthrough %v, one rule %v; want 1 and more", a, b)
 	}
 }
+
+// TestBenchABScript runs bench/v8/ab.mjs, the side-by-side comparison of
+// builds, briefly with the same build twice: every case answers as it
+// should (the script checks each status) and gets a row.
+func TestBenchABScript(t *testing.T) {
+	n := node(t)
+	wasm, err := wasmbuild.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(n, "--no-liftoff", "../../bench/v8/ab.mjs", "2", "20", "x=../..:"+wasm, "y=../..:"+wasm).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ab.mjs: %v %s", err, out)
+	}
+	for _, name := range []string{"a-passthrough", "b-one-rule", "c-four-rules", "d-rejected", "e-100000-ips", "x: one rule", "y: one rule"} {
+		if !bytes.Contains(out, []byte(name)) {
+			t.Errorf("no %q in the output:\n%s", name, out)
+		}
+	}
+}
