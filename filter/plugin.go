@@ -42,6 +42,8 @@ type Plugin struct {
 	// a slice, not a map: few are pending at once, and a map type costs the
 	// module tens of kilobytes.
 	calls []*pendingCall
+	// lease is the lease-mode state of this worker (lease.go).
+	lease leaseState
 
 	// warn limits warn-level lines on the request path so that a store
 	// outage cannot flood the proxy's log; see warnf.
@@ -71,7 +73,10 @@ type reqContext struct {
 	// cluster holds the cluster-scope rules, enforced and shadow, that the
 	// rate-limit service decides (cluster.go).
 	cluster group
-	keyBuf  []byte
+	// lease holds the lease-mode rules (lease.go); a cold one moves to
+	// cluster for an exact call.
+	lease  group
+	keyBuf []byte
 	// vals holds the limit-key values of every applying rule, in order;
 	// group.vals locate each rule's.
 	vals []string
@@ -92,6 +97,7 @@ func (c *reqContext) begin() {
 	c.enforce.reset()
 	c.shadow.reset()
 	c.cluster.reset()
+	c.lease.reset()
 	c.keyBuf = c.keyBuf[:0]
 	c.vals = c.vals[:0]
 }
@@ -156,6 +162,7 @@ func NewPlugin(h Host) *Plugin {
 		seedErrors:     define(h, MetricSeedErrors),
 		localState:     define(h, MetricLocalState),
 		rlsErrors:      define(h, MetricRLSErrors),
+		leaseCalls:     define(h, MetricLeaseCalls),
 	}
 	return p
 }
@@ -186,6 +193,7 @@ func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 	p.refreshSeed()
 	p.cfg = cfg
 	p.upd.MaxAttempts = cfg.Settings.MaxAttempts
+	p.leaseConfigure(cfg)
 	p.host.Log(LogInfo, "tokengate: configured "+strconv.Itoa(len(cfg.rules))+" rules in "+
 		strconv.Itoa(len(cfg.Policies))+" policies")
 	return true
@@ -290,7 +298,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata}
 	p.rc.begin()
 	p.collect(cfg, &req)
-	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 {
+	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 && len(p.rc.lease.reqs) == 0 {
 		return Continue
 	}
 	now := p.time()
@@ -299,6 +307,11 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	}
 	if len(p.rc.enforce.reqs) > 0 {
 		if act = s.decide(&req, now); act != Continue {
+			return act
+		}
+	}
+	if len(p.rc.lease.reqs) > 0 {
+		if act = s.leaseAdmit(&req, now); act != Continue {
 			return act
 		}
 	}
@@ -354,7 +367,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 			slotted = slotted || pol.Fallback.MaxKeys > 0
 		}
 	}
-	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs) == 0 {
+	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs)+len(p.rc.lease.reqs) == 0 {
 		return
 	}
 	if slotted {
@@ -363,12 +376,14 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 	p.buildKeys(&p.rc.enforce)
 	p.buildKeys(&p.rc.shadow)
 	p.buildKeys(&p.rc.cluster)
+	p.buildKeys(&p.rc.lease)
 	// One string holds every key of the request: keyBuf stays untouched
 	// until the next request.
 	keys := p.view(p.rc.keyBuf)
 	p.rc.enforce.setKeys(keys)
 	p.rc.shadow.setKeys(keys)
 	p.rc.cluster.setKeys(keys)
+	p.rc.lease.setKeys(keys)
 }
 
 func (r *Rule) matches(req *request) bool {
@@ -396,13 +411,15 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 	}
 	g := &p.rc.enforce
 	switch {
+	case r.Lease != nil:
+		g = &p.rc.lease
 	case r.Cluster:
 		g = &p.rc.cluster
 	case r.shadow:
 		g = &p.rc.shadow
 	}
 	g.rules = append(g.rules, r)
-	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.Limit, Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0})
+	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.Limit, Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
 	if r.windowStart != WindowAligned {
 		g.reqs[len(g.reqs)-1].Limit.Offset = r.windowOffset(p.rc.vals[start:])
 	}
@@ -416,7 +433,19 @@ func (p *Plugin) buildKeys(g *group) {
 	for i, r := range g.rules {
 		vals := p.rc.vals[g.vals[i][0]:g.vals[i][1]]
 		var sp keySpans
-		if r.MaxKeys > 0 {
+		if r.Lease != nil {
+			// The allowance key, the key of the bucket on_error: local
+			// falls back to, and the composite key for the service.
+			sp.key[0] = len(p.rc.keyBuf)
+			p.rc.keyBuf = sharedstate.AppendLeaseKey(p.rc.keyBuf, r.Name, vals)
+			sp.key[1] = len(p.rc.keyBuf)
+			sp.alt[0] = len(p.rc.keyBuf)
+			p.rc.keyBuf = sharedstate.AppendKey(p.rc.keyBuf, false, r.Name, vals)
+			sp.alt[1] = len(p.rc.keyBuf)
+			sp.owner[0] = len(p.rc.keyBuf)
+			p.rc.keyBuf = sharedstate.AppendComposite(p.rc.keyBuf, vals)
+			sp.owner[1] = len(p.rc.keyBuf)
+		} else if r.MaxKeys > 0 {
 			sp.owner[0] = len(p.rc.keyBuf)
 			p.rc.keyBuf = sharedstate.AppendComposite(p.rc.keyBuf, vals)
 			sp.owner[1] = len(p.rc.keyBuf)

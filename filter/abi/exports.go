@@ -118,7 +118,13 @@ func proxyOnDelete(id uint32) {
 }
 
 //go:wasmexport proxy_on_tick
-func proxyOnTick(rootID uint32) {}
+func proxyOnTick(rootID uint32) {
+	enter()
+	defer guard("proxy_on_tick", nil)
+	if p, ok := roots[rootID]; ok {
+		p.OnTick()
+	}
+}
 
 //go:wasmexport proxy_on_queue_ready
 func proxyOnQueueReady(rootID, queueID uint32) {}

@@ -278,3 +278,13 @@ func (*host) ContinueRequest() error {
 	}
 	return nil
 }
+
+var _ filter.Ticker = (*host)(nil)
+
+// SetTickPeriod implements filter.Ticker (proxy_set_tick_period_milliseconds).
+func (*host) SetTickPeriod(ms uint32) error {
+	if st := proxySetTickPeriodMilliseconds(ms); st != statusOK {
+		return statusError(st)
+	}
+	return nil
+}

@@ -37,6 +37,9 @@ type callouts struct {
 	// Continued lists the streams ContinueRequest resumed, in order.
 	Continued []uint32
 
+	// TickPeriodMs is the last tick period the filter set.
+	TickPeriodMs uint32
+
 	next, streamID, effective uint32
 	resp                      *CallResponse
 }
@@ -142,4 +145,20 @@ func (h *Host) Deliver(p *filter.Plugin, token uint32, resp CallResponse) Respon
 	h.EndCallback()
 	h.resp, h.effective = nil, 0
 	return h.Response
+}
+
+var _ filter.Ticker = (*Host)(nil)
+
+// SetTickPeriod implements filter.Ticker: it records the period in
+// TickPeriodMs; tests call the plugin's OnTick themselves.
+func (h *Host) SetTickPeriod(ms uint32) error {
+	h.TickPeriodMs = ms
+	return nil
+}
+
+// Tick runs proxy_on_tick in the root context.
+func (h *Host) Tick(p *filter.Plugin) {
+	h.effective = 0
+	p.OnTick()
+	h.EndCallback()
 }
