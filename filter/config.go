@@ -21,6 +21,10 @@ type Config struct {
 	Policies []*Policy
 	// Settings are the plugin-wide options.
 	Settings Settings
+	// RLSDescriptors ("rls_descriptors") map descriptors of Envoy's own
+	// ratelimit filter to token buckets for the rate-limit service; the
+	// filter validates them and applies none. See RLSDomain.
+	RLSDescriptors []*RLSDomain
 
 	rules []*Rule // every rule, fallbacks included, in configuration order
 }
@@ -216,12 +220,20 @@ func ParseConfig(data []byte) (*Config, error) {
 		err = p.bundle(cfg, root)
 	case root.Get("rules").Exists():
 		err = p.rulesShape(cfg, root)
+	case root.Get("rls_descriptors").Exists():
+		// Only the rate-limit service's descriptors: no rule for the filter.
+		if err = onlyFields("", root, "rls_descriptors", "settings"); err == nil {
+			err = p.settings(cfg, root.Get("settings"))
+		}
 	default:
 		var r *Rule
 		r, err = p.rule("", root, false)
 		if err == nil {
 			cfg.Policies = []*Policy{{ID: "default", Rules: []*Rule{r}}}
 		}
+	}
+	if err == nil {
+		err = p.rlsDescriptors(cfg, root.Get("rls_descriptors"))
 	}
 	if err != nil {
 		return nil, err
@@ -244,7 +256,7 @@ func ParseConfig(data []byte) (*Config, error) {
 			r.MaxKeys = 0
 		}
 	}
-	if len(cfg.rules) == 0 {
+	if len(cfg.rules) == 0 && len(cfg.RLSDescriptors) == 0 {
 		return nil, errAt("", "configuration has no rules")
 	}
 	if err := checkClusterRules(cfg); err != nil {
@@ -266,7 +278,7 @@ type parser struct {
 }
 
 func (p *parser) rulesShape(cfg *Config, root ljson.Result) error {
-	if err := onlyFields("", root, "rules", "settings"); err != nil {
+	if err := onlyFields("", root, "rules", "settings", "rls_descriptors"); err != nil {
 		return err
 	}
 	rules, err := p.ruleList("rules", root.Get("rules"))
@@ -278,7 +290,7 @@ func (p *parser) rulesShape(cfg *Config, root ljson.Result) error {
 }
 
 func (p *parser) bundle(cfg *Config, root ljson.Result) error {
-	if err := onlyFields("", root, "bundle_version", "policies", "settings"); err != nil {
+	if err := onlyFields("", root, "bundle_version", "policies", "settings", "rls_descriptors"); err != nil {
 		return err
 	}
 	v := root.Get("bundle_version")

@@ -233,7 +233,7 @@ func TestParseConfigErrors(t *testing.T) {
 			`rules[1].name: rule name "per_ip" has the same metric name as "per-ip" (at rules[0].name): Prometheus turns '-' into '_'`},
 		{"rules not array", `{"rules":{}}`, `rules: must be an array, got an object`},
 		{"rules unknown top field", `{"rules":[{"name":"a",` + rule + `}],"extra":1}`,
-			`extra: unknown field (allowed: rules, settings)`},
+			`extra: unknown field (allowed: rules, settings, rls_descriptors)`},
 		{"nested rule error path", `{"rules":[{"name":"a",` + rule + `},{"name":"b","algorithm_config":{"rps":100,"burst":50}}]}`,
 			`rules[1].algorithm_config.burst: must be >= rps (100), got 50`},
 		{"bad settings", `{"rules":[{"name":"a",` + rule + `}],"settings":{"cas_max_attempts":0}}`,

@@ -1,0 +1,122 @@
+// Command tokengate-rls serves Envoy's rate-limit service API (RLS v3 over
+// gRPC) with continuous token buckets kept in Redis or a Redis Cluster. It
+// reads the same JSON configuration as the filter. See docs/rls.md.
+//
+//	tokengate-rls -config tokengate.json -redis 127.0.0.1:6379 \
+//	    -listen 127.0.0.1:8081 -admin 127.0.0.1:9901
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+
+	"github.com/tokengate/tokengate/internal/rls"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "tokengate-rls:", err)
+		os.Exit(1)
+	}
+}
+
+// run serves until ctx is done, then stops gracefully. When listening is
+// not nil it receives the gRPC and admin addresses once both listen.
+func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2]string) error {
+	fs := flag.NewFlagSet("tokengate-rls", flag.ContinueOnError)
+	fs.SetOutput(logw)
+	configPath := fs.String("config", "", "the JSON configuration `file` (the filter's format; required)")
+	redisAddrs := fs.String("redis", "127.0.0.1:6379", "Redis `address`es, comma-separated (several need -redis-cluster)")
+	cluster := fs.Bool("redis-cluster", false, "the addresses are seed nodes of a Redis Cluster")
+	timeout := fs.Duration("redis-timeout", 25*time.Millisecond, "bound on each request's Redis round trip")
+	listen := fs.String("listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service")
+	admin := fs.String("admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /ready and /json")
+	drain := fs.Duration("drain", 5*time.Second, "how long shutdown waits for calls in flight")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *configPath == "" {
+		return errors.New("-config is required")
+	}
+	data, err := os.ReadFile(*configPath)
+	if err != nil {
+		return err
+	}
+	cfg, err := rls.ParseConfig(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *configPath, err)
+	}
+	metrics := rls.NewMetrics(cfg)
+	store, err := rls.NewStore(rls.StoreOptions{
+		Addrs:   strings.Split(*redisAddrs, ","),
+		Cluster: *cluster,
+		Timeout: *timeout,
+		Observe: metrics.ObserveRedis,
+	})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	gl, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	al, err := net.Listen("tcp", *admin)
+	if err != nil {
+		gl.Close()
+		return err
+	}
+	srv := rls.NewServer(cfg, store, metrics)
+	gs := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	ready := rls.NewReadiness(store, time.Second)
+	defer ready.Stop()
+	hs := &http.Server{Handler: rls.AdminHandler(srv, metrics, ready), ReadHeaderTimeout: 5 * time.Second}
+
+	errc := make(chan error, 2)
+	go func() { errc <- gs.Serve(gl) }()
+	go func() { errc <- hs.Serve(al) }()
+	fmt.Fprintf(logw, "tokengate-rls: %d rules, gRPC on %s, admin on %s, Redis %s (cluster %v, timeout %v)\n",
+		len(cfg.Rules()), gl.Addr(), al.Addr(), *redisAddrs, *cluster, *timeout)
+	if listening != nil {
+		listening <- [2]string{gl.Addr().String(), al.Addr().String()}
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		gs.Stop()
+		_ = hs.Close()
+		return err
+	}
+	fmt.Fprintln(logw, "tokengate-rls: shutting down")
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(*drain):
+		gs.Stop()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), *drain)
+	defer cancel()
+	return hs.Shutdown(sctx)
+}

@@ -1,0 +1,152 @@
+// Package rls is tokengate-rls: Envoy's rate-limit service API (RLS v3,
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) deciding
+// continuous token buckets whose state lives in Redis or a Redis Cluster.
+//
+// It reads the filter's JSON configuration (filter.ParseConfig): the rules
+// with "scope": "cluster", which the filter asks about with one descriptor
+// per rule, [{"tokengate_rule", <rule>}, {"key", <composite key>}], and the
+// "rls_descriptors" trees that map descriptors of Envoy's own ratelimit
+// filter to token buckets. docs/rls.md describes both, the Redis state and
+// the failure behaviour.
+package rls
+
+import (
+	"strings"
+
+	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+// Config is a parsed configuration, ready for the server.
+type Config struct {
+	// File is the parsed JSON configuration.
+	File *filter.Config
+	// cluster are the rules with "scope": "cluster", by name.
+	cluster map[string]*filter.Rule
+	// domains are the rls_descriptors trees, by domain.
+	domains map[string][]*filter.RLSDescriptor
+	// rules are every rule the service can decide, in configuration order.
+	rules []*filter.Rule
+}
+
+// ParseConfig parses a tokengate JSON configuration for the service. A
+// configuration without a cluster rule or rls_descriptors parses, but no
+// descriptor will ever be limited.
+func ParseConfig(data []byte) (*Config, error) {
+	f, err := filter.ParseConfig(data)
+	if err != nil {
+		return nil, err
+	}
+	c := &Config{File: f, cluster: map[string]*filter.Rule{}, domains: map[string][]*filter.RLSDescriptor{}}
+	for _, r := range f.Rules() {
+		if r.Cluster {
+			c.cluster[r.Name] = r
+			c.rules = append(c.rules, r)
+		}
+	}
+	for _, d := range f.RLSDescriptors {
+		c.domains[d.Domain] = d.Descriptors
+		walk(d.Descriptors, func(n *filter.RLSDescriptor) {
+			if n.Rule != nil {
+				c.rules = append(c.rules, n.Rule)
+			}
+		})
+	}
+	return c, nil
+}
+
+// Rules returns every rule the service decides: the cluster-scope rules,
+// then the rls_descriptors rules, in configuration order.
+func (c *Config) Rules() []*filter.Rule { return c.rules }
+
+func walk(ns []*filter.RLSDescriptor, f func(*filter.RLSDescriptor)) {
+	for _, n := range ns {
+		f(n)
+		walk(n.Descriptors, f)
+	}
+}
+
+// Entry is one descriptor entry, as the request carries it.
+type Entry struct{ Key, Value string }
+
+// maxComposite bounds the composite key the filter sends: 8 limit keys of
+// at most sharedstate.MaxValueLen bytes each, with their separators.
+const maxComposite = 8 * (sharedstate.MaxValueLen + 1)
+
+// Resolve returns the rule that decides a descriptor of domain and the
+// Redis key of its bucket, or nil when no rule applies (the descriptor is
+// then not limited).
+//
+//   - The filter's descriptor, [tokengate_rule=<rule>, key=<composite>],
+//     names a cluster-scope rule; its bucket is the composite key, which is
+//     sharedstate's, so the bucket has the identity it has in shared data.
+//     The domain is not consulted: rule names are unique in the file.
+//   - Any other descriptor walks the domain's rls_descriptors tree; its
+//     bucket is the composite key of all its entries' values.
+func (c *Config) Resolve(domain string, entries []Entry) (*filter.Rule, string) {
+	if len(entries) == 2 && entries[0].Key == filter.DescriptorRuleKey && entries[1].Key == filter.DescriptorKeyKey {
+		r := c.cluster[entries[0].Value]
+		if r == nil {
+			return nil, ""
+		}
+		return r, BucketKey(r.Name, cleanComposite(entries[1].Value))
+	}
+	nodes := c.domains[domain]
+	if nodes == nil || len(entries) == 0 {
+		return nil, ""
+	}
+	var n *filter.RLSDescriptor
+	for _, e := range entries {
+		n = match(nodes, e)
+		if n == nil {
+			return nil, ""
+		}
+		nodes = n.Descriptors
+	}
+	if n.Rule == nil {
+		return nil, ""
+	}
+	vals := make([]string, len(entries))
+	for i, e := range entries {
+		vals[i] = e.Value
+	}
+	return n.Rule, BucketKey(n.Rule.Name, string(sharedstate.AppendComposite(nil, vals)))
+}
+
+// match returns the node for entry e: the one with its key and value, else
+// the one with its key and no value.
+func match(nodes []*filter.RLSDescriptor, e Entry) *filter.RLSDescriptor {
+	var wild *filter.RLSDescriptor
+	for _, n := range nodes {
+		if n.Key != e.Key {
+			continue
+		}
+		if n.Value == e.Value {
+			return n
+		}
+		if n.Value == "" {
+			wild = n
+		}
+	}
+	return wild
+}
+
+// cleanComposite returns the filter's composite key as it is when it is one
+// (bytes AppendComposite writes, within its length bound), so that the
+// bucket is named as in shared data; anything else is encoded as one value,
+// which removes braces and bounds its length.
+func cleanComposite(s string) string {
+	if len(s) <= maxComposite && !strings.ContainsAny(s, "{}") && isPrintableASCII(s) {
+		return s
+	}
+	return string(sharedstate.AppendComposite(nil, []string{s}))
+}
+
+func isPrintableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}

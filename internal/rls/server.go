@@ -1,0 +1,307 @@
+package rls
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/filter"
+)
+
+// Runner runs bucket updates; *Store is the Redis one.
+type Runner interface {
+	Run(ctx context.Context, ops []Op) []Outcome
+}
+
+// Server answers ShouldRateLimit. It is safe for concurrent use.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	cfg     *Config
+	store   Runner
+	metrics *Metrics
+}
+
+// NewServer returns a server deciding cfg's rules in store, counting into
+// m (which must have been made for cfg).
+func NewServer(cfg *Config, store Runner, m *Metrics) *Server {
+	return &Server{cfg: cfg, store: store, metrics: m}
+}
+
+// maxHeaderSeconds caps the seconds a header or duration states, as the
+// filter does (about 34 years).
+const maxHeaderSeconds = 1 << 30
+
+// item is one limited descriptor of a request.
+type item struct {
+	idx  int // descriptor index
+	rule *filter.Rule
+	op   Op
+	out  Outcome
+	// retry is the seconds until the request could pass (rejected) and
+	// full the seconds until the bucket is full (after the decision).
+	retry, full float64
+}
+
+// ShouldRateLimit decides every descriptor of the request. The descriptors
+// limited by enforced rules are all or nothing: if one is over its limit,
+// what the others took is given back, and the request takes nothing.
+// Shadow rules are decided the same way among themselves, their statuses
+// say OVER_LIMIT, and they never change overall_code. A Redis failure on an
+// enforced descriptor answers UNAVAILABLE (Envoy treats UNKNOWN as OK).
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		s.metrics.request(reqInvalid)
+		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	}
+	if len(req.GetDescriptors()) == 0 {
+		s.metrics.request(reqInvalid)
+		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	}
+	items := make([]item, 0, len(req.Descriptors))
+	var entries []Entry
+	for i, d := range req.Descriptors {
+		entries = entries[:0]
+		for _, e := range d.GetEntries() {
+			entries = append(entries, Entry{e.GetKey(), e.GetValue()})
+		}
+		r, key := s.cfg.Resolve(req.Domain, entries)
+		if r == nil {
+			s.metrics.unmatched.Add(1)
+			continue
+		}
+		cost := uint64(req.GetHitsAddend())
+		if h := d.GetHitsAddend().GetValue(); h > 0 {
+			cost = h
+		}
+		if cost == 0 {
+			cost = 1
+		}
+		items = append(items, item{idx: i, rule: r, op: Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost)}})
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors))
+	for i := range resp.Statuses {
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	}
+	if len(items) == 0 {
+		s.metrics.request(reqOK)
+		return resp, nil
+	}
+
+	ops := make([]Op, len(items))
+	for i := range items {
+		ops[i] = items[i].op
+	}
+	for i, o := range s.store.Run(ctx, ops) {
+		items[i].out = o
+	}
+	enforceErr, enforceOver := s.settle(ctx, items)
+
+	if enforceErr != nil {
+		s.metrics.request(reqUnavailable)
+		return nil, status.Error(codes.Unavailable, "tokengate-rls: redis: "+enforceErr.Error())
+	}
+	var quotas []quota
+	for i := range items {
+		it := &items[i]
+		st := resp.Statuses[it.idx]
+		if it.out.Err != nil { // a shadow rule's failure: not limited
+			s.metrics.decision(it.rule, codeError)
+			continue
+		}
+		l := it.rule.Limit
+		st.CurrentLimit = currentLimit(it.rule)
+		st.LimitRemaining = uint32(min(math.Floor(it.out.Tokens), math.MaxUint32))
+		if it.out.Allowed {
+			it.full = l.ResetAfter(it.out.Tokens)
+			st.DurationUntilReset = duration(it.full)
+		} else {
+			_, res := l.Take(bucket.State{Tokens: it.out.Tokens, Last: 1}, 1, it.op.Cost)
+			it.retry, it.full = res.RetryAfter, l.ResetAfter(it.out.Tokens)
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			st.DurationUntilReset = duration(it.retry)
+		}
+		switch {
+		case it.rule.Shadow() && !it.out.Allowed:
+			s.metrics.decision(it.rule, codeShadowOver)
+		case it.rule.Shadow():
+			s.metrics.decision(it.rule, codeOK)
+		case !it.out.Allowed:
+			s.metrics.decision(it.rule, codeOver)
+		default:
+			s.metrics.decision(it.rule, codeOK)
+		}
+		if it.rule.Shadow() {
+			continue
+		}
+		q := quota{rule: it.rule, remaining: int64(st.LimitRemaining), reset: seconds(it.full),
+			allowed: it.out.Allowed, retry: it.retry, tokens: it.out.Tokens}
+		if !it.out.Allowed && !math.IsInf(it.retry, 1) {
+			q.reset = seconds(it.retry)
+		}
+		quotas = append(quotas, q)
+	}
+	// The legacy headers describe the bucket with the fewest tokens left
+	// or, on a rejection, the rejecting bucket with the longest wait.
+	best := 0
+	for i, q := range quotas {
+		b := quotas[best]
+		if enforceOver && !q.allowed && (b.allowed || q.retry > b.retry) ||
+			!enforceOver && q.tokens < b.tokens {
+			best = i
+		}
+	}
+	if enforceOver {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		s.metrics.request(reqOver)
+	} else {
+		s.metrics.request(reqOK)
+	}
+	if s.cfg.File.Settings.RateLimitHeaders && len(quotas) > 0 {
+		resp.ResponseHeadersToAdd = rateLimitHeaders(quotas, best)
+	}
+	return resp, nil
+}
+
+// settle makes each group (enforced rules, shadow rules) all or nothing:
+// when one of its descriptors is over the limit or failed, what the
+// others took is refunded (one more pipelined round trip). It returns the
+// enforced group's first error and whether it is over the limit.
+func (s *Server) settle(ctx context.Context, items []item) (error, bool) {
+	var enforceErr error
+	var enforceOver, shadowFail bool
+	for i := range items {
+		it := &items[i]
+		fail := it.out.Err != nil || !it.out.Allowed
+		if it.rule.Shadow() {
+			shadowFail = shadowFail || fail
+			continue
+		}
+		if it.out.Err != nil && enforceErr == nil {
+			enforceErr = it.out.Err
+		}
+		enforceOver = enforceOver || (it.out.Err == nil && !it.out.Allowed)
+	}
+	var refund []int
+	for i := range items {
+		it := &items[i]
+		groupFailed := shadowFail
+		if !it.rule.Shadow() {
+			groupFailed = enforceErr != nil || enforceOver
+		}
+		if groupFailed && it.out.Err == nil && it.out.Allowed {
+			refund = append(refund, i)
+		}
+	}
+	if len(refund) > 0 {
+		ops := make([]Op, len(refund))
+		for j, i := range refund {
+			ops[j] = items[i].op
+			ops[j].Cost = -ops[j].Cost
+		}
+		for j, o := range s.store.Run(context.WithoutCancel(ctx), ops) {
+			if o.Err != nil {
+				// Tokens stay taken for a request that was not admitted:
+				// strict, never permissive.
+				s.metrics.refundErrors.Add(1)
+				continue
+			}
+			items[refund[j]].out.Tokens = o.Tokens
+		}
+	}
+	return enforceErr, enforceOver
+}
+
+// currentLimit states a rule's rate as Envoy's RateLimit: whole requests
+// per the shortest unit that holds at least one.
+func currentLimit(r *filter.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	rate := r.Limit.Rate
+	units := []struct {
+		secs float64
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{1, rlsv3.RateLimitResponse_RateLimit_SECOND},
+		{60, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+		{3600, rlsv3.RateLimitResponse_RateLimit_HOUR},
+		{86400, rlsv3.RateLimitResponse_RateLimit_DAY},
+	}
+	u := units[len(units)-1]
+	for _, c := range units {
+		if rate*c.secs >= 1 {
+			u = c
+			break
+		}
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{
+		Name:            r.Name,
+		RequestsPerUnit: uint32(min(math.Floor(rate*u.secs), math.MaxUint32)),
+		Unit:            u.unit,
+	}
+}
+
+// seconds rounds a duration up to whole seconds, within [0,
+// maxHeaderSeconds] (the filter's rule).
+func seconds(d float64) int64 {
+	if !(d > 0) {
+		return 0
+	}
+	if d >= maxHeaderSeconds {
+		return maxHeaderSeconds
+	}
+	return int64(math.Ceil(d))
+}
+
+func duration(secs float64) *durationpb.Duration {
+	if !(secs > 0) {
+		return durationpb.New(0)
+	}
+	if secs >= maxHeaderSeconds {
+		return durationpb.New(maxHeaderSeconds * time.Second)
+	}
+	return durationpb.New(time.Duration(math.Ceil(secs * 1e9)))
+}
+
+// quota is what the RateLimit headers say about one enforced bucket.
+type quota struct {
+	rule             *filter.Rule
+	remaining, reset int64
+	allowed          bool
+	retry, tokens    float64
+}
+
+// rateLimitHeaders are the RateLimit headers the filter sends for the same
+// buckets (filter/ratelimit_headers.go, docs/headers.md): one list member
+// per enforced rule in descriptor order; the legacy three describe best.
+func rateLimitHeaders(quotas []quota, best int) []*corev3.HeaderValue {
+	var list, policy []byte
+	for i, q := range quotas {
+		_, pol, quoted := q.rule.HeaderPlan()
+		if i > 0 {
+			list = append(list, ", "...)
+			policy = append(policy, ", "...)
+		}
+		list = append(list, quoted...)
+		list = append(list, ";r="...)
+		list = strconv.AppendInt(list, q.remaining, 10)
+		list = append(list, ";t="...)
+		list = strconv.AppendInt(list, q.reset, 10)
+		policy = append(policy, pol...)
+	}
+	b := quotas[best]
+	limit, _, _ := b.rule.HeaderPlan()
+	return []*corev3.HeaderValue{
+		{Key: "ratelimit-limit", Value: limit},
+		{Key: "ratelimit-remaining", Value: strconv.FormatInt(b.remaining, 10)},
+		{Key: "ratelimit-reset", Value: strconv.FormatInt(b.reset, 10)},
+		{Key: "ratelimit", Value: string(list)},
+		{Key: "ratelimit-policy", Value: string(policy)},
+	}
+}

@@ -1,0 +1,245 @@
+package rls
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+//go:embed tokenbucket.lua
+var tokenBucketLua string
+
+// Op is one bucket update: take Cost tokens (a refund when negative) from the
+// bucket at Key, whose limit is Rate tokens per second up to Burst.
+type Op struct {
+	Key         string
+	Rate, Burst float64
+	Cost        float64
+	// Now, when not empty, replaces Redis TIME ("<seconds>.<6 digits>"); for
+	// tests that compare the script with bucket.Limit at fixed instants.
+	Now string
+}
+
+// Outcome is what the script decided for one Op.
+type Outcome struct {
+	Allowed bool
+	// Tokens are the tokens in the bucket after the decision, floored to 6
+	// decimals as stored.
+	Tokens float64
+	// Err is a Redis failure (connection, timeout, error reply): nothing is
+	// known about the bucket.
+	Err error
+}
+
+// ErrNotConnected is the error of every Op while the store has not yet
+// reached Redis once.
+var ErrNotConnected = errors.New("redis: not connected yet")
+
+// StoreOptions configure a Store.
+type StoreOptions struct {
+	// Addrs are Redis addresses ("host:port"); with Cluster, seed nodes of a
+	// Redis Cluster.
+	Addrs   []string
+	Cluster bool
+	// Timeout bounds every call to Redis (a Run, a Ping).
+	Timeout time.Duration
+	// Observe, when set, is called after every round trip with its
+	// duration and error.
+	Observe func(d time.Duration, err error)
+}
+
+// Store runs the token-bucket script on Redis or a Redis Cluster. It is
+// safe for concurrent use. The connection is made in the background, so a
+// server can start (and say it is not ready) while Redis is down.
+type Store struct {
+	opt    StoreOptions
+	sha    string
+	client atomic.Pointer[rueidis.Client]
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+// NewStore returns a Store and starts connecting to Redis; Close stops it.
+func NewStore(opt StoreOptions) (*Store, error) {
+	if len(opt.Addrs) == 0 {
+		return nil, errors.New("no Redis address")
+	}
+	if len(opt.Addrs) > 1 && !opt.Cluster {
+		return nil, fmt.Errorf("%d Redis addresses need -redis-cluster (one address is one node)", len(opt.Addrs))
+	}
+	if opt.Timeout <= 0 {
+		return nil, fmt.Errorf("redis timeout must be > 0, got %v", opt.Timeout)
+	}
+	s := &Store{opt: opt, sha: scriptSHA(), stop: make(chan struct{}), done: make(chan struct{})}
+	go s.connect()
+	return s, nil
+}
+
+// connect makes the client, retrying every 250 ms until Redis answers once;
+// from then on rueidis reconnects by itself.
+func (s *Store) connect() {
+	defer close(s.done)
+	for {
+		c, err := rueidis.NewClient(rueidis.ClientOption{
+			InitAddress:       s.opt.Addrs,
+			ForceSingleClient: !s.opt.Cluster,
+			DisableCache:      true,
+			DisableRetry:      true,
+			Dialer:            net.Dialer{Timeout: max(s.opt.Timeout, 500*time.Millisecond)},
+			// An unresponsive Redis is noticed by the request deadlines; the
+			// connection itself is given up after this.
+			ConnWriteTimeout: max(20*s.opt.Timeout, 2*time.Second),
+		})
+		if err == nil {
+			s.client.Store(&c)
+			return
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// Close stops connecting and closes the client.
+func (s *Store) Close() {
+	s.once.Do(func() { close(s.stop) })
+	<-s.done
+	if c := s.client.Load(); c != nil {
+		(*c).Close()
+	}
+}
+
+// Ping reports whether Redis answers PING within the timeout (one node of a
+// cluster, whichever rueidis picks).
+func (s *Store) Ping(ctx context.Context) error {
+	c := s.client.Load()
+	if c == nil {
+		return ErrNotConnected
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
+	defer cancel()
+	return (*c).Do(ctx, (*c).B().Ping().Build()).Error()
+}
+
+// Run runs the script for every op, all in one pipeline (spread over the
+// cluster's masters by key), and returns their outcomes in order. A NOSCRIPT
+// answer (a restarted or new node) is retried once with EVAL, which loads
+// the script. The whole Run is bounded by the store's timeout.
+func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
+	out := make([]Outcome, len(ops))
+	cp := s.client.Load()
+	if cp == nil {
+		for i := range out {
+			out[i].Err = ErrNotConnected
+		}
+		return out
+	}
+	c := *cp
+	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
+	defer cancel()
+	start := time.Now()
+	cmds := make(rueidis.Commands, len(ops))
+	for i, op := range ops {
+		cmds[i] = c.B().Evalsha().Sha1(s.sha).Numkeys(1).Key(op.Key).Arg(op.args()...).Build()
+	}
+	res := c.DoMulti(ctx, cmds...)
+	var retry []int
+	for i, r := range res {
+		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
+			retry = append(retry, i)
+			continue
+		}
+		out[i] = outcome(r)
+	}
+	if len(retry) > 0 {
+		cmds = cmds[:0]
+		for _, i := range retry {
+			cmds = append(cmds, c.B().Eval().Script(tokenBucketLua).Numkeys(1).Key(ops[i].Key).Arg(ops[i].args()...).Build())
+		}
+		for j, r := range c.DoMulti(ctx, cmds...) {
+			out[retry[j]] = outcome(r)
+		}
+	}
+	if s.opt.Observe != nil {
+		var err error
+		for _, o := range out {
+			if o.Err != nil {
+				err = o.Err
+				break
+			}
+		}
+		s.opt.Observe(time.Since(start), err)
+	}
+	return out
+}
+
+func (op Op) args() []string {
+	a := []string{num(op.Rate), num(op.Burst), num(op.Cost)}
+	if op.Now != "" {
+		a = append(a, op.Now)
+	}
+	return a
+}
+
+// num formats f so that Lua's tonumber reads back the same float64.
+func num(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+func outcome(r rueidis.RedisResult) Outcome {
+	arr, err := r.ToArray()
+	if err != nil {
+		return Outcome{Err: err}
+	}
+	if len(arr) != 2 {
+		return Outcome{Err: fmt.Errorf("redis: script returned %d values, want 2", len(arr))}
+	}
+	allowed, err := arr[0].AsInt64()
+	if err != nil {
+		return Outcome{Err: fmt.Errorf("redis: script: %w", err)}
+	}
+	ts, err := arr[1].ToString()
+	if err != nil {
+		return Outcome{Err: fmt.Errorf("redis: script: %w", err)}
+	}
+	tokens, err := strconv.ParseFloat(ts, 64)
+	if err != nil {
+		return Outcome{Err: fmt.Errorf("redis: script returned tokens %q", ts)}
+	}
+	return Outcome{Allowed: allowed == 1, Tokens: tokens}
+}
+
+// scriptSHA returns the SHA-1 of the script, which EVALSHA names it by.
+func scriptSHA() string {
+	sum := sha1.Sum([]byte(tokenBucketLua))
+	return hex.EncodeToString(sum[:])
+}
+
+// BucketKey returns the Redis key of rule's bucket for the composite key
+// (sharedstate's composite: the percent-encoded limit-key values joined by
+// '|'): "tb:{<rule>:<composite>}". The braces are the Redis Cluster hash
+// tag: the whole bucket identity is hashed, so the buckets of one rule
+// spread over every master, and a composite key never holds '{' or '}'
+// (they are percent-encoded), so the tag always ends where the key does.
+func BucketKey(rule, composite string) string {
+	var b strings.Builder
+	b.Grow(len(rule) + len(composite) + 6)
+	b.WriteString("tb:{")
+	b.WriteString(rule)
+	b.WriteByte(':')
+	b.WriteString(composite)
+	b.WriteByte('}')
+	return b.String()
+}

@@ -1,0 +1,142 @@
+package rls_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+// newStore connects a Store to addrs and waits until it answers PING.
+func newStore(t *testing.T, addrs []string, cluster bool, timeout time.Duration) *rls.Store {
+	t.Helper()
+	s, err := rls.NewStore(rls.StoreOptions{Addrs: addrs, Cluster: cluster, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Ping(context.Background()) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("store on %v: no PING answer within 10 s", addrs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return s
+}
+
+// TestScriptMatchesBucket runs the Lua script and bucket.Limit side by side
+// on the same instants and costs: same decisions, and the stored value is
+// exactly what sharedstate's codec writes for bucket's state.
+func TestScriptMatchesBucket(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	rng := rand.New(rand.NewPCG(1, 2))
+	limits := []bucket.Limit{
+		{Rate: 5, Burst: 10},
+		{Rate: 0.3, Burst: 2.5},
+		{Rate: 1000, Burst: 1000},
+		{Rate: 1e-3, Burst: 7},
+		{Rate: 123.456, Burst: 987.654},
+	}
+	for li, l := range limits {
+		key := fmt.Sprintf("tb:{match:%d}", li)
+		micros := int64(1736940000) * 1e6
+		var st bucket.State
+		fresh := true
+		for step := range 400 {
+			// Steps of 0 to 2 s, sometimes backwards (clock skew), costs
+			// from 0.5 to burst+1, a refund now and then.
+			switch rng.IntN(10) {
+			case 0:
+				micros -= rng.Int64N(1500000)
+			default:
+				micros += rng.Int64N(2000000)
+			}
+			now := sharedstate.Quantize(float64(micros) / 1e6)
+			nowStr := strconv.FormatFloat(now, 'f', 6, 64)
+			cost := float64(1 + rng.IntN(int(l.Burst)+1))
+			if rng.IntN(4) == 0 {
+				cost = float64(rng.IntN(3)) + 0.5
+			}
+			refund := rng.IntN(8) == 0
+			if fresh {
+				st = l.Full(now)
+			}
+			var want bucket.State
+			wantAllowed := true
+			var wantTokens float64
+			if refund {
+				want = l.Refund(st, now, cost)
+				wantTokens = want.Tokens
+			} else {
+				var res bucket.Result
+				want, res = l.Take(st, now, cost)
+				wantAllowed, wantTokens = res.Allowed, res.Tokens
+			}
+			opCost := cost
+			if refund {
+				opCost = -cost
+			}
+			got := store.Run(context.Background(), []rls.Op{{Key: key, Rate: l.Rate, Burst: l.Burst, Cost: opCost, Now: nowStr}})[0]
+			if got.Err != nil {
+				t.Fatalf("limit %d step %d: %v", li, step, got.Err)
+			}
+			if got.Allowed != wantAllowed {
+				t.Fatalf("limit %d step %d (now %s cost %v refund %v, state %+v): allowed %v, want %v",
+					li, step, nowStr, cost, refund, st, got.Allowed, wantAllowed)
+			}
+			wantStored := string(sharedstate.AppendState(nil, bucket.State{Tokens: wantTokens, Last: want.Last}))
+			if gotTok := strconv.FormatFloat(got.Tokens, 'f', 6, 64); gotTok+wantStored[len(gotTok):] != wantStored || wantStored[len(gotTok)] != ':' {
+				t.Fatalf("limit %d step %d: tokens %s, want the state %s", li, step, gotTok, wantStored)
+			}
+			v, _ := srv.Do("GET", key)
+			if wantAllowed {
+				if v != wantStored {
+					t.Fatalf("limit %d step %d: stored %v, want %s", li, step, v, wantStored)
+				}
+				// What the filter would read back.
+				st, _ = sharedstate.ParseState([]byte(wantStored))
+				fresh = false
+			} else if !fresh && v == nil {
+				t.Fatalf("limit %d step %d: a rejection removed the key", li, step)
+			}
+		}
+	}
+}
+
+func TestScriptTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	// 4 tokens taken at 2 a second: full again in 2 s, the TTL is that
+	// plus 1 s.
+	out := store.Run(context.Background(), []rls.Op{{Key: "tb:{ttl:a}", Rate: 2, Burst: 10, Cost: 4}})
+	if out[0].Err != nil || !out[0].Allowed || out[0].Tokens != 6 {
+		t.Fatalf("take: %+v", out[0])
+	}
+	pttl := srv.MustDo("PTTL", "tb:{ttl:a}").(int64)
+	if pttl <= 2000 || pttl > 3000 {
+		t.Fatalf("PTTL %d ms, want in (2000, 3000]", pttl)
+	}
+	// A rejected request writes nothing: no key for a cost above burst.
+	out = store.Run(context.Background(), []rls.Op{{Key: "tb:{ttl:b}", Rate: 2, Burst: 10, Cost: 11}})
+	if out[0].Err != nil || out[0].Allowed {
+		t.Fatalf("cost above burst: %+v", out[0])
+	}
+	if v := srv.MustDo("EXISTS", "tb:{ttl:b}"); v != int64(0) {
+		t.Fatalf("a rejection created the key: EXISTS %v", v)
+	}
+	// NOSCRIPT (SCRIPT FLUSH, as after a restart) is answered by EVAL.
+	srv.MustDo("SCRIPT", "FLUSH")
+	out = store.Run(context.Background(), []rls.Op{{Key: "tb:{ttl:a}", Rate: 2, Burst: 10, Cost: 1}})
+	if out[0].Err != nil || !out[0].Allowed {
+		t.Fatalf("after SCRIPT FLUSH: %+v", out[0])
+	}
+}

@@ -1,0 +1,106 @@
+-- tokengate-rls: one token bucket, updated atomically.
+--
+-- KEYS[1]  the bucket, "tb:{<rule>:<composite key>}"
+-- ARGV[1]  rate, tokens per second (> 0)
+-- ARGV[2]  burst, capacity in tokens (> 0)
+-- ARGV[3]  cost: > 0 takes that many tokens if the bucket holds them;
+--          < 0 gives -cost back (a refund), capped at burst; 0 only reads
+-- ARGV[4]  optional: the time as "<seconds>.<6 digits>", for tests only;
+--          otherwise the time is Redis TIME, so that every server replica
+--          reads the same clock
+--
+-- The value is "tokens:last_refill", both with exactly 6 decimals, tokens
+-- floored (sharedstate's codec); the arithmetic is bucket.Limit's
+-- continuous bucket step for step, in IEEE doubles as in Go. A value that
+-- does not parse is a full bucket. A rejection writes nothing; a write sets
+-- the TTL to the time the bucket takes to be full again plus 1 s, after
+-- which a missing key and the full bucket it stood for are the same.
+--
+-- Returns {allowed (1/0), tokens after the decision as a 6-decimal string}.
+
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+
+local nowstr = ARGV[4]
+if nowstr == nil or nowstr == '' then
+  local t = redis.call('TIME')
+  nowstr = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+end
+local now = tonumber(nowstr)
+
+local tokens, last = burst, now
+local v = redis.call('GET', KEYS[1])
+if v then
+  local a, b = string.match(v, '^(%d+%.?%d*):(%d+%.?%d*)$')
+  tokens, last = tonumber(a), tonumber(b)
+  if tokens == nil or last == nil or last <= 0 then
+    tokens, last = burst, now
+  end
+end
+
+-- Refill (bucket.Limit.Refill).
+if tokens > burst then
+  tokens = burst
+elseif tokens < 0 then
+  tokens = 0
+end
+if now < last then
+  -- The clock went back: within MaxClockSkew (1 s) keep last, beyond it
+  -- restart from now; refill nothing either way.
+  if last - now > 1.0 then
+    last = now
+  end
+else
+  local elapsed = now - last
+  if elapsed > 0 and tokens < burst then
+    local add = elapsed * rate
+    if add >= burst - tokens then
+      tokens = burst
+    elseif add > 0 then
+      tokens = tokens + add
+      if tokens > burst then
+        tokens = burst
+      end
+    end
+  end
+  last = now
+end
+
+-- Decide (bucket.Limit.Take / Refund).
+local allowed = 1
+if cost < 0 then
+  local c = -cost
+  if c >= burst - tokens then
+    tokens = burst
+  else
+    tokens = tokens + c
+  end
+elseif tokens >= cost then
+  tokens = tokens - cost
+else
+  allowed = 0
+end
+
+-- Floor to 6 decimals (sharedstate's floorMicro; whole tokens from 2^53
+-- microtokens on).
+local micro = 1e6
+local stored
+if tokens * micro >= 9007199254740992 then
+  stored = math.floor(tokens)
+else
+  local n = math.floor(tokens * micro)
+  if (n + 1) / micro <= tokens then
+    n = n + 1
+  elseif n > 0 and n / micro > tokens then
+    n = n - 1
+  end
+  stored = n / micro
+end
+local tokstr = string.format('%.6f', stored)
+
+if allowed == 1 and cost ~= 0 then
+  local ttl = math.ceil((burst - stored) / rate * 1000) + 1000
+  redis.call('SET', KEYS[1], tokstr .. ':' .. string.format('%.6f', last), 'PX', ttl)
+end
+return {allowed, tokstr}
