@@ -4,7 +4,7 @@ GO        ?= go
 WASM      := build/tokengate.wasm
 GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/lite -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 
-.PHONY: all build build-small test run bench fuzz lint check clean envoy image
+.PHONY: all build build-small test run bench fuzz lint check clean envoy image ratelimit cluster
 
 all: build
 
@@ -29,12 +29,16 @@ build-small: $(GUEST_SRC)
 	else echo 'build-small: wasm-opt not found (apt-get install binaryen); the module is only stripped'; fi
 
 ## test: build the module, then run every test (native and against the .wasm).
-test: build
+test: build ratelimit
 	$(GO) vet ./...
 	$(GO) test -race -timeout 5m $(RACE_PKGS)
 	$(GO) test -timeout 8m $$($(GO) list ./... | grep -v -e '/bucket$$' -e '/sharedstate$$' -e '/filter$$' -e '/filtertest$$')
 	cd deploy && $(GO) test ./...
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./... > /dev/null
+
+## ratelimit: install envoyproxy/ratelimit (the RLS peer of the tests and the bench) into build/tools, once per version (tools/ratelimit.sh pins it).
+ratelimit:
+	@tools/ratelimit.sh >/dev/null
 
 ## run: build and serve the filter on 127.0.0.1:10000 with envoy.yaml's configuration (or CONFIG=file.json).
 LOCAL     := build/tokengate-local
@@ -48,6 +52,17 @@ $(LOCAL): $(LOCAL_SRC)
 	@mkdir -p build
 	@echo 'building the local host into $(LOCAL): the first build compiles wazero and takes a minute or two on a cold cache; later runs reuse it'
 	$(GO) build -o $(LOCAL) ./cmd/tokengate-local
+
+## cluster: a fleet sharing one limit per client IP: redis-server, tokengate-rls and three tokengate-local proxies on 127.0.0.1:10000, :10010, :10020 (tools/cluster.sh; Ctrl-C stops them).
+RLS     := build/tokengate-rls
+RLS_SRC := $(shell find cmd/tokengate-rls internal filter bucket sharedstate -name '*.go' -not -name '*_test.go' -not -path '*/testdata/*' 2>/dev/null) go.mod go.sum
+
+cluster: build $(LOCAL) $(RLS)
+	tools/cluster.sh
+
+$(RLS): $(RLS_SRC)
+	@mkdir -p build
+	$(GO) build -o $(RLS) ./cmd/tokengate-rls
 
 ## envoy: run Envoy (>= 1.33, on PATH) with envoy.yaml, from the repository root.
 envoy: build

@@ -175,13 +175,16 @@ func closeHost(t testing.TB, h *wasmhost.Host) {
 	}
 }
 
-// TestMain removes the module and the tokengate-local binary the tests
-// built.
+// TestMain removes the module and the tokengate-local and tokengate-rls
+// binaries the tests built.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	wasmbuild.Cleanup()
 	if localBin != "" {
 		_ = os.RemoveAll(filepath.Dir(localBin))
+	}
+	if rlsBin != "" {
+		_ = os.RemoveAll(filepath.Dir(rlsBin))
 	}
 	os.Exit(code)
 }

@@ -1,7 +1,8 @@
 // Command report prints the one table of `make bench` (bench/run.sh) as
 // Markdown, from the raw outputs run.sh leaves in a directory: Go benchmark
 // output (go-*.txt; the median of repeated runs is shown), wrk output
-// (http-a-*.txt, http-b-*.txt), redis-benchmark CSV (redis-*.csv), module
+// (http-*.txt), redis-benchmark CSV (redis-*.csv), rlsload JSON lines
+// (rls-*.json: tokengate-rls and envoyproxy/ratelimit), module
 // sizes (size.txt) and the machine (machine.txt). Missing inputs give
 // "not measured" rows. BENCHMARKS.md explains every row.
 //
@@ -10,6 +11,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"flag"
@@ -298,6 +300,43 @@ func (r *report) print(w io.Writer) {
 		add("7", "linear memory per VM after 100,000 requests", fmt.Sprintf("%s MiB", f2(e)), "", "")
 	}
 
+	// 8. Rate-limit services, side by side on one Redis.
+	for _, keys := range []string{"1", "10000"} {
+		what := "one hot key"
+		if keys != "1" {
+			what = "10,000 keys"
+		}
+		tg := rlsRuns(r.dir, "rls-tokengate-"+keys+"-")
+		ev := rlsRuns(r.dir, "rls-envoy-"+keys+"-")
+		if len(tg) == 0 && len(ev) == 0 {
+			add("8", "RLS ShouldRateLimit, "+what+" (bench/cmd/rlsload)", na+" (no redis-server or no tokengate-rls)", "", "")
+			continue
+		}
+		var mt, me rlsResult
+		if len(ev) > 0 {
+			me = medianRLS(ev)
+			add("8", "envoyproxy/ratelimit (fixed window), "+what+" (rlsload)", me.String(), "1.00×", "")
+		}
+		if len(tg) > 0 {
+			mt = medianRLS(tg)
+			ratio := ""
+			if me.PerSecond > 0 {
+				ratio = fmt.Sprintf("%.2f× decisions/s, p99 %.2f×", mt.PerSecond/me.PerSecond, mt.P99us/me.P99us)
+			}
+			add("8", "tokengate-rls (token bucket), "+what+" (rlsload)", mt.String(), ratio, "≥ 2×, p99 ≤ 1×")
+		}
+	}
+	if c := wrkRuns(r.dir, "http-c-"); len(c) > 0 {
+		mc := medianWrk(c)
+		ratio := ""
+		if b := wrkRuns(r.dir, "http-l-"); len(b) > 0 {
+			mb := medianWrk(b)
+			add("8l", "HTTP via tokengate-local: one per-IP rule, scope local (wrk, same run as 8c)", mb.String(), "1.00×", "")
+			ratio = fmt.Sprintf("p50 +%s ms, p99 +%s ms; %.0f%% of (8l) req/s", f3(mc.p50-mb.p50), f3(mc.p99-mb.p99), 100*mc.rps/mb.rps)
+		}
+		add("8c", "HTTP via tokengate-local: the same rule, scope cluster (tokengate-rls on Redis) (wrk)", mc.String(), ratio, "")
+	}
+
 	fmt.Fprintln(w, "| # | measurement | result | ratio | target |")
 	fmt.Fprintln(w, "|---|---|---|---|---|")
 	for _, x := range rows {
@@ -309,6 +348,48 @@ func (r *report) print(w io.Writer) {
 			fmt.Fprintln(w, "- "+line)
 		}
 	}
+}
+
+// rlsResult is one rlsload run (its JSON line).
+type rlsResult struct {
+	PerSecond float64 `json:"per_second"`
+	P50us     float64 `json:"p50_us"`
+	P99us     float64 `json:"p99_us"`
+	Errors    int64   `json:"errors"`
+	Decisions int64   `json:"decisions"`
+	Clients   int     `json:"clients"`
+}
+
+func (x rlsResult) String() string {
+	s := fmt.Sprintf("%s decisions/s, p50 %s ms, p99 %s ms (%d clients)", si(x.PerSecond), f3(x.P50us/1e3), f3(x.P99us/1e3), x.Clients)
+	if x.Errors > 0 {
+		s += fmt.Sprintf(", %d errors", x.Errors)
+	}
+	return s
+}
+
+// rlsRuns reads the rlsload results dir/prefix*.json, one per round.
+func rlsRuns(dir, prefix string) []rlsResult {
+	files, _ := filepath.Glob(filepath.Join(dir, prefix+"*.json"))
+	var out []rlsResult
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var x rlsResult
+		if json.Unmarshal(b, &x) == nil && x.Decisions > 0 {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// medianRLS is the round with the median decisions/s (its latencies with it).
+func medianRLS(rs []rlsResult) rlsResult {
+	s := slices.Clone(rs)
+	slices.SortFunc(s, func(a, b rlsResult) int { return cmp.Compare(a.PerSecond, b.PerSecond) })
+	return s[len(s)/2]
 }
 
 // wrkResult is one wrk run.

@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tokengate/tokengate/internal/envoyconf"
+	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/wasmbuild"
+)
+
+// TestClusterExampleIsOneConfiguration: tokengate-rls reads
+// examples/cluster/cluster.json and the proxies the plugin configuration
+// inlined in examples/cluster/envoy.yaml; they must say the same.
+func TestClusterExampleIsOneConfiguration(t *testing.T) {
+	root := repoRoot(t)
+	js, err := os.ReadFile(filepath.Join(root, "examples", "cluster", "cluster.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile(filepath.Join(root, "examples", "cluster", "envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := envoyconf.Find(doc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a, b any
+	if err := json.Unmarshal(js, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(p.Configuration, &b); err != nil {
+		t.Fatal(err)
+	}
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	if !bytes.Equal(ja, jb) {
+		t.Errorf("examples/cluster: cluster.json and envoy.yaml's configuration differ:\n%s\n%s", ja, jb)
+	}
+	cls, err := envoyconf.Clusters(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cls["tokengate_rls"]; !c.HTTP2 || c.Address != "127.0.0.1:8081" {
+		t.Errorf("cluster tokengate_rls %+v, want HTTP/2 at 127.0.0.1:8081 (tools/cluster.sh starts it there)", c)
+	}
+}
+
+// TestMakeCluster runs tools/cluster.sh (`make cluster`) on free ports with
+// binaries built by the test: the fleet comes up, the three proxies share
+// one bucket per client IP, and SIGINT (Ctrl-C) stops every process.
+func TestMakeCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five processes")
+	}
+	redistest.Require(t, true) // the script needs redis-server and redis-cli
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("tools/cluster.sh needs curl")
+	}
+	root := repoRoot(t)
+	wasm, err := wasmbuild.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	localBin, rlsBin := buildLocal(t), tokengateRLS(t)
+	var ports []string
+	for range 3 {
+		ports = append(ports, strconv.Itoa(freePortPair(t)))
+	}
+	rlsPort, rlsAdmin, redisPort := freePortNum(t), freePortNum(t), freePortNum(t)
+	dir := t.TempDir()
+	cmd := exec.Command(filepath.Join(root, "tools", "cluster.sh"))
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(),
+		"CLUSTER_PORTS="+strings.Join(ports, " "),
+		"CLUSTER_RLS_PORT="+strconv.Itoa(rlsPort), "CLUSTER_RLS_ADMIN_PORT="+strconv.Itoa(rlsAdmin),
+		"CLUSTER_REDIS_PORT="+strconv.Itoa(redisPort), "CLUSTER_DIR="+dir,
+		"LOCAL="+localBin, "RLS="+rlsBin, "WASM="+wasm)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the group this test started
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("tools/cluster.sh output:\n%s", out.String())
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(out.String(), "Ctrl-C to stop everything.") {
+		select {
+		case err := <-exited:
+			t.Fatalf("tools/cluster.sh exited early: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fleet did not come up in 60 s")
+		}
+	}
+	for _, want := range append([]string{"http://127.0.0.1:" + ports[0], "curl"}, ports...) {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the banner does not mention %q", want)
+		}
+	}
+
+	// The example's rule: bursts of 6, 2 a second, per client IP across
+	// the fleet. Four rounds over the three proxies.
+	t0 := time.Now()
+	admitted := 0
+	for range 4 {
+		for _, p := range ports {
+			resp, err := http.Get("http://127.0.0.1:" + p + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				admitted++
+			case http.StatusTooManyRequests:
+			default:
+				t.Errorf("proxy %s: status %d", p, resp.StatusCode)
+			}
+		}
+	}
+	if upper := 6 + 2*time.Since(t0).Seconds() + 1; admitted < 6 || float64(admitted) > upper {
+		t.Errorf("the fleet admitted %d of 12, want 6 to %.1f (one bucket for the three proxies)", admitted, upper)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		t.Fatal("tools/cluster.sh still running 20 s after SIGINT")
+	}
+	for _, p := range append(ports, strconv.Itoa(rlsPort), strconv.Itoa(redisPort)) {
+		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+p, time.Second); err == nil {
+			c.Close()
+			t.Errorf("port %s still answers after Ctrl-C", p)
+		}
+	}
+}
+
+// freePortNum returns a port free on 127.0.0.1 a moment ago.
+func freePortNum(t testing.TB) int {
+	t.Helper()
+	_, p, _ := net.SplitHostPort(freeAddr(t))
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+// freePortPair returns a port p such that p and p+1 were both free (a
+// proxy and its admin listener).
+func freePortPair(t testing.TB) int {
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
+		l.Close()
+		if err == nil {
+			l2.Close()
+			return p
+		}
+	}
+	t.Fatal("no two adjacent free ports")
+	return 0
+}

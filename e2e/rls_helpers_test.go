@@ -1,0 +1,248 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tokengate/tokengate/internal/envoyconf"
+	"github.com/tokengate/tokengate/internal/envoyrl"
+	"github.com/tokengate/tokengate/internal/wasmbuild"
+	"github.com/tokengate/tokengate/internal/wasmhost"
+)
+
+// rlsBootstrap is the part of an envoy.yaml the local host reads for
+// callouts: a STATIC cluster named "ratelimit" with HTTP/2 (prior
+// knowledge), as Envoy needs for gRPC, at addr.
+func rlsBootstrap(addr string) string {
+	host, port, _ := strings.Cut(addr, ":")
+	return `static_resources:
+  clusters:
+  - name: ratelimit
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {}
+    load_assignment:
+      cluster_name: ratelimit
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {address: ` + host + `, port_value: ` + port + `}
+`
+}
+
+// startClusterHost runs the real module with cfg and the clusters of the
+// bootstrap, through envoyconf as tokengate-local does with -envoy.
+func startClusterHost(t testing.TB, cfg, bootstrap string, workers int) (*wasmhost.Host, *httptest.Server) {
+	t.Helper()
+	cls, err := envoyconf.Clusters([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := map[string]wasmhost.Cluster{}
+	for name, c := range cls {
+		clusters[name] = wasmhost.Cluster{Address: c.Address, HTTP2: c.HTTP2}
+	}
+	if _, ok := clusters["ratelimit"]; !ok || !clusters["ratelimit"].HTTP2 {
+		t.Fatalf("bootstrap: no HTTP/2 cluster ratelimit in %v", clusters)
+	}
+	return startHost(t, wasmhost.Options{PluginConfig: []byte(cfg), Clusters: clusters, Workers: workers})
+}
+
+// envoyRatelimit returns the envoyproxy/ratelimit binary (tools/ratelimit.sh
+// installs it the first time). When it cannot be installed (no network for
+// the module proxy) the test is skipped, unless $TOKENGATE_REQUIRE_REDIS is
+// set, as .ci/run does.
+func envoyRatelimit(t testing.TB) string {
+	t.Helper()
+	bin, err := envoyrl.Install()
+	if err != nil {
+		if os.Getenv("TOKENGATE_REQUIRE_REDIS") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	return bin
+}
+
+// startEnvoyRatelimit starts envoyproxy/ratelimit on redisAddr with the
+// domain configuration yaml, stopped when the test ends.
+func startEnvoyRatelimit(t testing.TB, redisAddr, yaml string, headers bool) *envoyrl.Server {
+	t.Helper()
+	srv, err := envoyrl.Start(envoyRatelimit(t), envoyrl.Options{Redis: redisAddr, Config: yaml, ResponseHeaders: headers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	return srv
+}
+
+// getKey sends GET / with x-api-key: key and returns the response (body
+// read and closed).
+func getKey(t testing.TB, srv *httptest.Server, key string) (*http.Response, string) {
+	t.Helper()
+	return get(t, srv, "/", map[string]string{"x-api-key": key})
+}
+
+// getURL sends GET url with header and returns the response (body read and
+// closed).
+func getURL(t testing.TB, url string, header map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+var (
+	rlsBuildOnce sync.Once
+	rlsBin       string
+	rlsBuildErr  error
+)
+
+// tokengateRLS builds cmd/tokengate-rls once per test process, into a
+// directory removed by TestMain's cleanup of the module build.
+func tokengateRLS(t testing.TB) string {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(repoRoot(t), "cmd", "tokengate-rls", "main.go")); err != nil {
+		t.Skip("no cmd/tokengate-rls in this tree (it comes from the rls branch)")
+	}
+	rlsBuildOnce.Do(func() {
+		root, err := wasmbuild.Root()
+		if err != nil {
+			rlsBuildErr = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "tokengate-rls")
+		if err != nil {
+			rlsBuildErr = err
+			return
+		}
+		rlsBin = filepath.Join(dir, "tokengate-rls")
+		cmd := exec.Command("go", "build", "-o", rlsBin, "./cmd/tokengate-rls")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			rlsBuildErr = fmt.Errorf("building cmd/tokengate-rls: %v\n%s", err, out)
+		}
+	})
+	if rlsBuildErr != nil {
+		t.Fatal(rlsBuildErr)
+	}
+	return rlsBin
+}
+
+// rlsProc is a running tokengate-rls.
+type rlsProc struct {
+	Addr, Admin string
+	cmd         *exec.Cmd
+	out         *syncBuffer
+	done        chan struct{}
+}
+
+// startTokengateRLS runs tokengate-rls with the plugin configuration cfg on
+// Redis at redisAddr (host:port), on free loopback ports, until the test
+// ends; it returns once /ready answers 200.
+func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rlsProc {
+	t.Helper()
+	bin := tokengateRLS(t)
+	path := filepath.Join(t.TempDir(), "rls.json")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := &rlsProc{Addr: freeAddr(t), Admin: freeAddr(t), out: &syncBuffer{}, done: make(chan struct{})}
+	args := append([]string{"-config", path, "-redis", redisAddr, "-listen", p.Addr, "-admin", p.Admin}, extra...)
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("tokengate-rls output:\n%s", p.out.String())
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + p.Admin + "/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p
+			}
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("tokengate-rls exited:\n%s", p.out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tokengate-rls not ready after 20 s:\n%s", p.out.String())
+		}
+	}
+}
+
+// Stop ends the process (SIGTERM, then SIGKILL after 5 s); idempotent.
+func (p *rlsProc) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGCONT) // in case a test froze it
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// Freeze stops the process with SIGSTOP: its sockets accept connections
+// but nothing answers, a service slower than any timeout. Thaw resumes it.
+func (p *rlsProc) Freeze() { _ = p.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen process.
+func (p *rlsProc) Thaw() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }
+
+// freeAddr returns "127.0.0.1:port" for a port free a moment ago (the
+// programs under test take addresses, not listeners).
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# tools/cluster.sh is `make cluster`: a fleet on this machine whose proxies
+# share one limit per client IP. It starts
+#   - redis-server on 127.0.0.1:16379 (no persistence; installed with apt-get
+#     when missing and running as root),
+#   - tokengate-rls on 127.0.0.1:8081 (admin :8082) with
+#     examples/cluster/cluster.json,
+#   - three tokengate-local proxies on 127.0.0.1:10000, :10010 and :10020
+#     (admin :10001, :10011, :10021) with examples/cluster/envoy.yaml, whose
+#     rule "fleet-per-ip" has "scope": "cluster",
+# prints how to drive them, and stops everything on Ctrl-C (or when a proxy
+# exits). Logs go to $CLUSTER_DIR (build/cluster).
+#
+# Environment (the test e2e/cluster_script_test.go uses free ports):
+#   CLUSTER_PORTS="10000 10010 10020"  proxy ports; each admin is port+1
+#   CLUSTER_RLS_PORT=8081 CLUSTER_RLS_ADMIN_PORT=8082 CLUSTER_REDIS_PORT=16379
+#   CLUSTER_DIR=build/cluster
+#   LOCAL=build/tokengate-local RLS=build/tokengate-rls WASM=build/tokengate.wasm
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PORTS=(${CLUSTER_PORTS:-10000 10010 10020})
+RLS_PORT=${CLUSTER_RLS_PORT:-8081}
+RLS_ADMIN_PORT=${CLUSTER_RLS_ADMIN_PORT:-8082}
+REDIS_PORT=${CLUSTER_REDIS_PORT:-16379}
+DIR=${CLUSTER_DIR:-build/cluster}
+LOCAL=${LOCAL:-build/tokengate-local}
+RLS=${RLS:-build/tokengate-rls}
+WASM=${WASM:-build/tokengate.wasm}
+CONFIG=examples/cluster/cluster.json
+ENVOY=examples/cluster/envoy.yaml
+
+log() { printf 'make cluster: %s\n' "$*" >&2; }
+
+if ! command -v redis-server >/dev/null 2>&1; then
+	if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+		log 'installing redis-server (apt-get)'
+		apt-get update -qq >/dev/null 2>&1 || true
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+	else
+		log 'redis-server is not installed: apt-get install redis-server (as root), then run make cluster again'
+		exit 1
+	fi
+fi
+
+mkdir -p "$DIR"
+pids=()
+stopping=
+stop() {
+	[[ -n $stopping ]] && return
+	stopping=1
+	log 'stopping'
+	local p
+	# Reverse order: the proxies, then the service, then Redis.
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		kill -TERM "${pids[i]}" 2>/dev/null || true
+	done
+	for p in "${pids[@]+"${pids[@]}"}"; do
+		wait "$p" 2>/dev/null || true
+	done
+}
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
+trap stop EXIT
+
+# wait_http URL NAME LOG: until URL answers 200, at most 20 s.
+wait_http() {
+	local i
+	for i in $(seq 200); do
+		if curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null; then
+			return 0
+		fi
+		if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+			log "$2 exited; its log ($3):"
+			cat "$3" >&2
+			exit 1
+		fi
+		sleep 0.1
+	done
+	log "$2 not ready after 20 s; its log ($3):"
+	cat "$3" >&2
+	exit 1
+}
+
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" \
+	>"$DIR/redis.log" 2>&1 &
+pids+=($!)
+for i in $(seq 100); do
+	redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+	if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+		log "redis-server exited ($DIR/redis.log):"
+		cat "$DIR/redis.log" >&2
+		exit 1
+	fi
+	sleep 0.1
+done
+
+"$RLS" -config "$CONFIG" -redis "127.0.0.1:$REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" -admin "127.0.0.1:$RLS_ADMIN_PORT" \
+	>"$DIR/tokengate-rls.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$RLS_ADMIN_PORT/ready" tokengate-rls "$DIR/tokengate-rls.log"
+
+# The proxies read the service's address from the bootstrap's cluster;
+# point it at $RLS_PORT when that is not the default.
+bootstrap=$ENVOY
+if [[ $RLS_PORT != 8081 ]]; then
+	bootstrap=$DIR/envoy.yaml
+	sed "s/port_value: 8081 }/port_value: $RLS_PORT }/" "$ENVOY" >"$bootstrap"
+fi
+for p in "${PORTS[@]}"; do
+	"$LOCAL" -wasm "$WASM" -envoy "$bootstrap" -listen "127.0.0.1:$p" -admin "127.0.0.1:$((p + 1))" -workers 2 \
+		>"$DIR/proxy-$p.log" 2>&1 &
+	pids+=($!)
+	wait_http "http://127.0.0.1:$((p + 1))/ready" "tokengate-local on :$p" "$DIR/proxy-$p.log"
+done
+
+cat <<-MSG
+	A fleet of ${#PORTS[@]} proxies sharing one limit per client IP (rule fleet-per-ip:
+	bursts of 6, 2 a second, across all of them), decided by tokengate-rls on Redis:
+	  proxies        $(for p in "${PORTS[@]}"; do printf 'http://127.0.0.1:%s  ' "$p"; done)
+	  tokengate-rls  127.0.0.1:$RLS_PORT (gRPC), metrics http://127.0.0.1:$RLS_ADMIN_PORT/metrics
+	  redis-server   127.0.0.1:$REDIS_PORT
+	  logs           $DIR/
+	Try, in another terminal (6 requests pass in all, whichever proxy they hit):
+	  for i in \$(seq 4); do for p in ${PORTS[*]}; do curl -s -o /dev/null -w "\$p:%{http_code} " 127.0.0.1:\$p/; done; done; echo
+	  curl -i 127.0.0.1:${PORTS[0]}/
+	  redis-cli -p $REDIS_PORT --scan --pattern 'tb:*'
+	  curl -s 127.0.0.1:$((PORTS[0] + 1))/stats | grep fleet-per-ip
+	Stop tokengate-rls (kill the pid below) to see on_error "local": each proxy then limits on its own.
+	  pids: redis-server ${pids[0]}, tokengate-rls ${pids[1]}, proxies ${pids[*]:2}
+	Ctrl-C to stop everything.
+MSG
+
+# Until Ctrl-C, or until a proxy exits (tokengate-rls and Redis may be
+# stopped on purpose, to watch on_error).
+set +e
+wait -n "${pids[@]:2}"
+log 'a proxy exited; stopping the others'
