@@ -63,21 +63,21 @@ trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
 trap stop EXIT
 
-# wait_http URL NAME LOG: until URL answers 200, at most 20 s.
+# wait_http URL NAME LOG PID: until URL answers 200, at most 60 s.
 wait_http() {
 	local i
-	for i in $(seq 200); do
+	for i in $(seq 600); do
 		if curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null; then
 			return 0
 		fi
-		if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+		if ! kill -0 "$4" 2>/dev/null; then
 			log "$2 exited; its log ($3):"
 			cat "$3" >&2
 			exit 1
 		fi
 		sleep 0.1
 	done
-	log "$2 not ready after 20 s; its log ($3):"
+	log "$2 not ready after 60 s; its log ($3):"
 	cat "$3" >&2
 	exit 1
 }
@@ -98,7 +98,7 @@ done
 "$RLS" -config "$CONFIG" -redis "127.0.0.1:$REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" -admin "127.0.0.1:$RLS_ADMIN_PORT" \
 	>"$DIR/tokengate-rls.log" 2>&1 &
 pids+=($!)
-wait_http "http://127.0.0.1:$RLS_ADMIN_PORT/ready" tokengate-rls "$DIR/tokengate-rls.log"
+wait_http "http://127.0.0.1:$RLS_ADMIN_PORT/ready" tokengate-rls "$DIR/tokengate-rls.log" "${pids[-1]}"
 
 # The proxies read the service's address from the bootstrap's cluster;
 # point it at $RLS_PORT when that is not the default.
@@ -111,7 +111,11 @@ for p in "${PORTS[@]}"; do
 	"$LOCAL" -wasm "$WASM" -envoy "$bootstrap" -listen "127.0.0.1:$p" -admin "127.0.0.1:$((p + 1))" -workers 2 \
 		>"$DIR/proxy-$p.log" 2>&1 &
 	pids+=($!)
-	wait_http "http://127.0.0.1:$((p + 1))/ready" "tokengate-local on :$p" "$DIR/proxy-$p.log"
+done
+# Started together: each compiles the module when it starts.
+for i in "${!PORTS[@]}"; do
+	p=${PORTS[i]}
+	wait_http "http://127.0.0.1:$((p + 1))/ready" "tokengate-local on :$p" "$DIR/proxy-$p.log" "${pids[i + 2]}"
 done
 
 cat <<-MSG

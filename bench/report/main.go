@@ -332,7 +332,7 @@ func (r *report) print(w io.Writer) {
 		if b := wrkRuns(r.dir, "http-l-"); len(b) > 0 {
 			mb := medianWrk(b)
 			add("8l", "HTTP via tokengate-local: one per-IP rule, scope local (wrk, same run as 8c)", mb.String(), "1.00×", "")
-			ratio = fmt.Sprintf("p50 +%s ms, p99 +%s ms; %.0f%% of (8l) req/s", f3(mc.p50-mb.p50), f3(mc.p99-mb.p99), 100*mc.rps/mb.rps)
+			ratio = fmt.Sprintf("p50 %+.3f ms, p99 %+.3f ms; %.0f%% of (8l) req/s", mc.p50-mb.p50, mc.p99-mb.p99, 100*mc.rps/mb.rps)
 		}
 		add("8c", "HTTP via tokengate-local: the same rule, scope cluster (tokengate-rls on Redis) (wrk)", mc.String(), ratio, "")
 	}
