@@ -369,3 +369,31 @@ func TestLeaseConfigErrors(t *testing.T) {
 		t.Fatalf("defaults %+v, want lease_max burst/10 = 2 and ttl 2 s", l)
 	}
 }
+
+// BenchmarkLeaseAdmit measures a request admitted from the allowance (no
+// call), beside BenchmarkStream/b-one-rule's local bucket.
+func BenchmarkLeaseAdmit(b *testing.B) {
+	h := filtertest.New()
+	p := filter.NewPlugin(h)
+	now := benchEpoch
+	p.Clock = func() float64 { return now }
+	cfg := `{"rules":[{"name":"lease-ip","scope":"cluster","mode":"lease","lease_max":1000000,"lease_ttl_ms":60000,
+		"limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}],
+		"settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100}}}`
+	if !p.OnConfigure([]byte(cfg)) {
+		b.Fatal("configure")
+	}
+	req := filtertest.Get("/", "192.0.2.1:5000")
+	h.Start(p, req)
+	h.Deliver(p, h.Calls[0].Token, leaseAnswer(1, 0, "", 0))
+	now += 0.1
+	h.Tick(p)
+	h.Deliver(p, h.Calls[1].Token, leaseAnswer(1, 1000000, "1", 0))
+	b.ReportAllocs()
+	for b.Loop() {
+		now += 1e-6
+		if res := h.Do(p, req); res.Status() != 200 || len(h.Calls) != 2 {
+			b.Fatalf("status %d, %d calls", res.Status(), len(h.Calls))
+		}
+	}
+}
