@@ -112,14 +112,15 @@ func leaseAnswer(code uint64, granted uint64, id string, resetSec uint64) filter
 // record returns the allowance record of 192.0.2.1's bucket.
 func record(t *testing.T, f *fixture) sharedstate.LeaseRecord {
 	t.Helper()
-	for _, e := range f.h.Store.(*sharedstatetest.Store).Snapshot("tl:lease-ip:") {
-		r, err := sharedstate.ParseLeaseRecord([]byte(e.Value))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
+	snap := f.h.Store.(*sharedstatetest.Store).Snapshot("tl:lease-ip:")
+	if len(snap) == 0 {
+		return sharedstate.LeaseRecord{}
 	}
-	return sharedstate.LeaseRecord{}
+	r, err := sharedstate.ParseLeaseRecord([]byte(snap[0].Value))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // TestLeaseMode walks a lease rule through its life: the cold request's
