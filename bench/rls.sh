@@ -81,7 +81,8 @@ else
 	# and write Redis on every request. (fleet-per-ip is for the HTTP rows.)
 	cat >"$OUT/rls.json" <<-'EOF'
 		{"rules":[{"name":"bench","scope":"cluster","limit_keys":["header:x-key"],"algorithm_config":{"rps":1000000,"burst":1000000}},
-		  {"name":"fleet-per-ip","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}],
+		  {"name":"fleet-per-ip","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}},
+		  {"name":"fleet-lease","scope":"cluster","mode":"lease","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}],
 		 "settings":{"rls":{"cluster":"tokengate_rls"}}}
 	EOF
 	"$OUT/tokengate-rls" -config "$OUT/rls.json" -redis "127.0.0.1:$RLS_REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" \
@@ -133,7 +134,9 @@ else
 		# leased tokens; the service's request count around each round
 		# gives the RLS calls a second for this one hot key (every request
 		# has the same client IP).
-		sed 's/"scope": "cluster",/"scope": "cluster", "mode": "lease",/' "$OUT/http-c.yaml" >"$OUT/http-m.yaml"
+		# Its own rule name: the service has fleet-per-ip in exact mode.
+		sed -e 's/"scope": "cluster",/"scope": "cluster", "mode": "lease",/' -e 's/"name": "fleet-per-ip"/"name": "fleet-lease"/' \
+			"$OUT/http-c.yaml" >"$OUT/http-m.yaml"
 		start_local_on() { # port flags...
 			"$OUT/tokengate-local" -wasm build/tokengate.wasm -listen "127.0.0.1:$1" -admin '' -log-level error "${@:2}" \
 				>"$OUT/local-$1.log" 2>&1 &

@@ -209,6 +209,20 @@ func (c *Config) leaseRule(l leaseEntries) (*filter.Rule, string) {
 	return r, LeaseKey(r.Name, cleanComposite(l.key))
 }
 
+// leaseTake returns the rule and bucket of an exact take sent by a
+// lease-mode rule: its lease bucket, or, when this service's configuration
+// has the rule in exact mode, its token bucket (limited either way, never
+// waved through); lease reports which.
+func (c *Config) leaseTake(l leaseEntries) (r *filter.Rule, key string, lease bool) {
+	if r, key := c.leaseRule(l); r != nil {
+		return r, key, true
+	}
+	if r := c.cluster[l.rule]; r != nil {
+		return r, BucketKey(r.Name, cleanComposite(l.key)), false
+	}
+	return nil, "", false
+}
+
 // shouldLease answers a request whose only descriptor is a holder's lease
 // request or release. ok is false for any other request.
 func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, ok bool, err error) {

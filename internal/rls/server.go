@@ -78,9 +78,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		r, key := s.cfg.Resolve(req.Domain, entries)
 		lease := false
 		if l, ok, err := parseLease(entries); ok && err == nil {
-			// An exact take from a lease-mode bucket (lease.go).
-			r, key = s.cfg.leaseRule(l)
-			lease = true
+			// An exact take from a lease-mode bucket (lease.go); a rule
+			// this service has in exact mode is still limited, in its
+			// token bucket.
+			r, key, lease = s.cfg.leaseTake(l)
 		}
 		if r == nil {
 			s.metrics.unmatched.Add(1)
