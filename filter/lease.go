@@ -97,6 +97,7 @@ type leaseOutcome int
 const (
 	leaseAdmitted leaseOutcome = iota
 	leaseEmpty                 // the global bucket is known empty
+	leaseSpent                 // the live allowance is spent: wait for the refill
 	leaseCold                  // no allowance: an exact call decides
 )
 
@@ -111,6 +112,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 		cost := lr.Cost
 		out := leaseCold
 		var retry float64
+		tick := float64(p.cfg.Settings.RLS.LeaseTickMs) / 1000
 		_, _, err := p.lease.upd.Update(lr.Key, func(rec *sharedstate.LeaseRecord) bool {
 			if rec.Since == 0 {
 				rec.Since = now
@@ -123,6 +125,14 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 			case now < rec.Retry:
 				out, retry = leaseEmpty, rec.Retry-now
 				return false
+			case now < rec.Expiry && now >= rec.Down:
+				// A warm bucket: a lease is live, spent, and the refill
+				// comes within a tick (sized from this demand too): no
+				// call per request, whatever the request rate. While the
+				// service fails (Down), the request goes cold instead, to
+				// on_error.
+				rec.Used += cost
+				out, retry = leaseSpent, tick
 			default:
 				rec.Used += cost // demand the refiller will see
 				out = leaseCold
@@ -135,7 +145,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 		switch out {
 		case leaseAdmitted:
 			r.metrics.allowed.inc(p.host, 1)
-		case leaseEmpty:
+		case leaseEmpty, leaseSpent:
 			r.metrics.rejected.inc(p.host, 1)
 			p.leaseRemember(r, lr.Key, lr.Owner)
 			pc := &pendingCall{s: s, now: now, idHash: req.identityHash()}
@@ -393,7 +403,12 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 			return false
 		}
 		rec.Claim = 0
-		if !ok || lc.release {
+		if !ok {
+			rec.Down = now + ttl
+			return true
+		}
+		rec.Down = 0
+		if lc.release {
 			return true
 		}
 		if st.HasQuota {

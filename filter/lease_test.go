@@ -173,7 +173,7 @@ func TestLeaseMode(t *testing.T) {
 		return f
 	}
 
-	t.Run("admitted from the allowance, then an exact call", func(t *testing.T) {
+	t.Run("admitted from the allowance; spent: 429 until the refill", func(t *testing.T) {
 		f := warm(t)
 		for i := range 8 {
 			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Continue || res.Status() != 200 {
@@ -183,11 +183,30 @@ func TestLeaseMode(t *testing.T) {
 		if len(f.h.Calls) != 2 {
 			t.Fatalf("%d calls: admissions from the allowance must not call", len(f.h.Calls))
 		}
-		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 3 {
-			t.Fatalf("empty allowance: %v with %d calls, want an exact call", res.RequestAction, len(f.h.Calls))
+		// The allowance is spent but live: no call per request.
+		for range 5 {
+			if _, res := f.h.Start(f.p, req); res.Status() != 429 || len(f.h.Calls) != 2 {
+				t.Fatalf("spent allowance: %d with %d calls, want a local 429", res.Status(), len(f.h.Calls))
+			}
 		}
 		if got := f.counter("lease-ip", filter.CounterAllowed); got != 9 {
 			t.Errorf("allowed = %d, want 9", got)
+		}
+		// The refiller saw the demand of all 13: it asks for more.
+		f.now += 0.1
+		f.h.Tick(f.p)
+		if len(f.h.Calls) != 3 || decodeCall(t, f.h.Calls[2])[0].entries["tokengate_want"] != "8" {
+			t.Fatalf("%d calls; want a refill of lease_max 8", len(f.h.Calls))
+		}
+		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 8, "8", 0))
+		if _, res := f.h.Start(f.p, req); res.Status() != 200 {
+			t.Fatalf("after the refill: %d", res.Status())
+		}
+		// Once the allowance has expired, the bucket is cold again: an
+		// exact call.
+		f.now += 2.1
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 4 {
+			t.Fatalf("expired allowance: %v with %d calls, want an exact call", res.RequestAction, len(f.h.Calls))
 		}
 	})
 
@@ -196,6 +215,7 @@ func TestLeaseMode(t *testing.T) {
 		for range 8 {
 			f.h.Start(f.p, req)
 		}
+		f.now += 2.01 // the allowance expires: cold
 		f.h.Start(f.p, req)
 		resp := f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(2, 0, "", 3))
 		if resp.Local == nil || resp.Local.Status != 429 {
@@ -334,6 +354,11 @@ func TestLeaseMode(t *testing.T) {
 			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Continue {
 				t.Fatal("held tokens not spent while the service is down")
 			}
+		}
+		// Spent, with the service failing: the next request does not wait
+		// for a refill but makes its exact call (and so meets on_error).
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 4 {
+			t.Fatalf("spent while the service is down: %v with %d calls, want an exact call", res.RequestAction, len(f.h.Calls))
 		}
 	})
 }

@@ -48,6 +48,10 @@ type LeaseRecord struct {
 	Claimer uint32
 	// Retry is the time until which the global bucket is known empty.
 	Retry float64
+	// Down is the time until which the service is taken to be failing (a
+	// lease call failed): a spent allowance then falls back to exact calls,
+	// and so to on_error, instead of waiting for a refill.
+	Down float64
 }
 
 // Spendable returns the tokens that may be spent at now: Tokens before
@@ -60,7 +64,7 @@ func (r *LeaseRecord) Spendable(now float64) float64 {
 }
 
 // AppendLeaseRecord appends the stored form of r,
-// "tokens:expiry:grant:used:since:claim:claimer:retry", to dst. Tokens and
+// "tokens:expiry:grant:used:since:claim:claimer:retry:down", to dst. Tokens and
 // Used are floored to 6 decimals (a stored allowance never holds more than
 // r), times are written with 6 decimals.
 func AppendLeaseRecord(dst []byte, r LeaseRecord) []byte {
@@ -78,7 +82,9 @@ func AppendLeaseRecord(dst []byte, r LeaseRecord) []byte {
 	dst = append(dst, ':')
 	dst = strconv.AppendUint(dst, uint64(r.Claimer), 10)
 	dst = append(dst, ':')
-	return appendMicro(dst, nonNeg(r.Retry))
+	dst = appendMicro(dst, nonNeg(r.Retry))
+	dst = append(dst, ':')
+	return appendMicro(dst, nonNeg(r.Down))
 }
 
 // nonNeg floors x to 6 decimals; NaN, negative and huge values become 0
@@ -96,7 +102,7 @@ var errLeaseRecord = errors.New("sharedstate: malformed lease record")
 // allocate unless it fails.
 func ParseLeaseRecord(b []byte) (LeaseRecord, error) {
 	var r LeaseRecord
-	var f [8][]byte
+	var f [9][]byte
 	n := 0
 	start := 0
 	for i := 0; i <= len(b); i++ {
@@ -112,7 +118,7 @@ func ParseLeaseRecord(b []byte) (LeaseRecord, error) {
 	if n != len(f) {
 		return r, errLeaseRecord
 	}
-	floats := [...]*float64{0: &r.Tokens, 1: &r.Expiry, 3: &r.Used, 4: &r.Since, 5: &r.Claim, 7: &r.Retry}
+	floats := [...]*float64{0: &r.Tokens, 1: &r.Expiry, 3: &r.Used, 4: &r.Since, 5: &r.Claim, 7: &r.Retry, 8: &r.Down}
 	for i, dst := range floats {
 		if dst == nil {
 			continue

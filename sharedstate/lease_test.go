@@ -13,11 +13,11 @@ func TestLeaseRecordRoundTrip(t *testing.T) {
 		in   sharedstate.LeaseRecord
 		want string
 	}{
-		{"empty", sharedstate.LeaseRecord{}, "0.000000:0.000000:0:0.000000:0.000000:0.000000:0:0.000000"},
+		{"empty", sharedstate.LeaseRecord{}, "0.000000:0.000000:0:0.000000:0.000000:0.000000:0:0.000000:0.000000"},
 		{"full", sharedstate.LeaseRecord{Tokens: 12.5, Expiry: 1736940002.25, Grant: 42, Used: 3, Since: 1736940000.5,
-			Claim: 1736940001.125, Claimer: 4294967295, Retry: 1736940003},
-			"12.500000:1736940002.250000:42:3.000000:1736940000.500000:1736940001.125000:4294967295:1736940003.000000"},
-		{"negative tokens become 0", sharedstate.LeaseRecord{Tokens: -1}, "0.000000:0.000000:0:0.000000:0.000000:0.000000:0:0.000000"},
+			Claim: 1736940001.125, Claimer: 4294967295, Retry: 1736940003, Down: 1736940004.5},
+			"12.500000:1736940002.250000:42:3.000000:1736940000.500000:1736940001.125000:4294967295:1736940003.000000:1736940004.500000"},
+		{"negative tokens become 0", sharedstate.LeaseRecord{Tokens: -1}, "0.000000:0.000000:0:0.000000:0.000000:0.000000:0:0.000000:0.000000"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -34,7 +34,7 @@ func TestLeaseRecordRoundTrip(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range []string{"", "1:2:3:4:5:6:7", "1:2:3:4:5:6:7:8:9", "x:2:3:4:5:6:7:8", "1:2:-3:4:5:6:7:8", "1:2:3:4:5:6:4294967296:8", "1:2:3.5:4:5:6:7:8"} {
+	for _, bad := range []string{"", "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7:8:9:10", "x:2:3:4:5:6:7:8:9", "1:2:-3:4:5:6:7:8:9", "1:2:3:4:5:6:4294967296:8:9", "1:2:3.5:4:5:6:7:8:9"} {
 		if _, err := sharedstate.ParseLeaseRecord([]byte(bad)); err == nil {
 			t.Errorf("ParseLeaseRecord(%q) = nil error", bad)
 		}
