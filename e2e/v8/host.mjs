@@ -161,6 +161,11 @@ class Worker {
         w.view().setUint32(tokenPtr, token, true);
         return OK;
       },
+      proxy_set_tick_period_milliseconds(ms) {
+        // Recorded only: the scenarios here never run lease mode's ticks.
+        w.tickPeriod = ms;
+        return OK;
+      },
       proxy_set_effective_context(id) {
         const s = w.streams.get(id);
         if (!s || s.done) return BAD_ARGUMENT; // previous context stays effective
