@@ -264,7 +264,10 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64) bool {
 		rec.Claimer = nonce
 		rec.Used, rec.Since = 0, now
 		if act == release {
-			rec.Tokens = 0 // nobody spends what is being returned
+			// Nobody spends what is being returned, and the bucket is
+			// cold again: its next request makes an exact call rather
+			// than wait for a refill that idleness will not bring.
+			rec.Tokens, rec.Expiry = 0, 0
 		}
 		return true
 	})
@@ -398,11 +401,18 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 		p.warnf(now, "event=rls_error rule="+lc.b.r.Name+" reason="+strconv.Quote("lease: "+reason))
 	}
 	ttl := lc.b.r.Lease.TTL
+	// The claim stays until a tick after the dispatch, so that the other
+	// workers, whose ticks run at other phases, do not refill again within
+	// the same period: one call per tick per process.
+	hold := lc.sent + 0.9*float64(p.cfg.Settings.RLS.LeaseTickMs)/1000
 	p.lease.upd.Update(lc.b.key, func(rec *sharedstate.LeaseRecord) bool {
 		if rec.Claimer != lc.nonce || rec.Claim == 0 {
 			return false
 		}
 		rec.Claim = 0
+		if hold > now {
+			rec.Claim = hold
+		}
 		if !ok {
 			rec.Down = now + ttl
 			return true
