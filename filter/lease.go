@@ -114,7 +114,10 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 		var retry float64
 		tick := float64(p.cfg.Settings.RLS.LeaseTickMs) / 1000
 		_, _, err := p.lease.upd.Update(lr.Key, func(rec *sharedstate.LeaseRecord) bool {
-			if rec.Since == 0 {
+			if rec.Used == 0 {
+				// The demand window starts at the first request since the
+				// last refill, not at the refill: an idle spell must not
+				// dilute the rate the next lease is sized from.
 				rec.Since = now
 			}
 			switch {
