@@ -46,11 +46,19 @@ type Limit struct {
 	// matters only when a state is created (Full), since a stored Last
 	// carries its phase.
 	Window, Offset float64
+
+	// MaxDebt, when > 0, lets a continuous bucket's tokens go below zero,
+	// down to -MaxDebt, through Charge: the cost of a request known only
+	// after it was admitted. A bucket in debt refills at Rate like any
+	// other and admits nothing (not even a cost of 0) until its tokens are
+	// back to the cost. Invalid values (NaN, <= 0, ±Inf) mean no debt.
+	// Fixed windows ignore it.
+	MaxDebt float64
 }
 
 // State is the stored state of one bucket.
 //
-// Tokens outside [0, Burst] are clamped into it when the state is used, so
+// Tokens outside [-MaxDebt, Burst] are clamped into it when the state is used, so
 // a Burst reconfigured to a smaller value takes effect at once. A State with
 // NaN or infinite Tokens, or a Last that is not finite, is treated as a full
 // bucket anchored at now.
@@ -99,6 +107,15 @@ func (l Limit) burst() float64 {
 	return 0
 }
 
+// debt returns the effective MaxDebt: MaxDebt if it is finite and > 0 and
+// the limit is a continuous bucket, else 0.
+func (l Limit) debt() float64 {
+	if l.MaxDebt > 0 && l.MaxDebt <= math.MaxFloat64 && !l.fixed() {
+		return l.MaxDebt
+	}
+	return 0
+}
+
 // finite reports whether x is neither NaN nor ±Inf.
 func finite(x float64) bool {
 	return x-x == 0
@@ -143,7 +160,7 @@ func (l Limit) FillTime() float64 {
 
 // ResetAfter returns the number of seconds until a bucket holding tokens is
 // full again, assuming nothing takes from it: (Burst-tokens)/Rate, never
-// negative. Tokens outside [0, Burst] are clamped, and NaN or infinite tokens
+// negative. Tokens outside [-MaxDebt, Burst] are clamped, and NaN or infinite tokens
 // count as a full bucket (0). It is 0 when the bucket is full or the Rate is
 // +Inf, and +Inf when the bucket is not full and the Rate is invalid.
 func (l Limit) ResetAfter(tokens float64) float64 {
@@ -151,8 +168,8 @@ func (l Limit) ResetAfter(tokens float64) float64 {
 	if !finite(tokens) || tokens >= burst {
 		return 0
 	}
-	if tokens < 0 {
-		tokens = 0
+	if d := l.debt(); tokens < -d {
+		tokens = -d
 	}
 	return (burst - tokens) / l.rate() // x/0 = +Inf, x/+Inf = 0 for x > 0
 }
@@ -161,7 +178,7 @@ func (l Limit) ResetAfter(tokens float64) float64 {
 // Burst.
 //
 // Edge cases:
-//   - Tokens are first clamped to [0, Burst]; a state with NaN or infinite
+//   - Tokens are first clamped to [-MaxDebt, Burst]; a state with NaN or infinite
 //     Tokens, or a non-finite Last, is a full bucket anchored at now.
 //   - If now is NaN or infinite, nothing is refilled and Last is unchanged.
 //   - If now >= s.Last, elapsed*Rate tokens are added (at most up to Burst,
@@ -187,8 +204,8 @@ func (l Limit) Refill(s State, now float64) State {
 	tokens := s.Tokens
 	if tokens > burst {
 		tokens = burst
-	} else if tokens < 0 {
-		tokens = 0
+	} else if d := l.debt(); tokens < -d {
+		tokens = -d
 	}
 	rate := l.rate()
 	if math.IsInf(rate, 1) {
@@ -256,7 +273,7 @@ func (l Limit) Take(s State, now, cost float64) (State, Result) {
 		cost = 0
 	}
 	if s.Tokens >= cost { // false for a NaN cost
-		s.Tokens -= cost // never negative: rounding is monotonic
+		s.Tokens -= cost // never below the tokens before: rounding is monotonic
 		return s, Result{Allowed: true, Tokens: s.Tokens, FullIn: l.FullAfter(s, now)}
 	}
 	retry := l.retryAfter(s.Tokens, cost)
@@ -320,5 +337,32 @@ func (l Limit) Refund(s State, now, cost float64) State {
 			s.Tokens += cost
 		}
 	}
+	return s
+}
+
+// Charge refills s to now and takes cost tokens whatever the bucket holds:
+// the tokens may go below zero, down to -MaxDebt, and what lies beyond that
+// is forgiven. It settles the cost of a request that was admitted before its
+// cost was known (the tokens a response reports). Without MaxDebt the tokens
+// stop at 0. A cost that is not > 0 (including NaN) changes nothing but the
+// refill; +Inf empties the bucket down to -MaxDebt.
+func (l Limit) Charge(s State, now, cost float64) State {
+	s = l.Refill(s, now)
+	if cost > 0 {
+		floor := -l.debt()
+		if cost >= s.Tokens-floor {
+			s.Tokens = floor
+		} else {
+			s.Tokens -= cost
+		}
+	}
+	return s
+}
+
+// Reset returns a full bucket at now, keeping the phase of a fixed window:
+// "reset after a successful login".
+func (l Limit) Reset(s State, now float64) State {
+	s = l.Refill(s, now)
+	s.Tokens = l.burst()
 	return s
 }

@@ -67,6 +67,11 @@ func exampleConfigs(t *testing.T) map[string][]byte {
 		t.Fatalf("wasmplugin.yaml: %v", err)
 	}
 	out["deploy/istio/wasmplugin.yaml"] = istio
+	rlsConfig, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "rls", "tokengate.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out["deploy/rls/tokengate.json"] = rlsConfig
 	files, err := filepath.Glob(filepath.Join(repoRoot, "examples", "*.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +139,14 @@ func TestSchemaAndParserRejectInvalid(t *testing.T) {
 		{"rate too large", `{"name": "a", "algorithm_config": {"rps": 2e9, "burst": 3e9}}`, "algorithm_config.rps: must be <= 1e+09"},
 		{"rate as a string", `{"name": "a", "algorithm_config": {"rps": "5", "burst": 10}}`, "algorithm_config.rps: must be a number, got a string"},
 		{"zero fixed_cost", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "fixed_cost": 0}}`, "fixed_cost: must be > 0"},
-		{"bad cost_source", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "cost_source": "body:size"}}`, `cost_source: must be "fixed", "header:<name>" or "query:<name>"`},
+		{"bad cost_source", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "cost_source": "body:size"}}`, `cost_source: must be "fixed", "header:<name>", "query:<name>", "response_header:<name>"`},
+		{"empty count_statuses", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "count_statuses": []}}`, "count_statuses: must not be empty"},
+		{"status out of range", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "count_statuses": [99]}}`, "count_statuses[0]: must be a status"},
+		{"pointer without slash", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "cost_source": "response_json:usage"}}`, "response_json needs JSON pointers"},
+		{"negative pre_charge", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "cost_source": "response_json:/u", "pre_charge": -1}}`, "pre_charge: must be from 0 to 1, got -1"},
+		{"no max_in_flight", `{"name": "a", "algorithm": "concurrency", "algorithm_config": {"lease_seconds": 5}}`, "max_in_flight: is required"},
+		{"zero max_in_flight", `{"name": "a", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 0}}`, "max_in_flight: must be an integer from 1"},
+		{"bucket fields on concurrency", `{"name": "a", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 1, "burst": 1}}`, "algorithm_config.burst: unknown field"},
 		{"bad rule name", `{"name": "a b", ` + ok + `}`, `name: must be 1 to 64 characters from [A-Za-z0-9_-], got "a b"`},
 		{"rule name too long", `{"name": "` + strings.Repeat("a", 65) + `", ` + ok + `}`, "must be 1 to 64 characters"},
 		{"bad descriptor", `{"name": "a", "limit_keys": ["cookie:session"], ` + ok + `}`, `limit_keys[0]: invalid descriptor "cookie:session"`},

@@ -294,6 +294,7 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 // cluster rules turned down.
 func (s *Stream) refundLocal(pc *pendingCall) {
 	p := s.p
+	s.dropCharges() // refunded whole: nothing is left to settle
 	if len(pc.local) == 0 {
 		return
 	}

@@ -114,6 +114,10 @@ type Rule struct {
 	MaxKeys int
 	// windowStart is a fixed window's start mode (WindowAligned, ...).
 	windowStart int
+	// Delay is a token bucket's delayed admission (delay.go); waiting
+	// counts the requests it holds on this worker.
+	Delay   Delay
+	waiting int
 
 	// Cluster reports "scope": "cluster": the rule is decided by the
 	// rate-limit service of Settings.RLS, across every proxy, instead of in
@@ -123,6 +127,13 @@ type Rule struct {
 	// decided from this process's allowance of leased tokens
 	// (docs/lease.md); nil in exact mode.
 	Lease *LeaseConfig
+
+	// Settle is what the rule settles after the response (count_statuses,
+	// reset_on_statuses, a cost the response reports); nil if nothing.
+	Settle *SettleSpec
+	// InFlight makes the rule a limit on requests in flight ("algorithm":
+	// "concurrency") instead of a token bucket; nil for a bucket.
+	InFlight *InFlightSpec
 
 	maxKeysSet bool
 	shadow     bool
@@ -144,6 +155,9 @@ const (
 	CostFixed CostKind = iota
 	CostHeader
 	CostQuery
+	// CostResponse is a cost the response reports (SettleSpec.Response):
+	// admission takes SettleSpec.PreCharge.
+	CostResponse
 )
 
 // CostSource says how many tokens a request takes.
@@ -154,8 +168,11 @@ type CostSource struct {
 	// Fixed is the cost for CostFixed ("fixed_cost", default 1).
 	Fixed float64
 	// Default is the cost when the header or parameter is absent or not a
-	// positive finite number ("default_cost", default 1).
+	// positive finite number ("default_cost", default 1); for CostResponse,
+	// the cost when the response reports none.
 	Default float64
+	// PreCharge is what CostResponse takes at admission (SettleSpec.PreCharge).
+	PreCharge float64
 }
 
 const (
@@ -260,6 +277,9 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, errAt("", "configuration has no rules")
 	}
 	if err := checkClusterRules(cfg); err != nil {
+		return nil, err
+	}
+	if err := checkDelayRules(cfg); err != nil {
 		return nil, err
 	}
 	if len(cfg.rules) > MaxRules {
@@ -483,14 +503,16 @@ func (p *parser) rule(path string, v ljson.Result, fallback bool) (*Rule, error)
 		}
 		r.Name = name
 	}
-	fixedWindow := false
+	fixedWindow, concurrency := false, false
 	if a := v.Get("algorithm"); a.Exists() {
 		switch {
 		case a.Type == ljson.String && a.Str == "token_bucket":
 		case a.Type == ljson.String && a.Str == "fixed_window":
 			fixedWindow = true
+		case a.Type == ljson.String && a.Str == "concurrency":
+			concurrency = true
 		default:
-			return nil, errAt(join(path, "algorithm"), `unknown algorithm `+short(a.Raw)+`, want "token_bucket" or "fixed_window"`)
+			return nil, errAt(join(path, "algorithm"), `unknown algorithm `+short(a.Raw)+`, want "token_bucket", "fixed_window" or "concurrency"`)
 		}
 	}
 	if keys := v.Get("limit_keys"); keys.Exists() {
@@ -526,7 +548,11 @@ func (p *parser) rule(path string, v ljson.Result, fallback bool) (*Rule, error)
 			return nil, errAt(kpath, "at most "+strconv.Itoa(maxLimitKeys)+" descriptors")
 		}
 	}
-	if fixedWindow {
+	if concurrency {
+		if err := concurrencyConfig(join(path, "algorithm_config"), v.Get("algorithm_config"), r); err != nil {
+			return nil, err
+		}
+	} else if fixedWindow {
 		if err := windowConfig(join(path, "algorithm_config"), v.Get("algorithm_config"), r); err != nil {
 			return nil, err
 		}
@@ -606,7 +632,7 @@ func windowConfig(path string, v ljson.Result, r *Rule) error {
 	if !v.IsObject() {
 		return errAt(path, "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields(path, v, "limit", "window_seconds", "capacity", "window_start", "cost_source", "fixed_cost", "default_cost"); err != nil {
+	if err := onlyFields(path, v, "limit", "window_seconds", "capacity", "window_start", "cost_source", "fixed_cost", "default_cost", "count_statuses", "reset_on_statuses"); err != nil {
 		return err
 	}
 	need := func(field string, max float64) (float64, error) {
@@ -650,7 +676,8 @@ func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 	if !v.IsObject() {
 		return errAt(path, "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost"); err != nil {
+	if err := onlyFields(path, v, append([]string{"tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost",
+		"count_statuses", "reset_on_statuses", "pre_charge", "max_debt"}, delayFields...)...); err != nil {
 		return err
 	}
 	tps, rps := v.Get("tokens_per_second"), v.Get("rps")
@@ -675,14 +702,19 @@ func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 	if err != nil {
 		return err
 	}
-	if burst < rate {
+	r.Limit = bucket.Limit{Rate: rate, Burst: burst}
+	if err := delayConfig(path, v, r); err != nil {
+		return err
+	}
+	// A shaping rule (max_reserved) may let less than a second's worth
+	// through at once, as nginx's burst does.
+	if burst < rate && r.Delay.MaxReserved == 0 {
 		return errAt(path+".burst", "must be >= "+rateField+" ("+num(rate)+"), got "+num(burst))
 	}
 	if burst/rate > maxFillTime {
 		return errAt(path+"."+rateField, "must be >= burst/1e9 ("+num(burst/maxFillTime)+
 			") so that an empty bucket refills within 1e9 seconds, got "+num(rate))
 	}
-	r.Limit = bucket.Limit{Rate: rate, Burst: burst}
 	return costConfig(path, v, r)
 }
 
@@ -705,11 +737,19 @@ func costConfig(path string, v ljson.Result, r *Rule) error {
 		if cs.Type != ljson.String {
 			return errAt(path+".cost_source", "must be a string, got "+typeName(cs))
 		}
-		kind, name, ok := parseCostSource(cs.Str)
-		if !ok {
-			return errAt(path+".cost_source", `must be "fixed", "header:<name>" or "query:<name>", got `+strconv.Quote(clip(cs.Str)))
+		if resp, err := responseCost(path+".cost_source", cs.Str, r); err != nil {
+			return err
+		} else if !resp {
+			kind, name, ok := parseCostSource(cs.Str)
+			if !ok {
+				return errAt(path+".cost_source", `must be "fixed", "header:<name>", "query:<name>", "response_header:<name>", `+
+					`"response_json:<JSON pointer>" or "response_sse:<JSON pointer>", got `+strconv.Quote(clip(cs.Str)))
+			}
+			r.Cost.Kind, r.Cost.Name = kind, name
 		}
-		r.Cost.Kind, r.Cost.Name = kind, name
+	}
+	if err := settleConfig(path, v, r); err != nil {
+		return err
 	}
 	return admissible(path, v, r)
 }

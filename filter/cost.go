@@ -16,6 +16,8 @@ func (c *CostSource) cost(req *request) float64 {
 	switch c.Kind {
 	case CostFixed:
 		return c.Fixed
+	case CostResponse:
+		return c.PreCharge
 	case CostHeader:
 		raw, ok = req.header(c.Name)
 	case CostQuery:

@@ -24,6 +24,10 @@ func FuzzParseConfig(f *testing.F) {
 		`{"rules":[{"name":"a","limit_keys":["ip:address","header:x"],"algorithm_config":{"tokens_per_second":0.5,"burst":1e12,"cost_source":"query:c","default_cost":3}}],"settings":{"cas_max_attempts":1000,"xff_trusted_hops":10,"max_keys_per_rule":0}}`,
 		`{"bundle_version":1,"policies":[{"id":"p","spec":{"mode":"shadow","selector":{"pathPrefix":"/a","methods":["get"],"hosts":["*.x.com"]},"fallback_limit":{"algorithm_config":{"rps":1,"burst":2}}}}]}`,
 		`{"name":"a","algorithm_config":{"rps":1e-320,"burst":1}}`,
+		`{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":1}}],"rls_descriptors":[{"domain":"d","descriptors":[{"key":"k","value":"v","shadow":true,"rule":{"name":"b","algorithm_config":{"rps":1,"burst":2}},"descriptors":[{"key":"j","rule":{"name":"c","algorithm_config":{"rps":1,"burst":1}}}]}]}]}`,
+		`{"rls_descriptors":[{"domain":"d","descriptors":[{"key":"remote_address","rule":{"name":"b","algorithm_config":{"rps":1,"burst":2}}}]}]}`,
+		`{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":9,"cost_source":"response_sse:/a/0+/b","pre_charge":2,"max_debt":0,"count_statuses":["4xx",200]}},` +
+			`{"name":"b","algorithm":"concurrency","algorithm_config":{"max_in_flight":2,"lease_seconds":1}}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -91,6 +95,24 @@ func checkHeaderNumbers(t *testing.T, res filtertest.Result) {
 	}
 }
 
+// checkRLSNodes checks an rls_descriptors tree: keys set, depth bounded,
+// every node with a rule or children, every rule a valid token bucket.
+func checkRLSNodes(t *testing.T, nodes []*filter.RLSDescriptor, depth int) {
+	t.Helper()
+	if len(nodes) > 0 && depth > 8 {
+		t.Fatalf("rls_descriptors nest %d deep", depth)
+	}
+	for _, n := range nodes {
+		if n.Key == "" || n.Rule == nil && len(n.Descriptors) == 0 {
+			t.Fatalf("rls_descriptors node %+v", n)
+		}
+		if n.Rule != nil && (!n.Rule.Limit.Valid() || n.Rule.Limit.Window > 0 || !n.Rule.Cluster) {
+			t.Fatalf("rls_descriptors rule %+v", n.Rule)
+		}
+		checkRLSNodes(t, n.Descriptors, depth+1)
+	}
+}
+
 func ruleNames(cfg *filter.Config) string {
 	var names []string
 	for _, r := range cfg.Rules() {
@@ -105,8 +127,12 @@ func finitePositive(x float64) bool { return x > 0 && !math.IsInf(x, 0) }
 func checkConfig(t *testing.T, cfg *filter.Config) {
 	t.Helper()
 	rules := cfg.Rules()
-	if len(rules) == 0 || len(cfg.Policies) == 0 {
-		t.Fatalf("accepted with %d rules in %d policies", len(rules), len(cfg.Policies))
+	if (len(rules) == 0 || len(cfg.Policies) == 0) && len(cfg.RLSDescriptors) == 0 {
+		t.Fatalf("accepted with %d rules in %d policies and no rls_descriptors", len(rules), len(cfg.Policies))
+	}
+	checkRLSNodes(t, nil, 1)
+	for _, d := range cfg.RLSDescriptors {
+		checkRLSNodes(t, d.Descriptors, 1)
 	}
 	s := cfg.Settings
 	if s.MaxAttempts < 1 || s.MaxAttempts > 1000 || s.XFFTrustedHops < 0 || s.XFFTrustedHops > 10 || s.MaxKeysPerRule < 0 {

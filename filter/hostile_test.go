@@ -497,7 +497,8 @@ func TestCorruptStoredValues(t *testing.T) {
 		{"NaN tokens", "NaN:1", corrupt, 200, 4},
 		{"NaN last", "1:NaN", corrupt, 200, 4},
 		{"Inf tokens", "Inf:1736940000", corrupt, 200, 4},
-		{"negative tokens", e("-1", epoch), corrupt, 200, 4},
+		// A debt (bucket.Limit.MaxDebt) reads as 0 tokens without max_debt.
+		{"negative tokens are a debt", e("-1", epoch), readable, 429, -1},
 		{"negative last", "1:-5", corrupt, 200, 4},
 		{"zero last", "1:0", corrupt, 200, 4},
 		{"leading space", " " + e("1", epoch), corrupt, 200, 4},

@@ -15,13 +15,6 @@ import (
 // bucket, kept in shared data; the allowance is refilled from
 // proxy_on_tick by one worker per bucket at a time.
 
-// Ticker is implemented by hosts that call proxy_on_tick
-// (proxy_set_tick_period_milliseconds). Without it, lease rules get no
-// allowance and every request makes an exact call.
-type Ticker interface {
-	SetTickPeriod(ms uint32) error
-}
-
 // Descriptor entries of a lease request; see docs/lease.md.
 const (
 	DescriptorModeKey     = "tokengate_mode"
@@ -62,7 +55,10 @@ type leaseState struct {
 	buckets []*leaseBucket
 	calls   []*leaseCall
 	upd     sharedstate.LeaseUpdater
-	ticking bool
+	// period is the refill period in ms (0: no lease rule); the tick runs
+	// at least this often (setTick), and next is when the refill is due.
+	period uint32
+	next   float64
 }
 
 // leaseConfigure resets the worker's lease state for a new configuration
@@ -72,23 +68,20 @@ func (p *Plugin) leaseConfigure(cfg *Config) {
 	p.lease.upd.Store = p.store
 	p.lease.upd.MaxAttempts = cfg.Settings.MaxAttempts
 	p.lease.upd.Backoff = p.upd.Backoff
-	any := false
+	leases := false
 	for _, r := range cfg.rules {
-		any = any || r.Lease != nil
+		leases = leases || r.Lease != nil
 	}
 	t, ok := p.host.(Ticker)
-	if !ok || any == p.lease.ticking && !any {
+	if !ok || !leases && p.lease.period == 0 {
 		return
 	}
-	ms := uint32(0)
-	if any {
-		ms = cfg.Settings.RLS.LeaseTickMs
+	p.lease.period = 0
+	if leases {
+		p.lease.period = cfg.Settings.RLS.LeaseTickMs
 	}
-	if err := t.SetTickPeriod(ms); err != nil {
-		p.host.Log(LogError, "tokengate: cannot set the tick period for lease mode: "+err.Error())
-		return
-	}
-	p.lease.ticking = any
+	// The delay queue's period, combined with the refill's (setTick).
+	p.setTick(t, p.delays.period)
 }
 
 // leaseOutcome is what the allowance said about one lease bucket.
@@ -198,14 +191,15 @@ func (p *Plugin) leaseKnownEmpty(key string, now, wait float64) {
 	})
 }
 
-// OnTick is proxy_on_tick: the worker refills or releases the allowances of
-// the lease buckets it has seen, one lease call per bucket and process.
-func (p *Plugin) OnTick() {
-	defer p.recoverTo("proxy_on_tick", func() {})
-	if p.cfg == nil || p.cfg.Settings.RLS == nil {
+// leaseOnTick runs from proxy_on_tick (OnTick): once a refill period, the
+// worker refills or releases the allowances of the lease buckets it has
+// seen, one lease call per bucket and process.
+func (p *Plugin) leaseOnTick(now float64) {
+	if p.lease.period == 0 || now < p.lease.next || p.cfg == nil || p.cfg.Settings.RLS == nil {
 		return
 	}
-	now := p.Clock()
+	// 0.9: a tick that comes a little early still refills.
+	p.lease.next = now + 0.9*float64(p.lease.period)/1000
 	kept := p.lease.buckets[:0]
 	for _, b := range p.lease.buckets {
 		if p.leaseTick(b, now) {

@@ -135,8 +135,8 @@ func TestLeaseMode(t *testing.T) {
 	warm := func(t *testing.T) *fixture {
 		t.Helper()
 		f := newFixture(t, leaseCfg)
-		if f.h.TickPeriodMs != 100 {
-			t.Fatalf("tick period %d ms, want 100", f.h.TickPeriodMs)
+		if f.h.TickPeriod() != 100 {
+			t.Fatalf("tick period %d ms, want 100", f.h.TickPeriod())
 		}
 		_, res := f.h.Start(f.p, req)
 		if res.RequestAction != filter.Pause || len(f.h.Calls) != 1 {

@@ -43,6 +43,21 @@ const (
 	// live bucket because both of their slots were taken: the key bound is
 	// too small for the number of clients active at once.
 	CounterSlotCollisions = "slot_collisions"
+	// CounterSettleCharged, CounterSettleRefunded and CounterSettleReset
+	// count requests settled after the response (docs/configuration.md,
+	// "Settling after the response"): charged more than admission took,
+	// refunded (a status count_statuses does not list, or a reported cost
+	// below what admission took), or whose success filled the bucket
+	// (reset_on_statuses).
+	CounterSettleCharged  = "settle_charged"
+	CounterSettleRefunded = "settle_refunded"
+	CounterSettleReset    = "settle_reset"
+	// CounterDelayed (defined for rules with max_reserved) counts requests the rule admitted into its
+	// reservation (max_reserved) and held until their tokens were due.
+	CounterDelayed = "delayed"
+	// CounterDelayCancelled (defined for rules with max_reserved) counts held requests whose client left before
+	// their release.
+	CounterDelayCancelled = "delay_cancelled"
 )
 
 // Plugin-wide counters.
@@ -78,7 +93,8 @@ func RuleMetricName(rule, counter string) string {
 
 type ruleMetrics struct {
 	allowed, rejected, shadowRejected, failOpen, casRetries, descriptorMissing, storeDenied, contention counter
-	slotTakeovers, slotCollisions                                                                       counter
+	slotTakeovers, slotCollisions, delayed, delayCancelled                                              counter
+	settleCharged, settleRefunded, settleReset                                                          counter
 }
 
 type pluginMetrics struct {
@@ -119,5 +135,14 @@ func (r *Rule) defineMetrics(h Host) {
 		contention:        n(CounterContention),
 		slotTakeovers:     n(CounterSlotTakeovers),
 		slotCollisions:    n(CounterSlotCollisions),
+	}
+	if r.Settle != nil {
+		r.metrics.settleCharged = n(CounterSettleCharged)
+		r.metrics.settleRefunded = n(CounterSettleRefunded)
+		r.metrics.settleReset = n(CounterSettleReset)
+	}
+	if r.Delay.MaxReserved > 0 { // only rules that can delay have these
+		r.metrics.delayed = n(CounterDelayed)
+		r.metrics.delayCancelled = n(CounterDelayCancelled)
 	}
 }

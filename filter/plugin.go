@@ -44,6 +44,8 @@ type Plugin struct {
 	calls []*pendingCall
 	// lease is the lease-mode state of this worker (lease.go).
 	lease leaseState
+	// delays are the requests held for their reservation (delay.go).
+	delays delayQueue
 
 	// warn limits warn-level lines on the request path so that a store
 	// outage cannot flood the proxy's log; see warnf.
@@ -75,8 +77,11 @@ type reqContext struct {
 	cluster group
 	// lease holds the lease-mode rules (lease.go); a cold one moves to
 	// cluster for an exact call.
-	lease  group
-	keyBuf []byte
+	lease group
+	// inflight holds the concurrency rules, enforced and shadow
+	// (concurrency.go).
+	inflight group
+	keyBuf   []byte
 	// vals holds the limit-key values of every applying rule, in order;
 	// group.vals locate each rule's.
 	vals []string
@@ -89,6 +94,8 @@ type reqContext struct {
 	replyHdrs                 [][2]string
 	// quotas is the rejection's scratch for the RateLimit list.
 	quotas []quota
+	// wait is the seconds an admission by take must be held (delay.go).
+	wait float64
 }
 
 // begin starts a request's decision.
@@ -98,6 +105,7 @@ func (c *reqContext) begin() {
 	c.shadow.reset()
 	c.cluster.reset()
 	c.lease.reset()
+	c.inflight.reset()
 	c.keyBuf = c.keyBuf[:0]
 	c.vals = c.vals[:0]
 }
@@ -226,6 +234,10 @@ func (s *Stream) Release() {
 		p.takeCall(s.call)
 		s.call = 0
 	}
+	if p != nil {
+		s.cancelWait()
+		s.finish() // a host that skipped proxy_on_done
+	}
 	if p == nil || len(p.free) >= maxFreeStreams {
 		return
 	}
@@ -246,11 +258,17 @@ type Stream struct {
 	// an admitted request.
 	call       uint32
 	rlsHeaders [][2]string
+	// waiter is the request's place in the plugin's timer heap while it
+	// is held for its reservation (delay.go).
+	waiter *waiter
 	// quotas describe, for the response headers, the bucket of every
 	// enforced rule that admitted the request; best indexes the one with
 	// the fewest tokens left, which the legacy headers describe.
 	quotas []quota
 	best   int
+	// settle is what the stream settles and releases when it ends
+	// (settle.go); nil for a request that needs nothing of the kind.
+	settle *settleState
 }
 
 // quota is what the RateLimit headers say about one bucket that varies per
@@ -264,7 +282,7 @@ type quota struct {
 func quotaOf(r *Rule, res bucket.Result) quota {
 	return quota{
 		r:         r,
-		remaining: int64(math.Floor(res.Tokens)),
+		remaining: max(0, int64(math.Floor(res.Tokens))), // 0 while in debt
 		reset:     seconds(res.FullIn),
 	}
 }
@@ -298,12 +316,18 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata}
 	p.rc.begin()
 	p.collect(cfg, &req)
-	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 && len(p.rc.lease.reqs) == 0 {
+	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 && len(p.rc.lease.reqs) == 0 && len(p.rc.inflight.reqs) == 0 {
 		return Continue
 	}
 	now := p.time()
 	if len(p.rc.shadow.reqs) > 0 {
 		p.observe(&req, now)
+	}
+	if len(p.rc.inflight.reqs) > 0 {
+		// Counted first, released when the stream ends whatever decides.
+		if act = s.admitInFlight(&req, now); act != Continue {
+			return act
+		}
 	}
 	if len(p.rc.enforce.reqs) > 0 {
 		if act = s.decide(&req, now); act != Continue {
@@ -367,7 +391,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 			slotted = slotted || pol.Fallback.MaxKeys > 0
 		}
 	}
-	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs)+len(p.rc.lease.reqs) == 0 {
+	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs)+len(p.rc.lease.reqs)+len(p.rc.inflight.reqs) == 0 {
 		return
 	}
 	if slotted {
@@ -377,6 +401,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 	p.buildKeys(&p.rc.shadow)
 	p.buildKeys(&p.rc.cluster)
 	p.buildKeys(&p.rc.lease)
+	p.buildKeys(&p.rc.inflight)
 	// One string holds every key of the request: keyBuf stays untouched
 	// until the next request.
 	keys := p.view(p.rc.keyBuf)
@@ -384,6 +409,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 	p.rc.shadow.setKeys(keys)
 	p.rc.cluster.setKeys(keys)
 	p.rc.lease.setKeys(keys)
+	p.rc.inflight.setKeys(keys)
 }
 
 func (r *Rule) matches(req *request) bool {
@@ -413,13 +439,15 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 	switch {
 	case r.Lease != nil:
 		g = &p.rc.lease
+	case r.InFlight != nil:
+		g = &p.rc.inflight
 	case r.Cluster:
 		g = &p.rc.cluster
 	case r.shadow:
 		g = &p.rc.shadow
 	}
 	g.rules = append(g.rules, r)
-	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.Limit, Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
+	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.shift(r.Limit), Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
 	if r.windowStart != WindowAligned {
 		g.reqs[len(g.reqs)-1].Limit.Offset = r.windowOffset(p.rc.vals[start:])
 	}
@@ -463,6 +491,10 @@ func (p *Plugin) buildKeys(g *group) {
 			p.rc.keyBuf = sharedstate.AppendKey(p.rc.keyBuf, r.shadow, r.Name, vals)
 			sp.key[1] = len(p.rc.keyBuf)
 		}
+		if r.InFlight != nil {
+			markInFlight(p.rc.keyBuf[sp.key[0]:sp.key[1]], r.shadow)
+			markInFlight(p.rc.keyBuf[sp.alt[0]:sp.alt[1]], r.shadow)
+		}
 		g.spans = append(g.spans, sp)
 	}
 }
@@ -503,6 +535,7 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 	}
 	g.res = g.res[:len(g.reqs)]
 	out := p.upd.TakeAll(g.reqs, now, g.res)
+	p.rc.wait = unshift(g)
 	p.metrics.corrupt.inc(p.host, int64(out.Corrupt))
 	if out.Corrupt > 0 {
 		p.warnf(now, "event=corrupt_state rules="+ruleNames(g.rules)+" count="+strconv.Itoa(out.Corrupt)+" action=replaced_with_full_bucket")
@@ -554,13 +587,27 @@ func (s *Stream) decide(req *request, now float64) Action {
 	case out.Err != nil:
 		return s.undecided(req, g, now, out.Err)
 	case out.Allowed:
+		wait := p.rc.wait
+		if wait > 0 {
+			if over := s.unholdable(g); over >= 0 {
+				return s.refuseHold(req, g, now, wait, over)
+			}
+		}
 		s.quotas, s.best = s.quotas[:0], 0
+		settles := false
 		for i, r := range g.rules {
 			r.metrics.allowed.inc(p.host, 1)
 			s.quotas = append(s.quotas, quotaOf(r, g.res[i]))
 			if g.res[i].Tokens < g.res[s.best].Tokens {
 				s.best = i
 			}
+			settles = settles || r.Settle != nil
+		}
+		if settles {
+			s.track(g)
+		}
+		if wait > 0 {
+			return s.hold(g, now, wait)
 		}
 		return Continue
 	}
@@ -700,6 +747,7 @@ func fnv64Add(h uint64, s string) uint64 {
 func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action) {
 	defer s.p.recoverTo("proxy_on_response_headers", func() { act = Continue })
 	p := s.p
+	s.settleHeaders(endOfStream)
 	if p.cfg != nil && p.cfg.Settings.RateLimitHeaders {
 		for _, h := range s.rlsHeaders {
 			p.host.SetResponseHeader(strings.ToLower(h[0]), h[1])

@@ -72,45 +72,41 @@ func (p *parser) rlsDescriptors(cfg *Config, v ljson.Result) error {
 	if !v.IsArray() {
 		return errAt(path, "must be an array of domains, got "+typeName(v))
 	}
-	domains := map[string]bool{}
-	var err error
-	v.ForEach(func(k, dv ljson.Result) bool {
-		dpath := path + "[" + k.String() + "]"
-		if !dv.IsObject() {
-			err = errAt(dpath, "must be an object, got "+typeName(dv))
-			return false
+	for i, dv := range v.Array() {
+		if err := p.rlsDomain(cfg, path+"["+strconv.Itoa(i)+"]", dv); err != nil {
+			return err
 		}
-		if err = onlyFields(dpath, dv, "domain", "descriptors"); err != nil {
-			return false
-		}
-		d := &RLSDomain{}
-		name := dv.Get("domain")
-		if !name.Exists() {
-			err = errAt(dpath+".domain", "is required")
-			return false
-		}
-		if name.Type != ljson.String || name.Str == "" || len(name.Str) > 256 {
-			err = errAt(dpath+".domain", "must be a string of 1 to 256 bytes, got "+short(name.Raw))
-			return false
-		}
-		if domains[name.Str] {
-			err = errAt(dpath+".domain", "duplicate domain "+strconv.Quote(name.Str))
-			return false
-		}
-		domains[name.Str] = true
-		d.Domain = name.Str
-		if d.Descriptors, err = p.rlsNodes(dpath+".descriptors", dv.Get("descriptors"), 1); err != nil {
-			return false
-		}
-		cfg.RLSDescriptors = append(cfg.RLSDescriptors, d)
-		return true
-	})
-	if err != nil {
-		return err
 	}
 	if len(cfg.RLSDescriptors) == 0 {
 		return errAt(path, "must not be empty")
 	}
+	return nil
+}
+
+func (p *parser) rlsDomain(cfg *Config, dpath string, dv ljson.Result) error {
+	if !dv.IsObject() {
+		return errAt(dpath, "must be an object, got "+typeName(dv))
+	}
+	if err := onlyFields(dpath, dv, "domain", "descriptors"); err != nil {
+		return err
+	}
+	name := dv.Get("domain")
+	if !name.Exists() {
+		return errAt(dpath+".domain", "is required")
+	}
+	if name.Type != ljson.String || name.Str == "" || len(name.Str) > 256 {
+		return errAt(dpath+".domain", "must be a string of 1 to 256 bytes, got "+short(name.Raw))
+	}
+	for _, prev := range cfg.RLSDescriptors {
+		if prev.Domain == name.Str {
+			return errAt(dpath+".domain", "duplicate domain "+strconv.Quote(name.Str))
+		}
+	}
+	nodes, err := p.rlsNodes(dpath+".descriptors", dv.Get("descriptors"), 1)
+	if err != nil {
+		return err
+	}
+	cfg.RLSDescriptors = append(cfg.RLSDescriptors, &RLSDomain{Domain: name.Str, Descriptors: nodes})
 	return nil
 }
 
@@ -122,25 +118,18 @@ func (p *parser) rlsNodes(path string, v ljson.Result, depth int) ([]*RLSDescrip
 		return nil, errAt(path, "descriptors nest at most "+strconv.Itoa(maxRLSDepth)+" deep")
 	}
 	var out []*RLSDescriptor
-	seen := map[[2]string]string{}
-	var err error
-	v.ForEach(func(k, nv ljson.Result) bool {
-		npath := path + "[" + k.String() + "]"
-		var n *RLSDescriptor
-		if n, err = p.rlsNode(npath, nv, depth); err != nil {
-			return false
+	for k, nv := range v.Array() {
+		npath := path + "[" + strconv.Itoa(k) + "]"
+		n, err := p.rlsNode(npath, nv, depth)
+		if err != nil {
+			return nil, err
 		}
-		id := [2]string{n.Key, n.Value}
-		if prev, ok := seen[id]; ok {
-			err = errAt(npath, "repeats the key and value of "+prev)
-			return false
+		for i, prev := range out {
+			if prev.Key == n.Key && prev.Value == n.Value {
+				return nil, errAt(npath, "repeats the key and value of "+path+"["+strconv.Itoa(i)+"]")
+			}
 		}
-		seen[id] = npath
 		out = append(out, n)
-		return true
-	})
-	if err != nil {
-		return nil, err
 	}
 	if len(out) == 0 {
 		return nil, errAt(path, "must not be empty")
@@ -187,8 +176,14 @@ func (p *parser) rlsNode(path string, v ljson.Result, depth int) (*RLSDescriptor
 		if err != nil {
 			return nil, err
 		}
+		if r.Delay.MaxReserved > 0 {
+			return nil, errAt(join(rpath, "algorithm_config.max_reserved"), "the service answers at once: delayed admission is the filter's alone")
+		}
 		if r.Cost.Kind != CostFixed || r.Cost.Fixed != 1 {
 			return nil, errAt(join(rpath, "algorithm_config"), "cost comes from the descriptor's hits_addend: no cost_source or fixed_cost")
+		}
+		if r.Settle != nil {
+			return nil, errAt(join(rpath, "algorithm_config"), "the service takes hits at admission only: no count_statuses or reset_on_statuses")
 		}
 		r.Cluster = true
 		n.Rule = r

@@ -62,6 +62,8 @@ func TestParseRLSDescriptorsErrors(t *testing.T) {
 			`rls_descriptors[0].descriptors[0].rule.algorithm_config: cost comes from the descriptor's hits_addend: no cost_source or fixed_cost`},
 		{"bad limit", wrap(`[{"key": "k", "rule": {"name": "a", "algorithm_config": {"rps": 2, "burst": 1}}}]`),
 			`rls_descriptors[0].descriptors[0].rule.algorithm_config.burst: must be >= rps (2), got 1`},
+		{"delay refused", wrap(`[{"key": "k", "rule": {"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "max_reserved": 2}}}]`),
+			`rls_descriptors[0].descriptors[0].rule.algorithm_config.max_reserved: the service answers at once: delayed admission is the filter's alone`},
 		{"shadow without rule", wrap(`[{"key": "k", "shadow": true, "descriptors": [{"key": "j", "rule": {"name": "a", ` + rule + `}}]}]`),
 			`rls_descriptors[0].descriptors[0].shadow: applies to a rule; this descriptor has none`},
 		{"name shared with a filter rule", `{"rules": [{"name": "a", ` + rule + `}], "rls_descriptors": [{"domain": "d", "descriptors": [{"key": "k", "rule": {"name": "a", ` + rule + `}}]}]}`,

@@ -53,8 +53,10 @@ func Quantize(now float64) float64 {
 // to dst and returns the extended slice.
 //
 // Tokens are floored to 6 decimals, never rounded up, so that storing a state
-// never admits more than it holds; NaN, infinite or negative tokens are
-// written as 0 (bucket.Limit never produces them). From 2^53 micro-tokens
+// never admits more than it holds; NaN and infinite tokens are written as 0
+// (bucket.Limit never produces them). Negative tokens, a bucket in debt
+// (bucket.Limit.MaxDebt), are written with a leading '-', floored too (the
+// debt rounds up). From 2^53 micro-tokens
 // (about 9.007e9 tokens) on, tokens are floored to a whole number. Last is
 // formatted with strconv's 'f', 6 (rounded to the microsecond): pass a time
 // from Quantize for an exact round trip.
@@ -63,6 +65,20 @@ func Quantize(now float64) float64 {
 // hold any state with tokens and last below 1e15.
 func AppendState(dst []byte, s bucket.State) []byte {
 	t := s.Tokens
+	if t < 0 && t > -maxExactMicros/micro {
+		// Debt: -ceil(-t) to the microunit, so that the stored debt is
+		// never smaller than the exact one.
+		d := floorMicro(-t)
+		if d < -t {
+			d = (math.Round(d*micro) + 1) / micro
+		}
+		if d > 0 {
+			dst = append(dst, '-')
+			dst = appendMicro(dst, d)
+			dst = append(dst, ':')
+			return appendMicro(dst, s.Last)
+		}
+	}
 	switch {
 	case !(t > 0) || math.IsInf(t, 1): // NaN, <= 0, +Inf
 		t = 0
@@ -94,21 +110,43 @@ func appendMicro(dst []byte, x float64) []byte {
 	if n/micro != x {
 		return strconv.AppendFloat(dst, x, 'f', 6, 64)
 	}
+	// Digits by hand in 32-bit pieces: the Go wasm backend divides a
+	// uint64 by a constant with a dozen emulated multiplies a step, a
+	// uint32 with one.
 	u := uint64(n)
+	ip := uint64(x) // the whole part, corrected below (x may round up)
+	if ip*micro > u {
+		ip--
+	}
+	frac := u - ip*micro
+	if frac >= micro {
+		ip, frac = ip+1, frac-micro
+	}
 	var buf [24]byte
 	i := len(buf)
-	for d := 0; d < 6; d++ {
+	f := uint32(frac)
+	for range 6 {
 		i--
-		buf[i] = byte('0' + u%10)
-		u /= 10
+		buf[i] = byte('0' + f%10)
+		f /= 10
 	}
 	i--
 	buf[i] = '.'
+	if ip >= 1<<32 {
+		lo := uint32(ip % 1e9)
+		ip /= 1e9
+		for range 9 {
+			i--
+			buf[i] = byte('0' + lo%10)
+			lo /= 10
+		}
+	}
+	w := uint32(ip)
 	for {
 		i--
-		buf[i] = byte('0' + u%10)
-		u /= 10
-		if u == 0 {
+		buf[i] = byte('0' + w%10)
+		w /= 10
+		if w == 0 {
 			break
 		}
 	}
@@ -119,8 +157,8 @@ func appendMicro(dst []byte, x float64) []byte {
 //
 // It is strict: the value must be two decimal numbers (digits with an
 // optional fractional part, as AppendState writes, any number of decimals)
-// separated by exactly one ':'; tokens must be >= 0 and last_refill > 0, both
-// finite. Signs, exponents, spaces, "NaN" and "Inf" are errors. The error
+// separated by exactly one ':'; tokens may carry a leading '-' (a bucket in
+// debt) and last_refill must be > 0, both finite. Signs, exponents, spaces, "NaN" and "Inf" are errors. The error
 // names the problem and quotes the value, truncated to 48 bytes.
 //
 // ParseState does not check that last_refill is in the past: a timestamp far
@@ -149,7 +187,14 @@ func parseStateStrict(b []byte) (bucket.State, error) {
 	if colon < 0 {
 		return bucket.State{}, stateError("missing ':'", b)
 	}
-	tokens, msg := parseDecimal(b[:colon], "tokens")
+	tb, neg := b[:colon], false
+	if len(tb) > 1 && tb[0] == '-' && isDecimal(tb[1:]) {
+		tb, neg = tb[1:], true
+	}
+	tokens, msg := parseDecimal(tb, "tokens")
+	if neg {
+		tokens = -tokens
+	}
 	if msg != "" {
 		return bucket.State{}, stateError(msg, b)
 	}
@@ -199,35 +244,40 @@ func parseDecimal(b []byte, field string) (float64, string) {
 // wasm guest each pass over the bytes costs a few nanoseconds a byte.
 func parseStateFast(b []byte) (s bucket.State, end int, ok bool) {
 	i := 0
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		i = 1
+	}
 	var v [2]float64
 	for f := range 2 {
+		// One comparison a byte: digits, then '.' and digits. At most 13
+		// digits before the point (a valid value has 10; leading zeros
+		// beyond that go to the strict path) keep n·10⁶ within a uint64,
+		// so the bound 2^53 is checked once, at the end.
+		start := i
 		var n uint64
-		start, decimals := i, -1
-		for ; i < len(b); i++ {
-			c := b[i]
-			if '0' <= c && c <= '9' {
-				n = n*10 + uint64(c-'0')
-				if n >= maxExactMicros || decimals == 6 {
-					return s, 0, false
-				}
-				if decimals >= 0 {
-					decimals++
-				}
-				continue
-			}
-			if c == '.' && decimals < 0 && i > start {
-				decimals = 0
-				continue
-			}
-			break
+		for i < len(b) && b[i]-'0' <= 9 {
+			n = n*10 + uint64(b[i]-'0')
+			i++
 		}
-		if i == start || decimals == 0 {
-			return s, 0, false // empty, or a '.' without digits
+		digits := i - start
+		if digits == 0 || digits > 13 {
+			return s, 0, false
 		}
-		for decimals = max(decimals, 0); decimals < 6; decimals++ {
-			if n *= 10; n >= maxExactMicros {
-				return s, 0, false
+		decimals := 0
+		if i < len(b) && b[i] == '.' {
+			i++
+			from := i
+			for i < len(b) && i-from < 7 && b[i]-'0' <= 9 {
+				n = n*10 + uint64(b[i]-'0')
+				i++
 			}
+			if decimals = i - from; decimals == 0 || decimals > 6 {
+				return s, 0, false // a '.' without digits, or a seventh decimal
+			}
+		}
+		if n *= pow10[6-decimals]; n >= maxExactMicros {
+			return s, 0, false
 		}
 		v[f] = float64(n) / micro
 		if f == 0 {
@@ -240,8 +290,14 @@ func parseStateFast(b []byte) (s bucket.State, end int, ok bool) {
 	if i < len(b) && b[i] != ':' || !(v[1] > 0) {
 		return s, 0, false
 	}
+	if neg {
+		v[0] = -v[0]
+	}
 	return bucket.State{Tokens: v[0], Last: v[1]}, i, true
 }
+
+// pow10[k] is 10^k, for k in [0, 6].
+var pow10 = [7]uint64{1, 10, 100, 1000, 10000, 100000, 1000000}
 
 // parseMicro parses digits[.digits] with at most 6 decimals whose value in
 // microunits n is below 2^53, the values AppendState writes, without

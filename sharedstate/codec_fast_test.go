@@ -88,6 +88,15 @@ func TestParseStateFastMatchesStrict(t *testing.T) {
 		inputs = append(inputs, string(b))
 		inputs = append(inputs, string(AppendSlotValue(nil, bucket.State{Tokens: floorMicro(r.Float64() * 1e6), Last: Quantize(1e9 + r.Float64()*1e9)}, "o")))
 	}
+	// What AppendState and AppendSlotValue write takes the fast path.
+	for range 10000 {
+		st := bucket.State{Tokens: floorMicro(r.Float64() * 1e6), Last: Quantize(1e9 + r.Float64()*1e9)}
+		for _, in := range [][]byte{AppendState(nil, st), AppendSlotValue(nil, st, "10.0.0.1")} {
+			if got, _, ok := parseStateFast(in); !ok || got != st {
+				t.Fatalf("parseStateFast(%q) = %v, %v; want %v, true", in, got, ok, st)
+			}
+		}
+	}
 	for _, in := range inputs {
 		s, end, ok := parseStateFast([]byte(in))
 		if !ok {
@@ -99,6 +108,28 @@ func TestParseStateFastMatchesStrict(t *testing.T) {
 		}
 		if end < len(in) && in[end] != ':' {
 			t.Fatalf("parseStateFast(%q) stopped at %d, not at a ':'", in, end)
+		}
+	}
+}
+
+// BenchmarkAppendState is the stored form of a typical bucket: a token
+// count and a time, both whole microunits (run it compiled to wasm too).
+func BenchmarkAppendState(b *testing.B) {
+	s := bucket.State{Tokens: 999998.5, Last: Quantize(1736940000.123456)}
+	buf := make([]byte, 0, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendState(buf[:0], s)
+	}
+}
+
+// BenchmarkParseState parses what BenchmarkAppendState writes.
+func BenchmarkParseState(b *testing.B) {
+	v := AppendState(nil, bucket.State{Tokens: 999998.5, Last: Quantize(1736940000.123456)})
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseState(v); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

@@ -24,7 +24,9 @@ func TestAppendState(t *testing.T) {
 		{"tokens just below a micro", bucket.State{Tokens: math.Nextafter(2.833333, 0), Last: t0}, "2.833332:1736940000.000000"},
 		{"tokens exactly a micro", bucket.State{Tokens: 2.833333, Last: t0}, "2.833333:1736940000.000000"},
 		{"quantized last", bucket.State{Tokens: 1, Last: Quantize(t0 + 0.1234567)}, "1.000000:1736940000.123456"},
-		{"negative tokens", bucket.State{Tokens: -1, Last: t0}, "0.000000:1736940000.000000"},
+		{"negative tokens: debt", bucket.State{Tokens: -1, Last: t0}, "-1.000000:1736940000.000000"},
+		{"debt rounds up", bucket.State{Tokens: -1.0000001, Last: t0}, "-1.000001:1736940000.000000"},
+		{"negative zero", bucket.State{Tokens: math.Copysign(0, -1), Last: t0}, "0.000000:1736940000.000000"},
 		{"NaN tokens", bucket.State{Tokens: math.NaN(), Last: t0}, "0.000000:1736940000.000000"},
 		{"+Inf tokens", bucket.State{Tokens: math.Inf(1), Last: t0}, "0.000000:1736940000.000000"},
 		{"huge tokens floored to whole", bucket.State{Tokens: 1e10 + 0.75, Last: t0}, "10000000000.000000:1736940000.000000"},
@@ -57,7 +59,8 @@ func TestParseState(t *testing.T) {
 		{name: "NaN tokens", input: "NaN:1", expectedErr: `sharedstate: bad state "NaN:1": tokens: not a decimal number`},
 		{name: "NaN last", input: "1:NaN", expectedErr: `sharedstate: bad state "1:NaN": last_refill: not a decimal number`},
 		{name: "Inf tokens", input: "Inf:1", expectedErr: `sharedstate: bad state "Inf:1": tokens: not a decimal number`},
-		{name: "negative tokens", input: "-1:5", expectedErr: `sharedstate: bad state "-1:5": tokens: negative`},
+		{name: "negative tokens: debt", input: "-1:5", expected: bucket.State{Tokens: -1, Last: 5}},
+		{name: "two minuses", input: "--1:5", expectedErr: `sharedstate: bad state "--1:5": tokens: not a decimal number`},
 		{name: "negative last", input: "1:-5", expectedErr: `sharedstate: bad state "1:-5": last_refill: negative`},
 		{name: "minus only", input: "-:5", expectedErr: `sharedstate: bad state "-:5": tokens: not a decimal number`},
 		{name: "leading space", input: " 1:2", expectedErr: `sharedstate: bad state " 1:2": tokens: not a decimal number`},
@@ -180,7 +183,7 @@ func FuzzParseState(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if math.IsNaN(s.Tokens) || math.IsInf(s.Tokens, 0) || s.Tokens < 0 || !(s.Last > 0) || math.IsInf(s.Last, 0) {
+		if math.IsNaN(s.Tokens) || math.IsInf(s.Tokens, 0) || !(s.Last > 0) || math.IsInf(s.Last, 0) {
 			t.Fatalf("ParseState(%q) accepted %+v", b, s)
 		}
 		enc := AppendState(nil, s)

@@ -19,7 +19,7 @@ func FuzzSlotValue(f *testing.F) {
 	f.Add(1e12, 9e9, "#0123456789abcdef0123456789abcdef", []byte("NaN:1:x"), uint64(math.MaxUint64), uint32(2))
 	f.Fuzz(func(t *testing.T, tokens, last float64, owner string, raw []byte, seed uint64, n uint32) {
 		if s, o, hasOwner, err := sharedstate.ParseSlotValue(raw); err == nil {
-			if !(s.Tokens >= 0) || math.IsInf(s.Tokens, 0) || !(s.Last > 0) || math.IsInf(s.Last, 0) {
+			if math.IsNaN(s.Tokens) || math.IsInf(s.Tokens, 0) || !(s.Last > 0) || math.IsInf(s.Last, 0) {
 				t.Fatalf("ParseSlotValue(%q) accepted %+v", raw, s)
 			}
 			if hasOwner {

@@ -1,10 +1,6 @@
 package sharedstate
 
-import (
-	"strconv"
-
-	"github.com/tokengate/tokengate/internal/lite"
-)
+import "github.com/tokengate/tokengate/internal/lite"
 
 // MaxValueLen is the most bytes one descriptor value takes in a key. Longer
 // values, once percent-encoded, are replaced by a hash; see AppendKey.
@@ -70,21 +66,28 @@ func AppendKey(dst []byte, shadow bool, rule string, values []string) []byte {
 
 // appendValue appends one value in the form AppendKey describes.
 func appendValue(dst []byte, v string) []byte {
+	// The common case first: a short value of safe bytes.
+	if len(v) <= MaxValueLen {
+		i := 0
+		for i < len(v) && safeBytes[v[i]] {
+			i++
+		}
+		if i == len(v) {
+			return append(dst, v...)
+		}
+	}
 	n := 0 // encoded length
 	for i := 0; i < len(v) && n <= MaxValueLen; i++ {
-		if safeByte(v[i]) {
+		if safeBytes[v[i]] {
 			n++
 		} else {
 			n += 3
 		}
 	}
-	switch {
-	case n == len(v) && n <= MaxValueLen:
-		return append(dst, v...)
-	case n <= MaxValueLen:
+	if n <= MaxValueLen {
 		const upperHex = "0123456789ABCDEF"
 		for i := 0; i < len(v); i++ {
-			if c := v[i]; safeByte(c) {
+			if c := v[i]; safeBytes[c] {
 				dst = append(dst, c)
 			} else {
 				dst = append(dst, '%', upperHex[c>>4], upperHex[c&0xf])
@@ -101,6 +104,15 @@ func appendValue(dst []byte, v string) []byte {
 	}
 	return dst
 }
+
+// safeBytes[c] reports whether c is written literally in a key value: a
+// table, since a switch costs several branches a byte inside the wasm guest.
+var safeBytes = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = safeByte(byte(c))
+	}
+	return t
+}()
 
 // safeByte reports whether c is written literally in a key value.
 func safeByte(c byte) bool {
@@ -154,7 +166,23 @@ func AppendSlotKey(dst []byte, shadow bool, rule string, slot uint32) []byte {
 	}
 	dst = append(dst, rule...)
 	dst = append(dst, ':', '$')
-	return strconv.AppendUint(dst, uint64(slot), 10)
+	return appendUint32(dst, slot)
+}
+
+// appendUint32 is strconv.AppendUint for a uint32, with 32-bit divisions
+// (see appendMicro).
+func appendUint32(dst []byte, u uint32) []byte {
+	var buf [10]byte
+	i := len(buf)
+	for {
+		i--
+		buf[i] = byte('0' + u%10)
+		u /= 10
+		if u == 0 {
+			break
+		}
+	}
+	return append(dst, buf[i:]...)
 }
 
 // AppendComposite appends the composite key of values (the part of

@@ -3,6 +3,8 @@ package sharedstate
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -141,4 +143,26 @@ func FuzzAppendKey(f *testing.F) {
 			t.Fatalf("key %q or %q too long", ka, k1a)
 		}
 	})
+}
+
+func TestAppendUint32MatchesStrconv(t *testing.T) {
+	for _, u := range []uint32{0, 1, 9, 10, 99, 100, 65535, 1e9 - 1, 1e9, math.MaxUint32 - 1, math.MaxUint32} {
+		if got, want := string(appendUint32([]byte("x"), u)), "x"+strconv.FormatUint(uint64(u), 10); got != want {
+			t.Errorf("appendUint32(%d): got %q, want %q", u, got, want)
+		}
+	}
+}
+
+// BenchmarkSlotKeys is what the filter builds for a slotted per-IP rule:
+// the owner, its two slots and their keys.
+func BenchmarkSlotKeys(b *testing.B) {
+	vals := []string{"10.0.0.1"}
+	buf := make([]byte, 0, 128)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendComposite(buf[:0], vals)
+		x, y := SlotPairBytes(42, buf, 100000)
+		buf = AppendSlotKey(buf, false, "per-ip", x)
+		buf = AppendSlotKey(buf, false, "per-ip", y)
+	}
 }

@@ -3,37 +3,20 @@
 // of the wazero benchmark (bench/wasm_test.go BenchmarkGuestRequest) and a
 // row with no filter at all (the host's request path without the module).
 // Cases run interleaved, ROUNDS times N requests each; it prints one JSON
-// object: per case the median ns/request, the median ns spent inside host
-// functions, and host calls per request.
+// object: per case the median ns/request, the ns spent inside host
+// functions (less the timer's own cost, calibrated on a function that does
+// nothing), the rest of the request apart from the host's own bookkeeping
+// (the no-filter row): the guest, export calls included, and host calls
+// per request.
 //
 //   node --no-liftoff bench/v8/bench.mjs build/tokengate.wasm [N] [ROUNDS]
 import { readFileSync } from 'node:fs';
 import { Host } from '../../e2e/v8/host.mjs';
+import { cases, headers, median } from './cases.mjs';
 
 const [wasmPath, nArg, roundsArg] = process.argv.slice(2);
 const N = Number(nArg || 20000), ROUNDS = Number(roundsArg || 5);
 const wasm = readFileSync(wasmPath);
-
-const rule = (name, keys) => ({ name, limit_keys: keys, algorithm_config: { rps: 1000000, burst: 1000000 } });
-const configs = {
-  passthrough: { bundle_version: 1, policies: [{ id: 'api', spec: { selector: { pathPrefix: '/api/' }, rules: [rule('per-ip', ['ip:address'])] } }] },
-  one: rule('per-ip', ['ip:address']),
-  four: { rules: [rule('per-ip', ['ip:address']), rule('per-key', ['header:x-api-key']), rule('per-route', ['method', 'path']), rule('global', [])] },
-  rejected: { name: 'per-ip', limit_keys: ['ip:address'], algorithm_config: { rps: 0.001, burst: 1 } },
-};
-const headers = (path) => [[':authority', 'api.example.com'], [':path', path], [':method', 'GET'], [':scheme', 'http'],
-  ['accept', '*/*'], ['user-agent', 'bench/1.0'], ['x-api-key', 'key-0123456789'], ['x-forwarded-proto', 'http'],
-  ['x-request-id', '6f1c1d52-8a38-4c1e-9a43-2b7f0c2b5a8e']];
-const ips = Array.from({ length: 100000 }, (_, i) => `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}:40000`);
-
-const cases = [
-  { name: 'o-no-filter', config: null, path: '/api/items', addrs: ips.slice(0, 1), status: 200 },
-  { name: 'a-passthrough', config: configs.passthrough, path: '/static/app.js', addrs: ips.slice(0, 1), status: 200 },
-  { name: 'b-one-rule', config: configs.one, path: '/api/items', addrs: ips.slice(0, 1), status: 200 },
-  { name: 'c-four-rules', config: configs.four, path: '/api/items', addrs: ips.slice(0, 1), status: 200 },
-  { name: 'd-rejected', config: configs.rejected, path: '/api/items', addrs: ips.slice(0, 1), status: 429 },
-  { name: 'e-100000-ips', config: configs.one, path: '/api/items', addrs: ips, status: 200 },
-];
 
 // timed wraps every env function to add the time spent inside it to acc
 // (two clock reads per call, as the wazero benchmark's split does).
@@ -46,6 +29,15 @@ const timed = (acc) => (fns) => {
   }
   return fns;
 };
+
+// The timer's own cost inside each timed interval, per host call: timed
+// around a function that does nothing.
+const calib = { ns: 0n, calls: 0 };
+const nop = timed(calib)({ nop: () => 0 }).nop;
+for (let i = 0; i < 20000; i++) nop();
+calib.ns = 0n; calib.calls = 0;
+for (let i = 0; i < 200000; i++) nop();
+const timerNs = Number(calib.ns) / calib.calls;
 
 for (const c of cases) {
   if (!c.config) continue;
@@ -90,12 +82,14 @@ for (const c of cases) {
   runCase(c, Math.min(N, 2000), c.split, true);
   c.acc.ns = 0n; c.acc.calls = 0;
   const total = runCase(c, N, c.split);
-  split[c.name] = { timedNsPerReq: total, hostNs: Number(c.acc.ns) / N, hostCalls: c.acc.calls / N };
+  const raw = Number(c.acc.ns) / N, calls = c.acc.calls / N;
+  split[c.name] = { timedNsPerReq: total, hostNsRaw: raw, hostNs: Math.max(0, raw - calls * timerNs), hostCalls: calls };
 }
 
-const median = (xs) => { const s = [...xs].sort((a, b) => a - b); return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2; };
-const out = { engine: 'v8', node: process.version, flags: process.execArgv, n: N, rounds: ROUNDS, cases: {} };
+const out = { engine: 'v8', node: process.version, flags: process.execArgv, n: N, rounds: ROUNDS, timerNsPerCall: timerNs, cases: {} };
+const base = median(samples['o-no-filter']);
 for (const c of cases) {
-  out.cases[c.name] = { nsPerReq: median(samples[c.name]), samples: samples[c.name], ...(split[c.name] || {}) };
+  const ns = median(samples[c.name]), sp = split[c.name];
+  out.cases[c.name] = { nsPerReq: ns, samples: samples[c.name], ...(sp ? { ...sp, guestNs: Math.max(0, ns - sp.hostNs - base) } : {}) };
 }
 process.stdout.write(JSON.stringify(out) + '\n');

@@ -54,7 +54,7 @@ type settings struct {
 	check                       string
 	listen, admin, upstream     string
 	workers                     int
-	kong, noFilter              bool
+	kong, noFilter, stream      bool
 	logLevel                    string
 }
 
@@ -71,6 +71,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.admin, "admin", "127.0.0.1:10001", "admin address (/stats, /shared_data, /ready); empty to disable")
 	fs.IntVar(&s.workers, "workers", 0, "worker VMs (default: number of CPUs, at least 2)")
 	fs.StringVar(&s.upstream, "upstream", "", "forward allowed requests to this URL instead of the embedded echo upstream, or \"cluster\": to the route's cluster in -envoy")
+	fs.BoolVar(&s.stream, "stream", false, "pass upstream responses through as they arrive, one proxy_on_response_body per piece, as Envoy does (default: buffered)")
 	fs.BoolVar(&s.noFilter, "no-filter", false, "serve the upstream without the module (a baseline for benchmarks)")
 	fs.BoolVar(&s.kong, "kong", false, "emulate Kong ngx_wasm_module (CAS semantics, properties) instead of Envoy")
 	fs.StringVar(&s.logLevel, "log-level", "info", "lowest filter log level printed: trace, debug, info, warning, error, critical")
@@ -179,6 +180,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w (run `make build` first)", err)
 	}
 	opts.Workers, opts.Kong, opts.MinLogLevel = s.workers, s.kong, level
+	opts.StreamResponses = s.stream
 	opts.LogSink = func(l wasmhost.LogLevel, msg string) { fmt.Fprintf(stderr, "[%s] %s\n", l, msg) }
 	upstream := "embedded echo"
 	switch {

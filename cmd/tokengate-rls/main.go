@@ -88,7 +88,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	srv := rls.NewServer(cfg, store, metrics)
 	gs := grpc.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
-	ready := rls.NewReadiness(store, time.Second)
+	ready := rls.NewReadiness(store, time.Second, func(msg string) { fmt.Fprintln(logw, "tokengate-rls:", msg) })
 	defer ready.Stop()
 	hs := &http.Server{Handler: rls.AdminHandler(srv, metrics, ready), ReadHeaderTimeout: 5 * time.Second}
 

@@ -8,12 +8,17 @@
 // "clusters": [names], "steps": [...]}. Steps:
 //   {"op": "request", "headers": [[k, v]...], "source": "ip:port",
 //    "worker": i, "rls": {"codes": [1|2...], "remaining": n, "reset": s} |
-//    {"fail": true}}           the rate-limit service's answer, if called
+//    {"fail": true},           the rate-limit service's answer, if called
+//    "response": {"status": n, "headers": [[k, v]...], "chunks": [s...],
+//    "abort": bool}}           the upstream's answer (default: a JSON echo)
 //   {"op": "advance", "ms": n} move the fixed clock
 //   {"op": "shared"}           the shared data, sorted
 //   {"op": "metric", "name": s}
 //   {"op": "logs"}             the log lines so far
 //   {"op": "repeat", "n": n, "step": {...}} a request n times, summarised
+//   {"op": "tick"}             proxy_on_tick on every worker with a period;
+//                              the held streams it finished, and the periods
+//   {"op": "cancel", "worker": i, "id": n} a held stream's client leaves
 import { readFileSync } from 'node:fs';
 import { Host } from './host.mjs';
 
@@ -77,6 +82,13 @@ for (const st of script.steps) {
       out({ op: 'repeat', statuses });
       break;
     }
+    case 'tick':
+      out({ op: 'tick', released: host.tick(), periods: host.workers.map((w) => w.tickPeriod),
+        tickSets: host.workers.reduce((n, w) => n + w.tickSets, 0) });
+      break;
+    case 'cancel':
+      out({ op: 'cancel', ok: host.cancel(st.worker, st.id) });
+      break;
     case 'advance':
       host.clock.advance(st.ms);
       out({ op: 'advance' });

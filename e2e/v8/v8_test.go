@@ -39,7 +39,16 @@ type result struct {
 	Body      string      `json:"body"`
 	Paused    bool        `json:"paused"`
 	Continued int         `json:"continued"`
-	Calls     []struct {
+	// Held, ID and Worker describe a request held for a tick; Released
+	// are the held requests a tick finished, Periods the workers' tick
+	// periods after it and TickSets how often they were set (delay_test.go).
+	Held     bool     `json:"held"`
+	ID       int      `json:"id"`
+	Worker   int      `json:"worker"`
+	Released []result `json:"released"`
+	Periods  []int    `json:"periods"`
+	TickSets int      `json:"tickSets"`
+	Calls    []struct {
 		Cluster string      `json:"cluster"`
 		Headers [][2]string `json:"headers"`
 		Timeout int         `json:"timeout"`
@@ -343,5 +352,25 @@ func TestBenchScript(t *testing.T) {
 	}
 	if a, b := res.Cases["a-passthrough"].HostCalls, res.Cases["b-one-rule"].HostCalls; a != 1 || b <= a {
 		t.Errorf("host calls per request: passthrough %v, one rule %v; want 1 and more", a, b)
+	}
+}
+
+// TestBenchABScript runs bench/v8/ab.mjs, the side-by-side comparison of
+// builds, briefly with the same build twice: every case answers as it
+// should (the script checks each status) and gets a row.
+func TestBenchABScript(t *testing.T) {
+	n := node(t)
+	wasm, err := wasmbuild.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(n, "--no-liftoff", "../../bench/v8/ab.mjs", "2", "20", "x=../..:"+wasm, "y=../..:"+wasm).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ab.mjs: %v %s", err, out)
+	}
+	for _, name := range []string{"a-passthrough", "b-one-rule", "c-four-rules", "d-rejected", "e-100000-ips", "x: one rule", "y: one rule"} {
+		if !bytes.Contains(out, []byte(name)) {
+			t.Errorf("no %q in the output:\n%s", name, out)
+		}
 	}
 }

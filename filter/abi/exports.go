@@ -95,21 +95,49 @@ func proxyOnRequestBody(id, size, endOfStream uint32) uint32 { return uint32(fil
 //go:wasmexport proxy_on_request_trailers
 func proxyOnRequestTrailers(id, n uint32) uint32 { return uint32(filter.Continue) }
 
+// proxyOnResponseBody reads the body only for a rule whose cost the body
+// reports; it always continues (the response is never held).
+//
 //go:wasmexport proxy_on_response_body
-func proxyOnResponseBody(id, size, endOfStream uint32) uint32 { return uint32(filter.Continue) }
+func proxyOnResponseBody(id, size, endOfStream uint32) (act uint32) {
+	enter()
+	defer guard("proxy_on_response_body", func() { act = uint32(filter.Continue) })
+	if s, ok := streams.get(id); ok {
+		return uint32(s.OnResponseBody(int(size), endOfStream != 0))
+	}
+	return uint32(filter.Continue)
+}
 
 //go:wasmexport proxy_on_response_trailers
-func proxyOnResponseTrailers(id, n uint32) uint32 { return uint32(filter.Continue) }
+func proxyOnResponseTrailers(id, n uint32) (act uint32) {
+	enter()
+	defer guard("proxy_on_response_trailers", func() { act = uint32(filter.Continue) })
+	if s, ok := streams.get(id); ok {
+		return uint32(s.OnResponseTrailers(int(n)))
+	}
+	return uint32(filter.Continue)
+}
 
 //go:wasmexport proxy_on_log
 func proxyOnLog(id uint32) {}
 
+// proxyOnDone settles what the stream left unsettled and releases its
+// places in flight, however it ended.
+//
 //go:wasmexport proxy_on_done
-func proxyOnDone(id uint32) bool { return true }
+func proxyOnDone(id uint32) bool {
+	enter()
+	defer guard("proxy_on_done", nil)
+	if s, ok := streams.get(id); ok {
+		s.OnDone()
+	}
+	return true
+}
 
 //go:wasmexport proxy_on_delete
 func proxyOnDelete(id uint32) {
 	enter()
+	defer guard("proxy_on_delete", nil)
 	if s, ok := streams.remove(id); ok {
 		s.Release()
 		return

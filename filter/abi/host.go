@@ -207,6 +207,23 @@ func (*host) SendLocalResponse(status uint32, details string, body []byte, heade
 	return nil
 }
 
+// ResponseBody reads up to max bytes of the response body chunk of the
+// running proxy_on_response_body, from start, into one static window (see
+// memory.go): valid until the next ResponseBody call or the callback ends.
+func (*host) ResponseBody(start, max int) ([]byte, bool) {
+	if max <= 0 {
+		return nil, true
+	}
+	unpin()
+	wantWindow = true
+	st := proxyGetBufferBytes(bufferResponseBody, uint32(start), uint32(max), &ret.data, &ret.size)
+	wantWindow = false
+	if st != statusOK {
+		return nil, false
+	}
+	return returned(ret.data, ret.size)
+}
+
 // headerMapBuf is SendLocalResponse's scratch for the encoded headers.
 var headerMapBuf []byte
 
@@ -227,7 +244,10 @@ func bufferBytes(typ, size uint32) ([]byte, error) {
 	return append([]byte(nil), b...), nil
 }
 
-var _ filter.Caller = (*host)(nil)
+var (
+	_ filter.Caller = (*host)(nil)
+	_ filter.Ticker = (*host)(nil)
+)
 
 // callHeaders is HTTPCall's scratch for the serialized header map.
 var callHeaders []byte
@@ -271,19 +291,17 @@ func (*host) SetEffectiveContext(id uint32) bool {
 	return proxySetEffectiveContext(id) == statusOK
 }
 
-// ContinueRequest implements filter.Caller.
-func (*host) ContinueRequest() error {
-	if st := proxyContinueStream(streamRequest); st != statusOK {
+// SetTickPeriod implements filter.Ticker.
+func (*host) SetTickPeriod(ms uint32) error {
+	if st := proxySetTickPeriodMilliseconds(ms); st != statusOK {
 		return statusError(st)
 	}
 	return nil
 }
 
-var _ filter.Ticker = (*host)(nil)
-
-// SetTickPeriod implements filter.Ticker (proxy_set_tick_period_milliseconds).
-func (*host) SetTickPeriod(ms uint32) error {
-	if st := proxySetTickPeriodMilliseconds(ms); st != statusOK {
+// ContinueRequest implements filter.Caller.
+func (*host) ContinueRequest() error {
+	if st := proxyContinueStream(streamRequest); st != statusOK {
 		return statusError(st)
 	}
 	return nil

@@ -69,6 +69,7 @@ const (
 	mapHTTPCallRespHeaders  = 6
 	mapHTTPCallRespTrailers = 7
 
+	bufferResponseBody         = 1
 	bufferHTTPCallResponseBody = 4
 	streamRequest              = 0
 

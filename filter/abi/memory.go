@@ -38,6 +38,11 @@ var (
 	// pinned holds heap buffers handed out in this callback, so the
 	// garbage collector keeps them until the callback ends.
 	pinned [][]byte
+
+	// bodyWindow receives the pieces of the response body ResponseBody
+	// reads, while wantWindow is set; each read overwrites the last.
+	bodyWindow [8 << 10]byte
+	wantWindow bool
 )
 
 // malloc is how the host (proxy-wasm-cpp-host, ngx_wasm_module) allocates
@@ -57,7 +62,13 @@ func allocate(size uint32) unsafe.Pointer {
 		n = 1
 	}
 	var b []byte
-	if off := (arenaOff + 7) &^ 7; n <= arenaSize-off {
+	if wantWindow && n <= len(bodyWindow) {
+		// A piece of the response body (host.ResponseBody): always the
+		// same static buffer, so reading a body of any size holds at most
+		// one window.
+		wantWindow = false
+		b = bodyWindow[:n:n]
+	} else if off := (arenaOff + 7) &^ 7; n <= arenaSize-off {
 		b = arena[off : off+n : off+n]
 		arenaOff = off + n
 	} else {

@@ -37,9 +37,6 @@ type callouts struct {
 	// Continued lists the streams ContinueRequest resumed, in order.
 	Continued []uint32
 
-	// TickPeriodMs is the last tick period the filter set.
-	TickPeriodMs uint32
-
 	next, streamID, effective uint32
 	resp                      *CallResponse
 }
@@ -147,18 +144,49 @@ func (h *Host) Deliver(p *filter.Plugin, token uint32, resp CallResponse) Respon
 	return h.Response
 }
 
+// ticks is the Host's model of the root context's timer
+// (proxy_set_tick_period_milliseconds).
+type ticks struct {
+	// TickPeriods lists every period the filter set, in order (ms).
+	TickPeriods []uint32
+}
+
 var _ filter.Ticker = (*Host)(nil)
 
-// SetTickPeriod implements filter.Ticker: it records the period in
-// TickPeriodMs; tests call the plugin's OnTick themselves.
+// SetTickPeriod implements filter.Ticker: it records the period.
 func (h *Host) SetTickPeriod(ms uint32) error {
-	h.TickPeriodMs = ms
+	h.TickPeriods = append(h.TickPeriods, ms)
 	return nil
 }
 
-// Tick runs proxy_on_tick in the root context.
-func (h *Host) Tick(p *filter.Plugin) {
+// TickPeriod returns the period in force: the last one set, 0 if none.
+func (h *Host) TickPeriod() uint32 {
+	if n := len(h.TickPeriods); n > 0 {
+		return h.TickPeriods[n-1]
+	}
+	return 0
+}
+
+// Tick calls proxy_on_tick on the plugin's root context and returns the
+// streams it continued, in order.
+func (h *Host) Tick(p *filter.Plugin) []uint32 {
+	h.Response = Response{}
+	n := len(h.Continued)
 	h.effective = 0
 	p.OnTick()
+	h.EndCallback()
+	h.effective = 0
+	return append([]uint32(nil), h.Continued[n:]...)
+}
+
+// End ends a stream as a client that leaves does: its context is gone
+// (SetEffectiveContext fails for it) and the filter releases it
+// (proxy_on_done, proxy_on_delete).
+func (h *Host) End(s *filter.Stream, id uint32) {
+	if h.Gone == nil {
+		h.Gone = map[uint32]bool{}
+	}
+	h.Gone[id] = true
+	s.Release()
 	h.EndCallback()
 }

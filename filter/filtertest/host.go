@@ -47,6 +47,7 @@ type Host struct {
 	arena [][]byte
 
 	callouts // calls.go
+	ticks    // calls.go
 }
 
 // arenaChunk is the size of one arena chunk.
@@ -103,6 +104,20 @@ type Request struct {
 	// UpstreamHeaders are the upstream response's headers, seen by
 	// proxy_on_response_headers (lower-case names).
 	UpstreamHeaders [][2]string
+	// BodyChunk is the response body chunk proxy_on_response_body sees
+	// (ResponseBody).
+	BodyChunk []byte
+}
+
+// ResponseBody returns up to max bytes of Request.BodyChunk from start,
+// copied into the arena: valid until the callback ends, as in filter/abi.
+func (h *Host) ResponseBody(start, max int) ([]byte, bool) {
+	b := h.Request.BodyChunk
+	if start > len(b) {
+		start = len(b)
+	}
+	end := min(len(b), start+max)
+	return h.hand(string(b[start:end])), true
 }
 
 // Response is what the filter did with a request.

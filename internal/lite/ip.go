@@ -38,10 +38,28 @@ func CanonicalIP(s string) (string, bool) {
 // skip CanonicalIP's parse and reprint. ok is false for anything else. It
 // does not allocate.
 func IPv4Host(addr string) (string, bool) {
-	host := addr
-	for i := len(addr) - 1; i >= 0; i-- {
-		if addr[i] == ':' {
-			if i == len(addr)-1 {
+	// One pass: the client address is parsed on every request, and inside
+	// the wasm guest each pass over it costs a few nanoseconds a byte.
+	val, dots, digits := 0, 0, 0
+	for i := 0; i < len(addr); i++ {
+		switch c := addr[i]; {
+		case '0' <= c && c <= '9':
+			if digits == 1 && val == 0 {
+				return "", false // a leading zero
+			}
+			val = val*10 + int(c-'0')
+			digits++
+			if val > 255 {
+				return "", false
+			}
+		case c == '.':
+			if digits == 0 || dots == 3 {
+				return "", false
+			}
+			dots++
+			val, digits = 0, 0
+		case c == ':':
+			if digits == 0 || dots < 3 || i == len(addr)-1 {
 				return "", false
 			}
 			for j := i + 1; j < len(addr); j++ {
@@ -49,15 +67,15 @@ func IPv4Host(addr string) (string, bool) {
 					return "", false
 				}
 			}
-			host = addr[:i]
-			break
+			return addr[:i], true
+		default:
+			return "", false
 		}
 	}
-	var f [4]byte
-	if !parseIPv4Fields(host, f[:]) {
+	if digits == 0 || dots < 3 {
 		return "", false
 	}
-	return host, true
+	return addr, true
 }
 
 // parseIPv4Fields parses "a.b.c.d" (fields 0 to 255, one to three digits,

@@ -27,14 +27,25 @@ type Readiness struct {
 	once  sync.Once
 }
 
-// NewReadiness starts pinging p every interval; Stop ends it.
-func NewReadiness(p Pinger, interval time.Duration) *Readiness {
+// NewReadiness starts pinging p every interval; Stop ends it. logf, when
+// not nil, is told when Redis starts or stops answering.
+func NewReadiness(p Pinger, interval time.Duration, logf func(msg string)) *Readiness {
 	r := &Readiness{stop: make(chan struct{})}
 	go func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
+		first := true
 		for {
-			r.ready.Store(p.Ping(context.Background()) == nil)
+			err := p.Ping(context.Background())
+			was := r.ready.Swap(err == nil)
+			if logf != nil && (was != (err == nil) || first && err != nil) {
+				if err == nil {
+					logf("redis answers PING: ready")
+				} else {
+					logf("redis does not answer PING: not ready: " + err.Error())
+				}
+			}
+			first = false
 			select {
 			case <-r.stop:
 				return

@@ -120,6 +120,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	enforceErr, enforceOver := s.settle(ctx, items)
 
 	if enforceErr != nil {
+		for i := range items {
+			if items[i].out.Err != nil {
+				s.metrics.decision(items[i].rule, codeError)
+			}
+		}
 		s.metrics.request(reqUnavailable)
 		return nil, status.Error(codes.Unavailable, "tokengate-rls: redis: "+enforceErr.Error())
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // newStore connects a Store to addrs and waits until it answers PING.
-func newStore(t *testing.T, addrs []string, cluster bool, timeout time.Duration) *rls.Store {
+func newStore(t testing.TB, addrs []string, cluster bool, timeout time.Duration) *rls.Store {
 	t.Helper()
 	s, err := rls.NewStore(rls.StoreOptions{Addrs: addrs, Cluster: cluster, Timeout: timeout})
 	if err != nil {
@@ -138,5 +138,24 @@ func TestScriptTTL(t *testing.T) {
 	out = store.Run(context.Background(), []rls.Op{{Key: "tb:{ttl:a}", Rate: 2, Burst: 10, Cost: 1}})
 	if out[0].Err != nil || !out[0].Allowed {
 		t.Fatalf("after SCRIPT FLUSH: %+v", out[0])
+	}
+}
+
+// TestMemoryPerKey states what one active bucket costs Redis: MEMORY USAGE
+// of a per-IP key (IPv4, and the longest IPv6 text). docs/rls.md quotes
+// the figures; the bound catches a format that grows.
+func TestMemoryPerKey(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	for _, ip := range []string{"203.0.113.7", "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"} {
+		key := rls.BucketKey("per-ip", ip)
+		if out := store.Run(context.Background(), []rls.Op{{Key: key, Rate: 0.001, Burst: 20, Cost: 1}}); out[0].Err != nil {
+			t.Fatal(out[0].Err)
+		}
+		n := srv.MustDo("MEMORY", "USAGE", key).(int64)
+		t.Logf("MEMORY USAGE %s = %d bytes (value %v)", key, n, srv.MustDo("GET", key))
+		if n > 200 {
+			t.Errorf("%s takes %d bytes, want at most 200", key, n)
+		}
 	}
 }

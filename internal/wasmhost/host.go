@@ -112,6 +112,12 @@ type Options struct {
 	// Upstream answers the requests the filter lets through. Nil means
 	// EchoHandler(). Use ProxyTo to forward to a URL.
 	Upstream http.Handler
+	// StreamResponses passes the upstream's response to the client as it
+	// arrives, one proxy_on_response_body per piece the upstream writes,
+	// and ends the stream without end_of_stream when the client leaves or
+	// the upstream aborts (stream.go). By default the response is
+	// buffered and the filter sees the whole body in one callback.
+	StreamResponses bool
 
 	// AllowPollOneoff gives the guest wazero's working WASI poll_oneoff.
 	// By default the host answers ENOSYS, as Envoy 1.33–1.38 does, so a

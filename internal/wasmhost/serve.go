@@ -54,6 +54,9 @@ type stream struct {
 	grpc       bool   // the request is gRPC; see isGRPC
 	head       bool   // the request is HEAD
 
+	// rw is the client's response writer, for Options.StreamResponses.
+	rw http.ResponseWriter
+
 	props map[string][]byte // set with proxy_set_property
 	// metadata is the dynamic metadata by namespace (jwt_authn's verified
 	// payload); see metadataProperty.
@@ -81,7 +84,9 @@ const maxRequestBody = 16 << 20
 // while the guest runs, so a worker interleaves streams as Envoy's do.
 //
 // Differences from Envoy worth knowing: bodies are buffered whole and each
-// body callback sees the whole body with end_of_stream set; a Pause without
+// body callback sees the whole body with end_of_stream set, unless
+// Options.StreamResponses passes responses through as they arrive
+// (stream.go); a Pause without
 // a local reply or proxy_continue_stream answers 500 instead of hanging;
 // a VM trap answers 503 (Envoy's fail-closed reply) and the worker's VM is
 // restarted on its next use.
@@ -112,7 +117,11 @@ func (h *Host) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w := h.workers[int(h.next.Add(1)-1)%len(h.workers)]
+	s.rw = rw
 	status, headers, respBody := h.run(w, s, r)
+	if status == streamedStatus {
+		return // streamUpstream answered (stream.go)
+	}
 	if s.reset {
 		panic(http.ErrAbortHandler) // proxy_close_stream: reset the stream
 	}
@@ -188,6 +197,9 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 		s.localReply = true
 		s.resp.h, s.respBody = buildLocalReply(&localReply{status: 500, grpcStatus: -1,
 			body: []byte("tokengate-local: the filter paused the request body and never resumed it\n")}, s.grpc, s.head)
+	case h.opts.StreamResponses:
+		h.streamUpstream(w, s, r)
+		return streamedStatus, nil, nil
 	default:
 		s.resp.h, s.respBody = h.forward(s, r)
 	}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokengate/tokengate/internal/redistest"
+)
+
+const config = `{"rules": [{"name": "per-ip", "scope": "cluster", "limit_keys": ["ip:address"],
+  "algorithm_config": {"tokens_per_second": 0.001, "burst": 1}}],
+  "settings": {"rls": {"cluster": "rls"}}}`
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func post(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestRun starts the program against a Redis that is down, sees /ready say
+// 503, starts Redis, sees 200, decides over /json, and shuts down cleanly
+// when the context ends (as on SIGTERM).
+func TestRun(t *testing.T) {
+	redis := redistest.Start(t)
+	redis.Kill()
+	cfg := filepath.Join(t.TempDir(), "rls.json")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	listening := make(chan [2]string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- run(ctx, []string{"-config", cfg, "-redis", redis.Addr, "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}, io.Discard, listening)
+	}()
+	var admin string
+	select {
+	case a := <-listening:
+		admin = "http://" + a[1]
+	case err := <-errc:
+		t.Fatalf("run: %v", err)
+	}
+	if code, _ := get(t, admin+"/ready"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/ready with Redis down: %d, want 503", code)
+	}
+	redis.Restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if code, _ := get(t, admin+"/ready"); code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/ready not 200 within 10 s of Redis starting")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	req := `{"domain": "tokengate", "descriptors": [{"entries": [{"key": "tokengate_rule", "value": "per-ip"}, {"key": "key", "value": "192.0.2.1"}]}]}`
+	if code, body := post(t, admin+"/json", req); code != http.StatusOK || !strings.Contains(body, `"overallCode":"OK"`) {
+		t.Fatalf("/json first: %d %s", code, body)
+	}
+	if code, body := post(t, admin+"/json", req); code != http.StatusTooManyRequests || !strings.Contains(body, `"overallCode":"OVER_LIMIT"`) {
+		t.Fatalf("/json second: %d %s", code, body)
+	}
+	if code, _ := post(t, admin+"/json", `{"descriptors": []}`); code != http.StatusBadRequest {
+		t.Fatalf("/json invalid: %d, want 400", code)
+	}
+	_, metrics := get(t, admin+"/metrics")
+	for _, want := range []string{
+		`tokengate_rls_decisions_total{rule="per-ip",code="ok"} 1`,
+		`tokengate_rls_decisions_total{rule="per-ip",code="over_limit"} 1`,
+		`tokengate_rls_redis_duration_seconds_count 2`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
+		}
+	}
+	cancel()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("run after shutdown: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return within 10 s of shutdown")
+	}
+}
+
+func TestRunFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "-config is required"},
+		{[]string{"-config", "/nonexistent.json"}, "no such file"},
+		{[]string{"-config", "x", "extra"}, "unexpected arguments"},
+	} {
+		err := run(context.Background(), tc.args, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	_ = os.WriteFile(cfg, []byte(config), 0o644)
+	err := run(context.Background(), []string{"-config", cfg, "-redis", "127.0.0.1:1,127.0.0.1:2"}, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "need -redis-cluster") {
+		t.Errorf("two addresses without -redis-cluster: got %v", err)
+	}
+}

@@ -1,0 +1,463 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tokengate/tokengate/internal/wasmhost"
+)
+
+// Delayed admission through the built module on the wazero host. Most tests
+// run on a fake clock with the host's own ticks off: the test moves time in
+// steps and calls proxy_on_tick itself (Host.Tick), so "never early" is
+// exact and nothing depends on the machine's speed. The upstream stamps
+// each request with the fake time it arrived at; time moves on only once
+// the requests a step may release have arrived.
+
+// delayCfg is nginx's "rate=10r/s burst=5" (no nodelay): one request at
+// once, five held 100 ms apart.
+const delayCfg = `{"name":"g","algorithm_config":{"rps":10,"burst":1,"max_reserved":5%s}}`
+
+// arrival is one request the upstream received.
+type arrival struct {
+	id   int
+	at   time.Duration // fake time since the start
+	sum  [32]byte      // SHA-256 of the body
+	size int
+}
+
+// delayRig is a host on a fake clock with a recording upstream.
+type delayRig struct {
+	t     *testing.T
+	h     *wasmhost.Host
+	srv   *httptest.Server
+	clk   *wasmhost.FakeClock
+	start time.Time
+
+	mu       sync.Mutex
+	arrivals []arrival
+	results  map[int]result
+}
+
+// result is what a client got.
+type result struct {
+	status int
+	retry  string
+}
+
+func newDelayRig(t *testing.T, cfg string, workers int) *delayRig {
+	t.Helper()
+	r := &delayRig{t: t, clk: wasmhost.NewFakeClock(t0), start: t0, results: map[int]result{}}
+	opts := hostOpts(cfg, false, workers, r.clk, nil)
+	opts.DisableTicks = true
+	opts.PauseTimeout = 20 * time.Second
+	opts.Upstream = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		id, _ := strconv.Atoi(req.Header.Get("x-id"))
+		r.mu.Lock()
+		r.arrivals = append(r.arrivals, arrival{id: id, at: r.clk.Now().Sub(r.start), sum: sha256.Sum256(b), size: len(b)})
+		r.mu.Unlock()
+	})
+	r.h, r.srv = startHost(t, opts)
+	return r
+}
+
+// send starts request id (a GET, or a POST of body) in the background; ctx
+// may cancel it.
+func (r *delayRig) send(ctx context.Context, id int, body []byte) {
+	method, rd := http.MethodGet, io.Reader(nil)
+	if body != nil {
+		method, rd = http.MethodPost, bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, r.srv.URL+"/", rd)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	req.Header.Set("x-id", strconv.Itoa(id))
+	go func() {
+		res := result{status: -1}
+		if resp, err := r.srv.Client().Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			res = result{status: resp.StatusCode, retry: resp.Header.Get("Retry-After")}
+		}
+		r.mu.Lock()
+		r.results[id] = res
+		r.mu.Unlock()
+	}()
+}
+
+// metric returns a filter counter summed over the workers.
+func (r *delayRig) metric(name string) uint64 {
+	v, _ := r.h.Metric("tokengate.rule.g." + name)
+	return v
+}
+
+// until waits, at most 10 s, for cond.
+func (r *delayRig) until(what string, cond func() bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// decided waits until n requests have been decided: answered, or held.
+func (r *delayRig) decided(n int) {
+	r.t.Helper()
+	r.until(strconv.Itoa(n)+" decisions", func() bool {
+		r.mu.Lock()
+		got := len(r.results)
+		r.mu.Unlock()
+		return got+int(r.metric("delayed")) >= n
+	})
+}
+
+// sendInOrder sends requests 1..n one after the other, each once the one
+// before has been decided, so that admission order is id order.
+func (r *delayRig) sendInOrder(n int) {
+	r.t.Helper()
+	for id := 1; id <= n; id++ {
+		r.send(context.Background(), id, nil)
+		r.decided(id)
+	}
+}
+
+func (r *delayRig) snapshot() ([]arrival, map[int]result) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.arrivals), func() map[int]result {
+		m := map[int]result{}
+		for k, v := range r.results {
+			m[k] = v
+		}
+		return m
+	}()
+}
+
+// step moves the fake clock by d and ticks every worker.
+func (r *delayRig) step(d time.Duration) {
+	r.t.Helper()
+	r.clk.Advance(d)
+	if err := r.h.Tick(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// settle waits until no new request has reached the upstream for 5 ms, so
+// that releases are stamped with the step that made them.
+func (r *delayRig) settle() {
+	n, quiet := -1, time.Now()
+	for time.Since(quiet) < 5*time.Millisecond {
+		a, _ := r.snapshot()
+		if len(a) != n {
+			n, quiet = len(a), time.Now()
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// run steps the clock in 10 ms steps up to total; after each step it waits
+// until the requests due by then have arrived (one step of slack for
+// rounding), given want(elapsed) = how many may have arrived by elapsed,
+// and fails on more: a release before its deadline. It returns once all
+// due by total have arrived.
+func (r *delayRig) run(total time.Duration, want func(time.Duration) int) {
+	r.t.Helper()
+	const stepD = 10 * time.Millisecond
+	for el := stepD; el <= total; el += stepD {
+		r.step(stepD)
+		lo := want(el - stepD)
+		r.until("arrivals due by "+el.String(), func() bool {
+			a, _ := r.snapshot()
+			return len(a) >= lo
+		})
+		time.Sleep(time.Millisecond) // room for an early release to show
+		if a, _ := r.snapshot(); len(a) > want(el) {
+			r.t.Fatalf("at +%v: %d arrivals, at most %d are due: %+v", el, len(a), want(el), a)
+		}
+	}
+	r.until("arrivals due by the end", func() bool {
+		a, _ := r.snapshot()
+		return len(a) >= want(total)
+	})
+}
+
+// TestDelayNginxEquivalence: 10/s, burst 1, max_reserved 5 and 7 requests
+// at once, as nginx's limit_req rate=10r/s burst=5 treats them: the first
+// goes on at once, the next five are held and reach the upstream in order
+// at +100 … +500 ms and never before, the seventh gets a 429 with
+// Retry-After 1, and the tick is off once nothing waits.
+func TestDelayNginxEquivalence(t *testing.T) {
+	r := newDelayRig(t, sprintf(delayCfg, ""), 1)
+	r.sendInOrder(7)
+	_, res := r.snapshot()
+	if res[1].status != 200 || res[7].status != 429 || res[7].retry != "1" || len(res) != 2 {
+		t.Fatalf("answered before any tick: %+v; want 1: 200, 7: 429 with Retry-After 1", res)
+	}
+	if p := r.h.TickPeriod(0); p != 100*time.Millisecond {
+		t.Errorf("tick period %v, want 100ms (the earliest deadline)", p)
+	}
+	r.run(600*time.Millisecond, func(el time.Duration) int { return 1 + min(5, int(el/(100*time.Millisecond))) })
+	r.until("all answers", func() bool { _, res := r.snapshot(); return len(res) == 7 })
+	arr, res := r.snapshot()
+	for k, a := range arr {
+		if a.id != k+1 {
+			t.Errorf("arrival %d is request %d, want %d (admission order)", k, a.id, k+1)
+		}
+		if due := time.Duration(k) * 100 * time.Millisecond; a.at < due {
+			t.Errorf("request %d arrived at +%v, before its deadline +%v", a.id, a.at, due)
+		}
+	}
+	for id := 2; id <= 6; id++ {
+		if res[id].status != 200 {
+			t.Errorf("held request %d answered %d", id, res[id].status)
+		}
+	}
+	if p := r.h.TickPeriod(0); p != 0 {
+		t.Errorf("tick period %v once nothing waits, want 0", p)
+	}
+}
+
+// TestDelayReleaseOrderAcrossWorkers: two workers share the bucket, each
+// holds the requests it admitted and releases them from its own tick; the
+// upstream sees them in admission order, each at or after its deadline.
+func TestDelayReleaseOrderAcrossWorkers(t *testing.T) {
+	r := newDelayRig(t, sprintf(delayCfg, ""), 2)
+	r.sendInOrder(6) // round robin: workers 0, 1, 0, 1, 0, 1
+	r.run(600*time.Millisecond, func(el time.Duration) int { return 1 + min(5, int(el/(100*time.Millisecond))) })
+	arr, _ := r.snapshot()
+	for k, a := range arr {
+		if a.id != k+1 || a.at < time.Duration(k)*100*time.Millisecond {
+			t.Errorf("arrival %d: request %d at +%v; want request %d at or after +%v", k, a.id, a.at, k+1, time.Duration(k)*100*time.Millisecond)
+		}
+	}
+	if len(arr) != 6 {
+		t.Errorf("%d arrivals, want 6", len(arr))
+	}
+}
+
+// TestDelayRateBoundEveryWindow: under a steady stream of requests faster
+// than the rate, what reaches the upstream never exceeds burst + rate ×
+// window in any window (with one 10 ms step of release lateness).
+func TestDelayRateBoundEveryWindow(t *testing.T) {
+	const rate, burst = 10.0, 2.0
+	r := newDelayRig(t, `{"name":"g","algorithm_config":{"rps":10,"burst":2,"max_reserved":4}}`, 2)
+	id := 0
+	for i := range 220 { // 2.2 s in 10 ms steps, a request every 20 ms for 1.5 s
+		if i%2 == 0 && id < 75 {
+			id++
+			r.send(context.Background(), id, nil)
+			r.decided(id)
+		}
+		r.step(10 * time.Millisecond)
+		r.settle()
+	}
+	r.until("every answer", func() bool { _, res := r.snapshot(); return len(res) == id })
+	arr, _ := r.snapshot()
+	slices.SortFunc(arr, func(a, b arrival) int { return int(a.at - b.at) })
+	for i := range arr {
+		for j := i; j < len(arr); j++ {
+			w := (arr[j].at - arr[i].at).Seconds()
+			if n := float64(j - i + 1); n > burst+rate*(w+0.01)+1e-9 {
+				t.Fatalf("%v requests in %.3f s (from +%v): over burst + rate × window = %.2f", n, w, arr[i].at, burst+rate*(w+0.01))
+			}
+		}
+	}
+	if held := r.metric("delayed"); held < 10 || len(arr) < 15 {
+		t.Errorf("%d held, %d through: the test did not exercise the reservation", held, len(arr))
+	}
+}
+
+// TestDelayClientLeaves: a client that leaves while held is dropped
+// (delay_cancelled), never reaches the upstream, and with refund_on_cancel
+// its token goes back: the next request waits 100 ms less.
+func TestDelayClientLeaves(t *testing.T) {
+	r := newDelayRig(t, sprintf(delayCfg, `,"refund_on_cancel":true`), 1)
+	r.send(context.Background(), 1, nil)
+	r.decided(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.send(ctx, 2, nil)
+	r.decided(2)
+	r.send(context.Background(), 3, nil) // deadline +200 ms
+	r.decided(3)
+	cancel()
+	r.until("the cancellation", func() bool { return r.metric("delay_cancelled") == 1 })
+	r.send(context.Background(), 4, nil) // refunded: +200 ms, not +300 ms
+	r.decided(4)
+	r.run(300*time.Millisecond, func(el time.Duration) int {
+		if el < 200*time.Millisecond {
+			return 1
+		}
+		return 3
+	})
+	// Request 4 took the refunded token: its deadline is request 3's
+	// (+200 ms), not +300 ms; the two go in the same tick.
+	arr, _ := r.snapshot()
+	ids := []int{}
+	for _, a := range arr {
+		ids = append(ids, a.id)
+	}
+	slices.Sort(ids)
+	if !slices.Equal(ids, []int{1, 3, 4}) {
+		t.Errorf("upstream saw %v, want 1, 3 and 4: the cancelled request never goes", ids)
+	}
+	if p := r.h.TickPeriod(0); p != 0 {
+		t.Errorf("tick period %v, want 0", p)
+	}
+}
+
+// TestDelayLargeBody: a held 2 MiB POST reaches the upstream intact.
+func TestDelayLargeBody(t *testing.T) {
+	r := newDelayRig(t, sprintf(delayCfg, ""), 1)
+	body := make([]byte, 2<<20)
+	if _, err := rand.Read(body); err != nil {
+		t.Fatal(err)
+	}
+	r.send(context.Background(), 1, nil)
+	r.decided(1)
+	r.send(context.Background(), 2, body)
+	r.decided(2)
+	r.run(100*time.Millisecond, func(el time.Duration) int { return 1 + int(el/(100*time.Millisecond)) })
+	arr, _ := r.snapshot()
+	if len(arr) != 2 || arr[1].id != 2 || arr[1].size != len(body) || arr[1].sum != sha256.Sum256(body) {
+		t.Fatalf("arrivals %+v: the held POST did not arrive intact", arr)
+	}
+}
+
+// TestDelayLimits: beyond max_pending held requests, or a wait beyond
+// max_delay_ms, the request gets a 429 and takes nothing.
+func TestDelayLimits(t *testing.T) {
+	for _, tc := range []struct{ name, extra string }{
+		{"max_pending", `,"max_pending":2`},
+		{"max_delay_ms", `,"max_delay_ms":250`}, // 100 and 200 ms fit
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newDelayRig(t, sprintf(delayCfg, tc.extra), 1)
+			r.sendInOrder(5)
+			_, res := r.snapshot()
+			if res[1].status != 200 || res[4].status != 429 || res[5].status != 429 || len(res) != 3 {
+				t.Fatalf("answers %+v; want 1: 200, 4 and 5: 429, 2 and 3 held", res)
+			}
+			r.run(200*time.Millisecond, func(el time.Duration) int { return 1 + min(2, int(el/(100*time.Millisecond))) })
+			// The 429s took nothing: at +200 ms the balance is 0 again, so
+			// request 6 waits 100 ms (300 ms if they had taken tokens).
+			r.send(context.Background(), 6, nil)
+			r.decided(5)
+			r.until("request 6 held", func() bool { return r.metric("delayed") == 3 })
+			r.run(100*time.Millisecond, func(el time.Duration) int { return 3 + int(el/(100*time.Millisecond)) })
+		})
+	}
+}
+
+// TestDelayReload: a configuration reload while requests are held leaves
+// them to their deadlines (never re-checked); new requests follow the new
+// configuration (5/s: the next waits 600 ms).
+func TestDelayReload(t *testing.T) {
+	r := newDelayRig(t, sprintf(delayCfg, ""), 1)
+	r.sendInOrder(3)
+	if err := r.h.Reconfigure([]byte(`{"name":"g","algorithm_config":{"rps":5,"burst":1,"max_reserved":5}}`)); err != nil {
+		t.Fatal(err)
+	}
+	r.send(context.Background(), 4, nil)
+	r.decided(4)
+	r.run(600*time.Millisecond, func(el time.Duration) int {
+		switch {
+		case el < 100*time.Millisecond:
+			return 1
+		case el < 200*time.Millisecond:
+			return 2
+		case el < 600*time.Millisecond:
+			return 3
+		}
+		return 4
+	})
+	arr, _ := r.snapshot()
+	if len(arr) != 4 || arr[3].id != 4 || arr[3].at < 600*time.Millisecond {
+		t.Errorf("arrivals %+v; want request 4 last, at or after +600ms", arr)
+	}
+}
+
+// TestDelayTickUnderLoad runs on the real clock with the host's own ticks,
+// which, like Envoy's timer, restart whenever the period is set: held
+// requests are released while requests keep coming (the tick is not
+// postponed by them), and the tick is off once nothing waits.
+func TestDelayTickUnderLoad(t *testing.T) {
+	opts := wasmhost.Options{PluginConfig: []byte(`{"name":"g","algorithm_config":{"rps":20,"burst":1,"max_reserved":10}}`),
+		Workers: 2, PauseTimeout: 10 * time.Second}
+	var through sync.WaitGroup
+	var mu sync.Mutex
+	released := 0
+	loadOn := true
+	opts.Upstream = http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		mu.Lock()
+		if loadOn {
+			released++
+		}
+		mu.Unlock()
+	})
+	h, srv := startHost(t, opts)
+	stop := time.Now().Add(time.Second)
+	for c := range 4 {
+		through.Add(1)
+		go func() {
+			defer through.Done()
+			for i := 0; i < 400 && time.Now().Before(stop); i++ {
+				resp, err := srv.Client().Get(srv.URL + "/")
+				if err != nil {
+					t.Errorf("client %d: %v", c, err)
+					return
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 200 && resp.StatusCode != 429 {
+					t.Errorf("client %d: status %d", c, resp.StatusCode)
+					return
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	// Requests arrive every few milliseconds on each worker for a second
+	// while the held ones are due every 50 ms: a tick postponed by them
+	// would release nothing until the load stops.
+	time.Sleep(900 * time.Millisecond)
+	mu.Lock()
+	during := released
+	loadOn = false
+	mu.Unlock()
+	through.Wait()
+	if during < 5 {
+		t.Errorf("%d requests reached the upstream during the load, want >= 5", during)
+	}
+	if held, _ := h.Metric("tokengate.rule.g.delayed"); held < 5 {
+		t.Errorf("%d held: the load did not exercise the reservation", held)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for w := range h.Workers() {
+		for h.TickPeriod(w) != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("worker %d: tick period %v with nothing waiting, want 0", w, h.TickPeriod(w))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	sets := h.HostCalls()["proxy_set_tick_period_milliseconds"]
+	t.Logf("tick period set %d times; %d released during the load", sets, during)
+}
+
+// sprintf puts extra fields into a configuration template's %s.
+func sprintf(format, extra string) string { return strings.Replace(format, "%s", extra, 1) }

@@ -1,0 +1,374 @@
+package filter
+
+import (
+	"math"
+	"strconv"
+
+	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+// Delayed admission ("max_reserved"): a request that finds its bucket short
+// may still take its cost, leaving the balance in debt down to -debt
+// tokens, and is then held for deficit/rate seconds before it goes on. The
+// guest never sleeps: the request is paused in proxy_on_request_headers and
+// released from the root context's proxy_on_tick, through a timer heap kept
+// per plugin (one per worker VM).
+//
+// The stored state cannot hold a negative balance ("tokens:last" is
+// unsigned), so a reserving rule's bucket is stored shifted by its debt: its
+// shared-data bucket has capacity burst+debt and holds the true balance plus
+// debt. bucket.Limit.Take on the shifted bucket then admits exactly the
+// requests that fit the reservation, atomically, and a rejection's
+// RetryAfter is the time until the request would fit it again.
+
+// Ticker is implemented by hosts with a per-worker timer
+// (proxy_set_tick_period_milliseconds); the timer calls Plugin.OnTick.
+// Without it (or without Caller) a request that would have to wait is
+// rejected instead.
+type Ticker interface {
+	// SetTickPeriod sets the period of the root context's tick, in
+	// milliseconds; 0 stops it.
+	SetTickPeriod(ms uint32) error
+}
+
+// Delay is a token-bucket rule's delayed admission (docs/configuration.md,
+// "Delayed admission").
+type Delay struct {
+	// MaxReserved is the debt, in tokens, an admission may leave in the
+	// bucket ("max_reserved"); 0 rejects as soon as the bucket is short.
+	MaxReserved float64
+	// MaxDelayMs caps the wait ("max_delay_ms"); 0 means no cap beyond
+	// MaxReserved/rate.
+	MaxDelayMs float64
+	// MaxPending caps the requests this rule holds at once on one worker
+	// ("max_pending", default DefaultMaxPending).
+	MaxPending int
+	// RefundOnCancel gives a held request's tokens back when its client
+	// leaves before it is released ("refund_on_cancel").
+	RefundOnCancel bool
+
+	// debt is the effective reservation: MaxReserved, capped by
+	// MaxDelayMs × rate. It is the shift of the stored balance.
+	debt float64
+}
+
+// DefaultMaxPending is the default of max_pending.
+const DefaultMaxPending = 1024
+
+// minTickMs is the shortest tick period the filter asks for. Envoy's timers
+// count milliseconds, so a release is late by less than a millisecond plus
+// the host's timer slack, and never early (OnTick rechecks the clock).
+const minTickMs = 1
+
+// waiter is one held request in the plugin's timer heap.
+type waiter struct {
+	deadline float64 // seconds since the epoch: release at or after it
+	seq      uint64  // admission order, to release equal deadlines in order
+	idx      int     // position in the heap
+	s        *Stream
+	// rules are the reserving rules that count this request against their
+	// max_pending; refund are the buckets given back if the client leaves
+	// (rules with refund_on_cancel), copies owned by the waiter.
+	rules  []*Rule
+	refund []sharedstate.Request
+}
+
+// delayQueue is a plugin's held requests, a binary min-heap on (deadline,
+// seq), and the tick it has asked the host for.
+type delayQueue struct {
+	h   []*waiter
+	seq uint64
+	// period is the tick period in force (ms, 0 = off) and armedFor the
+	// deadline it was computed for.
+	period   uint32
+	armedFor float64
+	// latest is the latest time seen when holding or ticking: a clock
+	// more than bucket.MaxClockSkew behind it was stepped back.
+	latest float64
+}
+
+// rebase moves every deadline back by the amount the clock was stepped
+// back since latest, so that held requests keep the wait they had left
+// instead of waiting for the old time to come back (the buckets re-anchor
+// at the new time too; see bucket.Limit.Refill). Moving them all keeps the
+// heap's order.
+func (q *delayQueue) rebase(now float64) {
+	if step := q.latest - now; step > bucket.MaxClockSkew {
+		for _, w := range q.h {
+			w.deadline -= step
+		}
+		q.armedFor = 0
+		q.latest = now
+	}
+	q.latest = max(q.latest, now)
+}
+
+func (q *delayQueue) less(i, j int) bool {
+	a, b := q.h[i], q.h[j]
+	return a.deadline < b.deadline || a.deadline == b.deadline && a.seq < b.seq
+}
+
+func (q *delayQueue) swap(i, j int) {
+	q.h[i], q.h[j] = q.h[j], q.h[i]
+	q.h[i].idx, q.h[j].idx = i, j
+}
+
+func (q *delayQueue) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !q.less(i, parent) {
+			return
+		}
+		q.swap(i, parent)
+		i = parent
+	}
+}
+
+func (q *delayQueue) down(i int) {
+	n := len(q.h)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		m := l
+		if r := l + 1; r < n && q.less(r, l) {
+			m = r
+		}
+		if !q.less(m, i) {
+			return
+		}
+		q.swap(i, m)
+		i = m
+	}
+}
+
+func (q *delayQueue) push(w *waiter) {
+	q.seq++
+	w.seq = q.seq
+	w.idx = len(q.h)
+	q.h = append(q.h, w)
+	q.up(w.idx)
+}
+
+// remove takes w out of the heap.
+func (q *delayQueue) remove(w *waiter) {
+	i, last := w.idx, len(q.h)-1
+	if i != last {
+		q.swap(i, last)
+	}
+	q.h[last] = nil
+	q.h = q.h[:last]
+	if i != last {
+		q.down(i)
+		q.up(i)
+	}
+	w.idx = -1
+}
+
+// Waiting returns the number of requests the plugin holds.
+func (p *Plugin) Waiting() int { return len(p.delays.h) }
+
+// TickPeriod returns the tick period, in milliseconds, the plugin last set
+// (0: no tick).
+func (p *Plugin) TickPeriod() uint32 { return p.delays.period }
+
+// shift returns the limit r's requests are stored under: its burst grown by
+// the reservation.
+func (r *Rule) shift(l bucket.Limit) bucket.Limit {
+	l.Burst += r.Delay.debt
+	return l
+}
+
+// unshift turns the results of g's reserving buckets back into true
+// balances (never below 0 for the headers) and returns the longest wait,
+// in seconds, the admission left: 0 unless a bucket went into debt.
+func unshift(g *group) float64 {
+	wait := 0.0
+	for i, r := range g.rules {
+		d := r.Delay.debt
+		if d == 0 {
+			continue
+		}
+		res := &g.res[i]
+		t := res.Tokens - d
+		if res.Allowed && t < 0 {
+			wait = math.Max(wait, -t/r.Limit.Rate)
+		}
+		res.Tokens = math.Max(t, 0)
+	}
+	return wait
+}
+
+// unholdable returns the index of the rule that keeps an admitted request
+// from being held, or -1 if it can be: a reserving rule at its max_pending,
+// or (index 0) a host without ticks or stream resumption.
+func (s *Stream) unholdable(g *group) int {
+	p := s.p
+	_, caller := p.host.(Caller)
+	_, ticks := p.host.(Ticker)
+	if !caller || !ticks {
+		return 0
+	}
+	for i, r := range g.rules {
+		if r.Delay.debt > 0 && r.waiting >= r.Delay.MaxPending {
+			return i
+		}
+	}
+	return -1
+}
+
+// hold pauses an admitted request for wait seconds: its tokens are taken,
+// and OnTick releases it at now+wait. unholdable must have said it can.
+func (s *Stream) hold(g *group, now, wait float64) Action {
+	p := s.p
+	p.delays.rebase(now)
+	w := &waiter{deadline: now + wait, s: s}
+	for i, r := range g.rules {
+		if r.Delay.debt == 0 {
+			continue
+		}
+		w.rules = append(w.rules, r)
+		r.waiting++
+		r.metrics.delayed.inc(p.host, 1)
+		if r.Delay.RefundOnCancel {
+			w.refund = append(w.refund, cloneReqs(g.reqs[i:i+1])...)
+		}
+	}
+	p.delays.push(w)
+	s.waiter = w
+	p.arm(p.host.(Ticker), now, false)
+	return Pause
+}
+
+// refuseHold rejects a request that fits the reservation but cannot be
+// held: its tokens go back and rule over is named in the 429, with the
+// wait as Retry-After.
+func (s *Stream) refuseHold(req *request, g *group, now, wait float64, over int) Action {
+	p := s.p
+	if _, err := p.upd.Refund(g.reqs, now); err != nil {
+		p.warnf(now, "event=refund_error reason="+strconv.Quote(err.Error()))
+	}
+	g.res[over].Allowed = false
+	g.res[over].RetryAfter = wait
+	g.rules[over].metrics.rejected.inc(p.host, 1)
+	retry := retryAfterHash(wait, req.identityHash())
+	p.logDescribe("tokengate: event=rejected_pending ", g, over, retry)
+	s.sendRejection(req, g, over, retry)
+	return Pause
+}
+
+// arm sets the tick for the earliest deadline. Outside a tick it changes
+// the period only when the earliest deadline moved (Envoy recreates the
+// timer on every call, so setting it per request would postpone the tick
+// for as long as requests keep coming); in a tick (ticked) it also corrects
+// a period that no longer matches the time left. Nothing waiting: 0.
+func (p *Plugin) arm(t Ticker, now float64, ticked bool) {
+	q := &p.delays
+	if len(q.h) == 0 {
+		if q.period != 0 {
+			p.setTick(t, 0)
+		}
+		q.armedFor = 0
+		return
+	}
+	top := q.h[0].deadline
+	if top == q.armedFor && q.period != 0 && !ticked {
+		return
+	}
+	ms := uint32(minTickMs)
+	// The microsecond taken off absorbs rounding in top-now (epoch
+	// seconds carry about 0.2 µs of precision); a tick that comes that
+	// early finds nothing due and re-arms for 1 ms.
+	if left := math.Ceil((top-now)*1000 - 1e-3); left > minTickMs {
+		ms = uint32(min(left, math.MaxUint32))
+	}
+	q.armedFor = top
+	if ms != q.period || !ticked {
+		p.setTick(t, ms)
+	}
+}
+
+func (p *Plugin) setTick(t Ticker, ms uint32) {
+	// Lease mode refills every lease.period ms: the timer never runs
+	// slower than that, nor stops, while a lease rule exists (lease.go).
+	if lp := p.lease.period; lp > 0 && (ms == 0 || ms > lp) {
+		ms = lp
+	}
+	if err := t.SetTickPeriod(ms); err != nil {
+		p.host.Log(LogError, "tokengate: set tick period: "+err.Error())
+		return
+	}
+	p.delays.period = ms
+}
+
+// OnTick is the root context's proxy_on_tick: every held request whose
+// deadline has come is released, in deadline order, and the tick is set
+// for the next one (or stopped).
+func (p *Plugin) OnTick() {
+	defer p.recoverTo("proxy_on_tick", func() {})
+	t, ok := p.host.(Ticker)
+	if !ok {
+		return
+	}
+	now := p.Clock()
+	q := &p.delays
+	q.rebase(now)
+	for len(q.h) > 0 && q.h[0].deadline <= now {
+		w := q.h[0]
+		q.remove(w)
+		p.forget(w)
+		w.s.waiter = nil
+		// A stream that is gone leaves the previous context effective:
+		// continuing then would resume the wrong stream. Its client left.
+		if p.host.(Caller).SetEffectiveContext(w.s.id) {
+			w.s.resume()
+		} else {
+			p.cancelled(w, now)
+		}
+	}
+	p.arm(t, now, true)
+	p.leaseOnTick(now)
+}
+
+// forget drops w from its rules' pending counts.
+func (p *Plugin) forget(w *waiter) {
+	for _, r := range w.rules {
+		r.waiting--
+	}
+}
+
+// cancelWait drops a held request whose stream ended before its release
+// (proxy_on_delete), refunding its buckets if its rules ask for it.
+func (s *Stream) cancelWait() {
+	w := s.waiter
+	if w == nil {
+		return
+	}
+	p := s.p
+	defer p.recoverTo("proxy_on_delete", func() {})
+	s.waiter = nil
+	p.delays.remove(w)
+	p.forget(w)
+	now := p.Clock()
+	p.cancelled(w, now)
+	if t, ok := p.host.(Ticker); ok {
+		p.arm(t, now, false)
+	}
+}
+
+// cancelled counts a held request whose client left and, if its rules ask
+// for it, gives its tokens back. The refund is made at the current time: a
+// stale time would look to the bucket like the clock stepping back
+// (bucket.MaxClockSkew).
+func (p *Plugin) cancelled(w *waiter, now float64) {
+	for _, r := range w.rules {
+		r.metrics.delayCancelled.inc(p.host, 1)
+	}
+	if len(w.refund) > 0 {
+		if _, err := p.upd.Refund(w.refund, now); err != nil {
+			p.warnf(now, "event=refund_error reason="+strconv.Quote(err.Error()))
+		}
+	}
+}

@@ -1,0 +1,83 @@
+package filter
+
+import (
+	"strconv"
+
+	"github.com/tokengate/tokengate/internal/lite/ljson"
+)
+
+// delayFields are the algorithm_config fields of delayed admission.
+var delayFields = []string{"max_reserved", "max_delay_ms", "max_pending", "refund_on_cancel"}
+
+// maxDelayMs bounds max_delay_ms (one day): a request is never held longer.
+const maxDelayMs = 86400e3
+
+// delayConfig reads a token bucket's delayed admission; r.Limit is set.
+func delayConfig(path string, v ljson.Result, r *Rule) error {
+	d := Delay{MaxPending: DefaultMaxPending}
+	mr := v.Get("max_reserved")
+	if mr.Exists() {
+		if mr.Type != ljson.Number {
+			return errAt(path+".max_reserved", "must be a number, got "+typeName(mr))
+		}
+		f, err := strconv.ParseFloat(mr.Raw, 64)
+		if err != nil || !(f >= 0 && f <= maxBurst) {
+			return errAt(path+".max_reserved", "must be a number from 0 to "+num(maxBurst)+", got "+short(mr.Raw))
+		}
+		d.MaxReserved = f
+	}
+	for _, f := range delayFields[1:] {
+		if v.Get(f).Exists() && !(d.MaxReserved > 0) {
+			return errAt(path+"."+f, "needs max_reserved > 0 (without a reservation nothing is delayed)")
+		}
+	}
+	if md := v.Get("max_delay_ms"); md.Exists() {
+		f, err := positive(path+".max_delay_ms", md, maxDelayMs)
+		if err != nil {
+			return err
+		}
+		d.MaxDelayMs = f
+	}
+	if mp := v.Get("max_pending"); mp.Exists() {
+		n, ok := integer(mp)
+		if !ok || n < 1 || n > 1<<20 {
+			return errAt(path+".max_pending", "must be an integer from 1 to "+strconv.Itoa(1<<20)+", got "+short(mp.Raw))
+		}
+		d.MaxPending = int(n)
+	}
+	if rc := v.Get("refund_on_cancel"); rc.Exists() {
+		if rc.Type != ljson.True && rc.Type != ljson.False {
+			return errAt(path+".refund_on_cancel", "must be true or false, got "+typeName(rc))
+		}
+		d.RefundOnCancel = rc.Type == ljson.True
+	}
+	d.debt = d.MaxReserved
+	if d.MaxDelayMs > 0 {
+		d.debt = min(d.debt, d.MaxDelayMs/1000*r.Limit.Rate)
+	}
+	if d.MaxReserved > 0 && r.Limit.Burst+d.debt > maxBurst {
+		return errAt(path+".max_reserved", "burst + max_reserved must be <= "+num(maxBurst)+", got "+num(r.Limit.Burst+d.MaxReserved))
+	}
+	r.Delay = d
+	return nil
+}
+
+// checkDelayRules refuses delayed admission where it cannot work: in a
+// configuration with cluster-scope rules (a request held for its local
+// buckets and paused for the rate-limit service at once is not supported).
+func checkDelayRules(cfg *Config) error {
+	var delayed, cluster *Rule
+	for _, r := range cfg.rules {
+		if r.Delay.debt > 0 && delayed == nil {
+			delayed = r
+		}
+		if r.Cluster && cluster == nil {
+			cluster = r
+		}
+	}
+	if delayed != nil && cluster != nil {
+		return errAt("", "rule "+strconv.Quote(delayed.Name)+" delays requests (max_reserved) and rule "+
+			strconv.Quote(cluster.Name)+` has "scope": "cluster": one configuration cannot have both`)
+	}
+	return nil
+}

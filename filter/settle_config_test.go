@@ -1,0 +1,75 @@
+package filter_test
+
+import (
+	"testing"
+
+	"github.com/tokengate/tokengate/filter"
+)
+
+func TestParseSettleConfig(t *testing.T) {
+	cfg, err := filter.ParseConfig([]byte(`{"rules":[
+		{"name":"llm","algorithm_config":{"rps":1,"burst":100,"cost_source":"response_sse:/message/usage/input_tokens+/usage/output_tokens","pre_charge":5,"max_debt":0}},
+		{"name":"login","algorithm_config":{"rps":1,"burst":3,"count_statuses":[401,"403","5xx"],"reset_on_statuses":"2xx"}},
+		{"name":"hdr","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:X-Usage"}},
+		{"name":"cc","algorithm":"concurrency","algorithm_config":{"max_in_flight":7}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Rules()
+	llm := r[0]
+	if s := llm.Settle; s == nil || s.Response != filter.ResponseSSE || len(s.Pointers) != 2 || s.PreCharge != 5 ||
+		llm.Limit.MaxDebt != 0 || llm.Cost.Kind != filter.CostResponse || llm.Cost.PreCharge != 5 {
+		t.Errorf("llm: got %+v %+v %+v", llm.Settle, llm.Limit, llm.Cost)
+	}
+	login := r[1].Settle
+	for st, want := range map[int]bool{401: true, 403: true, 404: false, 500: true, 599: true, 200: false} {
+		if login.Count.Has(st) != want {
+			t.Errorf("count_statuses has %d: got %v", st, !want)
+		}
+	}
+	if !login.Reset.Has(204) || login.Reset.Has(401) {
+		t.Errorf("reset_on_statuses: %v", login.Reset)
+	}
+	if r[2].Settle.Header != "x-usage" || r[2].Limit.MaxDebt != 3 {
+		t.Errorf("hdr: %+v, max_debt %v (want burst)", r[2].Settle, r[2].Limit.MaxDebt)
+	}
+	if r[3].InFlight == nil || r[3].InFlight.Max != 7 || r[3].InFlight.Lease != 600 {
+		t.Errorf("cc: %+v", r[3].InFlight)
+	}
+}
+
+func TestParseSettleConfigErrors(t *testing.T) {
+	rls := `,"settings":{"rls":{"cluster":"rls"}}}`
+	tests := []struct{ name, config, expectedErr string }{
+		{"overlap", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"count_statuses":"4xx","reset_on_statuses":[401]}}`,
+			`algorithm_config.reset_on_statuses: must not share a status with count_statuses: a status either counts or resets`},
+		{"bad class", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"count_statuses":"6xx"}}`,
+			`algorithm_config.count_statuses: must be a status (401 or "401") or a class ("4xx"), got "6xx"`},
+		{"pre_charge without a response cost", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"pre_charge":1}}`,
+			`algorithm_config.pre_charge: applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`},
+		{"pre_charge over burst", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","pre_charge":4}}`,
+			`algorithm_config.pre_charge: must be from 0 to 3, got 4`},
+		{"response cost on a window", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":3,"window_seconds":1,"cost_source":"response_json:/u"}}`,
+			`algorithm_config.cost_source: a cost known after the response needs a token_bucket, whose balance may go into debt; fixed windows have none`},
+		{"too many pointers", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/a+/b+/c+/d+/e"}}`,
+			`algorithm_config.cost_source: at most 4 JSON pointers joined by '+', got 5`},
+		{"bad header", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:"}}`,
+			`algorithm_config.cost_source: response_header needs a header name of 1 to 64 characters from [A-Za-z0-9_-], got ""`},
+		{"reservation and settling", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"max_reserved":2,"count_statuses":[401]}}`,
+			`algorithm_config.max_reserved: cannot be combined with count_statuses, reset_on_statuses or a response_* cost_source: a reservation holds requests against a debt the bucket already carries; settle in a rule of its own`},
+		{"lease too short", `{"name":"a","algorithm":"concurrency","algorithm_config":{"max_in_flight":1,"lease_seconds":0.5}}`,
+			`algorithm_config.lease_seconds: must be >= 1, got 0.5`},
+		{"cluster settles", `{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":3,"count_statuses":[401]}}]` + rls,
+			`rule "a": "scope": "cluster" cannot settle after the response (count_statuses, reset_on_statuses, response_* costs) or count requests in flight: the rate-limit service takes hits at admission only; use "scope": "local" for such a rule`},
+		{"cluster concurrency", `{"rules":[{"name":"a","scope":"cluster","algorithm":"concurrency","algorithm_config":{"max_in_flight":1}}]` + rls,
+			`rule "a": "scope": "cluster" cannot settle after the response (count_statuses, reset_on_statuses, response_* costs) or count requests in flight: the rate-limit service takes hits at admission only; use "scope": "local" for such a rule`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := filter.ParseConfig([]byte(tt.config))
+			if err == nil || err.Error() != tt.expectedErr {
+				t.Errorf("got error\n  %v\nwant\n  %s", err, tt.expectedErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,174 @@
+package filter_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/filter/filtertest"
+	"github.com/tokengate/tokengate/sharedstate"
+	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
+)
+
+// stream drives one stream by hand through the fixture's plugin.
+type stream struct {
+	f *fixture
+	s *filter.Stream
+}
+
+func (f *fixture) start(headers ...string) (*stream, filtertest.Result) {
+	f.h.Request, f.h.Response = filtertest.Get("/", "192.0.2.1:5000", headers...), filtertest.Response{}
+	s := f.p.NewStream()
+	act := s.OnRequestHeaders(len(f.h.Request.Headers), true)
+	f.h.EndCallback()
+	return &stream{f: f, s: s}, filtertest.Result{RequestAction: act, Response: f.h.Response}
+}
+
+func (st *stream) headers(status string, eos bool, extra ...[2]string) {
+	h := st.f.h
+	h.Response.Headers = append([][2]string{{":status", status}}, extra...)
+	st.s.OnResponseHeaders(len(h.Response.Headers), eos)
+	h.EndCallback()
+}
+
+func (st *stream) body(chunk string, eos bool) {
+	h := st.f.h
+	h.Request.BodyChunk = []byte(chunk)
+	if act := st.s.OnResponseBody(len(chunk), eos); act != filter.Continue {
+		st.f.t.Fatalf("proxy_on_response_body: got %v, want Continue", act)
+	}
+	h.EndCallback()
+}
+
+// end runs every way a host may end a stream, in order, more than once.
+func (st *stream) end() {
+	st.s.OnResponseTrailers(0)
+	st.s.OnDone()
+	st.s.OnDone()
+	st.s.Release()
+}
+
+func TestSettleExactlyOnce(t *testing.T) {
+	const cfg = `{"name":"llm","algorithm_config":{"rps":1,"burst":100,"cost_source":"response_json:/usage/total_tokens","pre_charge":10}}`
+	f := newFixture(t, cfg)
+	st, res := f.start()
+	if res.RequestAction != filter.Continue {
+		t.Fatal("not admitted")
+	}
+	if tok, _ := f.state("tb:llm:"); tok != 90 {
+		t.Fatalf("after admission: %v tokens, want 90", tok)
+	}
+	st.headers("200", false)
+	doc := `{"usage":{"total_tokens":33}}`
+	for i := 0; i < len(doc); i += 4 {
+		st.body(doc[i:min(i+4, len(doc))], false)
+	}
+	st.body("", true)
+	st.end()
+	if tok, _ := f.state("tb:llm:"); tok != 67 {
+		t.Errorf("settled: %v tokens, want 67", tok)
+	}
+	if got := f.counter("llm", filter.CounterSettleCharged); got != 1 {
+		t.Errorf("settle_charged: got %d, want 1", got)
+	}
+}
+
+func TestSettleWithoutResponse(t *testing.T) {
+	f := newFixture(t, `{"rules":[{"name":"login","match":{"header:x-r":"login"},"algorithm_config":{"rps":1,"burst":5,"count_statuses":[401]}},`+
+		`{"name":"llm","match":{"header:x-r":"llm"},"algorithm_config":{"rps":1,"burst":100,"cost_source":"response_sse:/u","default_cost":7}}]}`)
+	st, _ := f.start("x-r", "login")
+	st.end() // the client left before the response: the cost stands
+	if tok, _ := f.state("tb:login:"); tok != 4 {
+		t.Errorf("login: %v tokens, want 4", tok)
+	}
+	st, _ = f.start("x-r", "llm")
+	st.headers("200", false)
+	st.body("data: {\"u\":", false)
+	st.end() // reset mid-event: nothing complete was reported
+	if tok, _ := f.state("tb:llm:"); tok != 93 {
+		t.Errorf("llm: %v tokens, want 93 (default_cost)", tok)
+	}
+	// Headers that end the stream settle at once; a 200 is refunded.
+	st, _ = f.start("x-r", "login")
+	st.headers("200", true)
+	if tok, _ := f.state("tb:login:"); tok != 4 {
+		t.Errorf("login after a 200: %v tokens, want 4", tok)
+	}
+	st.end()
+}
+
+func TestInFlightReleasedOnEveryPath(t *testing.T) {
+	f := newFixture(t, `{"rules":[{"name":"cc","algorithm":"concurrency","algorithm_config":{"max_in_flight":2}}],"settings":{"rule_headers":true}}`)
+	count := func() int64 {
+		v := f.raw("cc:cc:")
+		cur, prev, _, _, err := sharedstate.ParseInFlight([]byte(v))
+		if err != nil {
+			t.Fatalf("%q: %v", v, err)
+		}
+		return cur + prev
+	}
+	a, _ := f.start()
+	b, _ := f.start()
+	c, res := f.start()
+	if res.Local == nil || res.Local.Status != 429 || res.Header("x-tokengate-reason") != filter.ReasonConcurrency {
+		t.Fatalf("third: got %+v, want 429 concurrency_limit", res.Local)
+	}
+	c.end() // held nothing: releases nothing
+	if n := count(); n != 2 {
+		t.Fatalf("in flight: %d, want 2", n)
+	}
+	a.headers("200", false)
+	a.body("x", true) // the end of the body releases
+	if n := count(); n != 1 {
+		t.Fatalf("after a's body: %d, want 1", n)
+	}
+	a.end()
+	b.s.Release() // a host that never called proxy_on_done
+	if n := count(); n != 0 {
+		t.Fatalf("after b's delete: %d, want 0", n)
+	}
+	// The lease: a place never released is dropped two periods later.
+	d, _ := f.start()
+	_ = d
+	f.now += 2 * 600
+	e, res := f.start()
+	if res.Local != nil || count() != 1 {
+		t.Fatalf("after the lease: %+v, %d in flight, want admitted with 1", res.Local, count())
+	}
+	e.end()
+}
+
+// TestInFlightStoreFailure: a concurrency rule fails open when the shared
+// data fails, or answers 503 with on_store_error deny; a corrupt counter
+// is taken over.
+func TestInFlightStoreFailure(t *testing.T) {
+	for _, deny := range []bool{false, true} {
+		ose := map[bool]string{false: "allow", true: "deny"}[deny]
+		f := newFixture(t, `{"rules":[{"name":"cc","on_store_error":"`+ose+`","algorithm":"concurrency","algorithm_config":{"max_in_flight":1}}]}`)
+		mem := f.mem()
+		f.h.Store = &sharedstatetest.FaultStore{Store: mem, GetErr: func(string) error { return errors.New("boom") }}
+		_, res := f.start()
+		switch {
+		case deny && (res.Local == nil || res.Local.Status != 503):
+			t.Errorf("deny: got %+v, want 503", res.Local)
+		case !deny && res.Local != nil:
+			t.Errorf("allow: got %+v, want through", res.Local)
+		}
+		want := map[bool]string{false: filter.CounterFailOpen, true: filter.CounterStoreDenied}[deny]
+		if got := f.counter("cc", want); got != 1 {
+			t.Errorf("%s: got %d, want 1", want, got)
+		}
+		f.h.Store = mem
+	}
+	f := newFixture(t, `{"rules":[{"name":"cc","algorithm":"concurrency","algorithm_config":{"max_in_flight":1}}]}`)
+	f.put("cc:cc:", "garbage")
+	st, res := f.start()
+	if res.Local != nil {
+		t.Fatalf("corrupt counter: got %+v, want admitted", res.Local)
+	}
+	st.end()
+	if v := f.raw("cc:cc:"); !strings.HasPrefix(v, "0:0:") {
+		t.Errorf("after release: %q, want nothing in flight", v)
+	}
+}

@@ -1,0 +1,276 @@
+package wasmhost
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Streaming responses (Options.StreamResponses)
+//
+// With StreamResponses the upstream's response goes to the client as it
+// arrives, the way Envoy passes a response through a filter that answers
+// Continue: proxy_on_response_headers when the upstream sends its headers,
+// then proxy_on_response_body once for every piece the upstream writes
+// (end_of_stream 0), each written and flushed to the client before the
+// next, and a last proxy_on_response_body(0, end_of_stream 1) when the
+// upstream finishes. proxy_get_buffer_bytes(RESPONSE_BODY) sees the
+// current piece only. If the client goes away, or the upstream aborts
+// after its headers, the stream ends without end_of_stream: proxy_on_log,
+// proxy_on_done and proxy_on_delete run, and an aborted upstream resets
+// the client's stream. A local reply the filter sends while handling the
+// response headers replaces the response, as without streaming.
+
+// streamedStatus is what run returns when streamUpstream has answered.
+const streamedStatus = -1
+
+// streamWriter is the http.ResponseWriter the upstream writes to.
+type streamWriter struct {
+	h   *Host
+	w   *worker
+	s   *stream
+	rw  http.ResponseWriter
+	ctx context.Context
+
+	header      http.Header
+	wroteHeader bool
+	replaced    bool // the filter sent a local reply: the upstream's body is dropped
+	gone        bool // the client went away
+	headSent    bool // the status and headers went to the client
+	failed      error
+}
+
+var errClientGone = errors.New("tokengate-local: the client went away")
+
+func (sw *streamWriter) Header() http.Header { return sw.header }
+
+func (sw *streamWriter) WriteHeader(code int) {
+	if sw.wroteHeader {
+		return
+	}
+	sw.wroteHeader = true
+	s, w := sw.s, sw.w
+	hs := []Header{{":status", strconv.Itoa(code)}}
+	names := make([]string, 0, len(sw.header))
+	for name := range sw.header {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		lname := strings.ToLower(name)
+		if isHopByHop(lname) {
+			continue
+		}
+		for _, v := range sw.header[name] {
+			hs = append(hs, Header{lname, v})
+		}
+	}
+	s.resp.h = hs
+	if err := w.acquire(); err != nil {
+		sw.failed = err
+		return
+	}
+	first := s.local
+	_, err := w.callStream(s, phaseResponseHeaders, "proxy_on_response_headers", uint64(s.id), uint64(len(s.resp.h)), 0)
+	if err != nil {
+		delete(w.streams, s.id)
+		w.mu.Unlock()
+		sw.failed = err
+		return
+	}
+	if s.local != first {
+		sw.replaced = true
+		s.localReply = true
+		s.resp.h, s.respBody = buildLocalReply(s.local, s.grpc, s.head)
+	}
+	w.mu.Unlock()
+	sw.writeHead(s.resp.h)
+	if sw.replaced && !s.head {
+		_, _ = sw.rw.Write(s.respBody)
+	}
+	sw.flush()
+}
+
+// writeHead writes status and headers to the client.
+func (sw *streamWriter) writeHead(hs []Header) {
+	out := sw.rw.Header()
+	status := http.StatusOK
+	for _, hd := range hs {
+		if hd.Name == ":status" {
+			status, _ = strconv.Atoi(hd.Value)
+			continue
+		}
+		if strings.HasPrefix(hd.Name, ":") || isHopByHop(hd.Name) {
+			continue
+		}
+		k := textproto.CanonicalMIMEHeaderKey(hd.Name)
+		out[k] = append(out[k], hd.Value)
+	}
+	sw.rw.WriteHeader(status)
+	sw.headSent = true
+}
+
+func (sw *streamWriter) flush() {
+	if f, ok := sw.rw.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Flush implements http.Flusher.
+func (sw *streamWriter) Flush() {
+	if !sw.wroteHeader {
+		sw.WriteHeader(http.StatusOK)
+	}
+	sw.flush()
+}
+
+func (sw *streamWriter) Write(p []byte) (int, error) {
+	if !sw.wroteHeader {
+		sw.WriteHeader(http.StatusOK)
+	}
+	switch {
+	case sw.failed != nil:
+		return 0, sw.failed
+	case sw.gone:
+		return 0, errClientGone
+	case sw.replaced || len(p) == 0:
+		return len(p), nil
+	}
+	if err := sw.body(p, false); err != nil {
+		return 0, err
+	}
+	if sw.s.head {
+		return len(p), nil
+	}
+	if _, err := sw.rw.Write(p); err != nil {
+		sw.gone = true
+		return 0, errClientGone
+	}
+	sw.flush()
+	if sw.ctx.Err() != nil {
+		sw.gone = true
+		return len(p), errClientGone
+	}
+	return len(p), nil
+}
+
+// body runs proxy_on_response_body on one piece.
+func (sw *streamWriter) body(p []byte, eos bool) error {
+	s, w := sw.s, sw.w
+	if err := w.acquire(); err != nil {
+		sw.failed = err
+		return err
+	}
+	s.respBody = append(s.respBody[:0], p...)
+	_, err := w.callStream(s, phaseResponseBody, "proxy_on_response_body", uint64(s.id), uint64(len(p)), boolArg(eos))
+	if err != nil {
+		delete(w.streams, s.id)
+		w.mu.Unlock()
+		sw.failed = err
+		return err
+	}
+	w.mu.Unlock()
+	return nil
+}
+
+// streamUpstream sends the request to the upstream and streams its
+// response to the client through the filter; run has released w.mu.
+func (h *Host) streamUpstream(w *worker, s *stream, r *http.Request) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	sw := &streamWriter{h: h, w: w, s: s, rw: s.rw, ctx: ctx, header: make(http.Header)}
+	out, err := upstreamRequest(ctx, s, r)
+	aborted := false
+	if err != nil {
+		hs, b := errorResponse(http.StatusBadRequest, "tokengate-local: "+err.Error()+"\n")
+		sw.header = http.Header{}
+		for _, hd := range hs[1:] {
+			sw.header.Set(hd.Name, hd.Value)
+		}
+		sw.WriteHeader(http.StatusBadRequest)
+		_, _ = sw.Write(b)
+	} else {
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					aborted = true
+					if p != http.ErrAbortHandler {
+						h.hostLog(w, LogError, fmt.Sprintf("upstream panicked: %v", p))
+					}
+				}
+			}()
+			h.upstream.ServeHTTP(sw, out)
+		}()
+	}
+	if !aborted && !sw.wroteHeader && sw.failed == nil {
+		sw.WriteHeader(http.StatusOK)
+	}
+	if sw.failed != nil {
+		// The VM trapped (it restarts on its next use): Envoy's
+		// fail-closed answer if the client has no headers yet, else a
+		// reset.
+		h.hostLog(w, LogCritical, fmt.Sprintf("worker %d: wasm VM failed: %v", w.index, sw.failed))
+		if !sw.headSent {
+			sw.rw.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		panic(http.ErrAbortHandler)
+	}
+	ended := !aborted && !sw.gone && sw.ctx.Err() == nil
+	if ended && !sw.replaced {
+		if err := sw.body(nil, true); err != nil {
+			panic(http.ErrAbortHandler)
+		}
+	}
+	if err := w.acquire(); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	err = w.finish(s)
+	w.mu.Unlock()
+	if err != nil {
+		h.hostLog(w, LogCritical, fmt.Sprintf("worker %d: wasm VM failed: %v", w.index, err))
+	}
+	if !ended {
+		if !sw.headSent {
+			sw.rw.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		panic(http.ErrAbortHandler) // reset the client's stream
+	}
+}
+
+// upstreamRequest is the request the upstream gets, as the filter left it.
+func upstreamRequest(ctx context.Context, s *stream, r *http.Request) (*http.Request, error) {
+	method, _ := s.req.get(":method")
+	path, _ := s.req.get(":path")
+	authority, _ := s.req.get(":authority")
+	u, err := url.ParseRequestURI(path)
+	if err != nil {
+		return nil, fmt.Errorf("bad :path %q", path)
+	}
+	out, err := http.NewRequestWithContext(ctx, method, u.String(), bytes.NewReader(s.reqBody))
+	if err != nil {
+		return nil, err
+	}
+	out.URL = u
+	out.Host = authority
+	out.RequestURI = path
+	out.RemoteAddr = r.RemoteAddr
+	out.Proto, out.ProtoMajor, out.ProtoMinor = r.Proto, r.ProtoMajor, r.ProtoMinor
+	out.ContentLength = int64(len(s.reqBody))
+	for _, hd := range s.req.h {
+		if strings.HasPrefix(hd.Name, ":") {
+			continue
+		}
+		k := textproto.CanonicalMIMEHeaderKey(hd.Name)
+		out.Header[k] = append(out.Header[k], hd.Value)
+	}
+	return out, nil
+}
