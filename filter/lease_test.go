@@ -346,6 +346,26 @@ func TestLeaseMode(t *testing.T) {
 		}
 	})
 
+	t.Run("the timer keeps the refill period; early ticks do not refill", func(t *testing.T) {
+		f := warm(t)
+		for range 8 {
+			f.h.Start(f.p, req) // demand: the next refill is wanted
+		}
+		// Ticks every 10 ms (as delayed admission may set them): the
+		// period stays 100 ms with nothing held, and the refill runs once
+		// in 100 ms, not on every tick.
+		for range 9 {
+			f.now += 0.01
+			f.h.Tick(f.p)
+			if got := f.h.TickPeriod(); got != 100 {
+				t.Fatalf("tick period %d ms with a lease rule and nothing held, want 100", got)
+			}
+		}
+		if len(f.h.Calls) != 3 {
+			t.Fatalf("%d calls after nine 10 ms ticks, want one refill", len(f.h.Calls))
+		}
+	})
+
 	t.Run("a grant answered after the claim lapsed is dropped", func(t *testing.T) {
 		f := newFixture(t, leaseCfg)
 		f.h.Start(f.p, req)
