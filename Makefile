@@ -53,12 +53,13 @@ $(LOCAL): $(LOCAL_SRC)
 	@echo 'building the local host into $(LOCAL): the first build compiles wazero and takes a minute or two on a cold cache; later runs reuse it'
 	$(GO) build -o $(LOCAL) ./cmd/tokengate-local
 
-## cluster: a fleet sharing one limit per client IP: redis-server, tokengate-rls and three tokengate-local proxies on 127.0.0.1:10000, :10010, :10020 (tools/cluster.sh; Ctrl-C stops them).
+## cluster: a fleet sharing one limit per client IP: redis-server, tokengate-rls and three tokengate-local proxies on 127.0.0.1:10000, :10010, :10020 (tools/cluster.sh; Ctrl-C stops them). MODE=lease puts the rule in lease mode.
 RLS     := build/tokengate-rls
 RLS_SRC := $(shell find cmd/tokengate-rls internal filter bucket sharedstate -name '*.go' -not -name '*_test.go' -not -path '*/testdata/*' 2>/dev/null) go.mod go.sum
 
+MODE ?= exact
 cluster: build $(LOCAL) $(RLS)
-	tools/cluster.sh
+	MODE=$(MODE) tools/cluster.sh
 
 $(RLS): $(RLS_SRC)
 	@mkdir -p build

@@ -21,6 +21,7 @@ HTTP_ROUNDS=${BENCH_HTTP_ROUNDS:-3}
 CONC=${BENCH_CONCURRENCY:-8}
 HTTP_PORT_A=${BENCH_PORT_A:-18181}
 HTTP_PORT_B=${BENCH_PORT_B:-18182}
+HTTP_PORT_M=${BENCH_PORT_M:-18184}
 if [[ -n "${BENCH_QUICK:-}" ]]; then
 	HTTP_SECS=3 HTTP_ROUNDS=1
 fi
@@ -81,7 +82,8 @@ else
 	# and write Redis on every request. (fleet-per-ip is for the HTTP rows.)
 	cat >"$OUT/rls.json" <<-'EOF'
 		{"rules":[{"name":"bench","scope":"cluster","limit_keys":["header:x-key"],"algorithm_config":{"rps":1000000,"burst":1000000}},
-		  {"name":"fleet-per-ip","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}],
+		  {"name":"fleet-per-ip","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}},
+		  {"name":"fleet-lease","scope":"cluster","mode":"lease","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}],
 		 "settings":{"rls":{"cluster":"tokengate_rls"}}}
 	EOF
 	"$OUT/tokengate-rls" -config "$OUT/rls.json" -redis "127.0.0.1:$RLS_REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" \
@@ -138,6 +140,13 @@ else
 		sed -e "s/port_value: 8081 }/port_value: $RLS_PORT }/" -e 's/"rps": 2, "burst": 6/"rps": 1000000, "burst": 1000000/' \
 			-e 's/"timeout_ms": 50/"timeout_ms": 1000/' examples/cluster/envoy.yaml >"$OUT/http-c.yaml"
 		grep -v '"scope": "cluster"' "$OUT/http-c.yaml" >"$OUT/http-l.yaml"
+		# Lease mode (docs/lease.md): the same cluster rule admitting from
+		# leased tokens; the service's request count around each round
+		# gives the RLS calls a second for this one hot key (every request
+		# has the same client IP).
+		# Its own rule name: the service has fleet-per-ip in exact mode.
+		sed -e 's/"scope": "cluster",/"scope": "cluster", "mode": "lease",/' -e 's/"name": "fleet-per-ip"/"name": "fleet-lease"/' \
+			"$OUT/http-c.yaml" >"$OUT/http-m.yaml"
 		start_local_on() { # port flags...
 			"$OUT/tokengate-local" -wasm build/tokengate.wasm -listen "127.0.0.1:$1" -admin '' -log-level error "${@:2}" \
 				>"$OUT/local-$1.log" 2>&1 &
@@ -153,11 +162,17 @@ else
 		}
 		start_local_on "$HTTP_PORT_A" -envoy "$OUT/http-l.yaml"
 		start_local_on "$HTTP_PORT_B" -envoy "$OUT/http-c.yaml"
+		start_local_on "$HTTP_PORT_M" -envoy "$OUT/http-m.yaml"
 		wrk -t 2 -c "$CONC" -d 1s "http://127.0.0.1:$HTTP_PORT_A/" >/dev/null
 		wrk -t 2 -c "$CONC" -d 1s "http://127.0.0.1:$HTTP_PORT_B/" >/dev/null
+		wrk -t 2 -c "$CONC" -d 1s "http://127.0.0.1:$HTTP_PORT_M/" >/dev/null
+		rls_calls() { curl -fsS "http://127.0.0.1:$((RLS_PORT + 1))/metrics" | awk '/^tokengate_rls_requests_total/ {n += $2} END {print n + 0}'; }
 		for r in $(seq "$HTTP_ROUNDS"); do
 			wrk -t 2 -c "$CONC" -d "${HTTP_SECS}s" --latency "http://127.0.0.1:$HTTP_PORT_A/" >"$OUT/http-l-$r.txt"
 			wrk -t 2 -c "$CONC" -d "${HTTP_SECS}s" --latency "http://127.0.0.1:$HTTP_PORT_B/" >"$OUT/http-c-$r.txt"
+			before=$(rls_calls)
+			wrk -t 2 -c "$CONC" -d "${HTTP_SECS}s" --latency "http://127.0.0.1:$HTTP_PORT_M/" >"$OUT/http-m-$r.txt"
+			echo "$(($(rls_calls) - before)) $HTTP_SECS" >"$OUT/http-m-$r.calls"
 		done
 	fi
 fi

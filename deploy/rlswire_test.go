@@ -10,6 +10,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tokengate/tokengate/filter/rlswire"
@@ -60,12 +61,17 @@ func TestRLSWireMatchesGoControlPlane(t *testing.T) {
 
 		resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_Code(r.IntN(3))}
 		for range r.IntN(4) {
-			resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
+			st := &rlsv3.RateLimitResponse_DescriptorStatus{
 				Code:               rlsv3.RateLimitResponse_Code(r.IntN(3)),
 				CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{Name: str(), RequestsPerUnit: r.Uint32(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(r.IntN(7))},
 				LimitRemaining:     r.Uint32(),
 				DurationUntilReset: &durationpb.Duration{Seconds: r.Int64N(1e6), Nanos: r.Int32N(1e9)},
-			})
+			}
+			if r.IntN(2) == 0 { // a lease grant (docs/lease.md)
+				st.Quota = &rlsv3.RateLimitResponse_Quota{Requests: r.Uint32(), Id: str(),
+					ExpirationSpecifier: &rlsv3.RateLimitResponse_Quota_ValidUntil{ValidUntil: &timestamppb.Timestamp{Seconds: r.Int64N(1e10), Nanos: r.Int32N(1e9)}}}
+			}
+			resp.Statuses = append(resp.Statuses, st)
 		}
 		for range r.IntN(3) {
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: str(), Value: str()})
@@ -89,6 +95,10 @@ func TestRLSWireMatchesGoControlPlane(t *testing.T) {
 				g.Unit != int(s.CurrentLimit.Unit) || g.LimitRemaining != s.LimitRemaining ||
 				g.UntilReset != float64(d.Seconds)+float64(d.Nanos)/1e9 {
 				t.Fatalf("status %d: %+v from %v", j, g, s)
+			}
+			if q := s.Quota; (q != nil) != g.HasQuota || q != nil && (g.Quota.Requests != q.Requests || g.Quota.ID != q.Id ||
+				g.Quota.ValidUntil != float64(q.GetValidUntil().Seconds)+float64(q.GetValidUntil().Nanos)/1e9) {
+				t.Fatalf("status %d quota: %+v from %v", j, g.Quota, q)
 			}
 		}
 		for j, h := range resp.ResponseHeadersToAdd {

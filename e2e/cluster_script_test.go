@@ -61,8 +61,15 @@ func TestClusterExampleIsOneConfiguration(t *testing.T) {
 // binaries built by the test, with two proxies instead of three (each
 // compiles the module as it starts, seconds apiece on a busy machine; the
 // fleet tests cover three): the fleet comes up, the proxies share one
-// bucket per client IP, and SIGINT (Ctrl-C) stops every process.
+// bucket per client IP, and SIGINT (Ctrl-C) stops every process; in both
+// modes (MODE=lease: the rule in lease mode, docs/lease.md).
 func TestMakeCluster(t *testing.T) {
+	for _, mode := range []string{"exact", "lease"} {
+		t.Run(mode, func(t *testing.T) { testMakeCluster(t, mode) })
+	}
+}
+
+func testMakeCluster(t *testing.T, mode string) {
 	if testing.Short() {
 		t.Skip("starts five processes")
 	}
@@ -88,7 +95,7 @@ func TestMakeCluster(t *testing.T) {
 		"CLUSTER_PORTS="+strings.Join(ports, " "),
 		"CLUSTER_RLS_PORT="+strconv.Itoa(rlsPort), "CLUSTER_RLS_ADMIN_PORT="+strconv.Itoa(rlsAdmin),
 		"CLUSTER_REDIS_PORT="+strconv.Itoa(redisPort), "CLUSTER_DIR="+dir,
-		"LOCAL="+localBin, "RLS="+rlsBin, "WASM="+wasm)
+		"LOCAL="+localBin, "RLS="+rlsBin, "WASM="+wasm, "MODE="+mode)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -122,7 +129,7 @@ func TestMakeCluster(t *testing.T) {
 			t.Fatal("the fleet did not come up in 120 s")
 		}
 	}
-	for _, want := range append([]string{"http://127.0.0.1:" + ports[0], "curl"}, ports...) {
+	for _, want := range append([]string{"http://127.0.0.1:" + ports[0], "curl", "in " + mode + " mode"}, ports...) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the banner does not mention %q", want)
 		}
@@ -148,8 +155,24 @@ func TestMakeCluster(t *testing.T) {
 			}
 		}
 	}
-	if upper := 6 + 2*time.Since(t0).Seconds() + 1; admitted < 6 || float64(admitted) > upper {
-		t.Errorf("the fleet admitted %d of 12, want 6 to %.1f (one bucket for both proxies)", admitted, upper)
+	// In lease mode the other proxies' allowances (lease_max 2 each) may
+	// hold tokens back: wrong rejections, never over the limit.
+	lower := 6
+	if mode == "lease" {
+		lower = 6 - 2*(len(ports)-1)
+	}
+	// A call that timed out (timeout_ms 50 on a loaded machine) is decided
+	// by on_error "local" in that proxy alone, by design: each such request
+	// may be one more.
+	fallbacks := 0
+	for _, p := range ports {
+		b, _ := os.ReadFile(filepath.Join(dir, "proxy-"+p+".log"))
+		fallbacks += strings.Count(string(b), "event=rls_error reason=")
+	}
+	t.Logf("%s mode: the fleet admitted %d of 12 in %.2fs, %d decided by on_error local", mode, admitted, time.Since(t0).Seconds(), fallbacks)
+	if upper := 6 + 2*time.Since(t0).Seconds() + 1 + float64(fallbacks); admitted < lower || float64(admitted) > upper {
+		t.Errorf("the fleet admitted %d of 12, want %d to %.1f (one bucket for every proxy; %d decided by on_error local)",
+			admitted, lower, upper, fallbacks)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {

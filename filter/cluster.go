@@ -55,6 +55,9 @@ type pendingCall struct {
 	// buckets the shared-data buckets they fall back to (on_error: local).
 	rules   []*Rule
 	buckets []sharedstate.Request
+	// leaseKeys are the allowance keys of cold lease rules, by rule index
+	// ("" for others; nil if none): a rejection marks them empty.
+	leaseKeys []string
 }
 
 // askCluster sends the request's cluster rules to the rate-limit service and
@@ -82,6 +85,14 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 			Entries: []rlswire.Entry{{Key: DescriptorRuleKey, Value: r.Name},
 				{Key: DescriptorKeyKey, Value: strings.ToValidUTF8(string(sharedstate.AppendComposite(nil, vals)), "\uFFFD")}},
 			HitsAddend: uint64(math.Ceil(g.reqs[i].Cost)),
+		}
+		if r.Lease != nil {
+			// A cold lease rule: an exact take from its lease bucket.
+			ds[i].Entries = append(ds[i].Entries, rlswire.Entry{Key: DescriptorModeKey, Value: descriptorModeLease})
+			if pc.leaseKeys == nil {
+				pc.leaseKeys = make([]string, len(g.rules))
+			}
+			pc.leaseKeys[i] = string(sharedstate.AppendLeaseKey(nil, r.Name, vals))
 		}
 	}
 	body := rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
@@ -112,6 +123,10 @@ func cloneReqs(reqs []sharedstate.Request) []sharedstate.Request {
 // service's answer for a paused request, or its failure (no headers).
 func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrailers int) {
 	defer p.recoverTo("proxy_on_http_call_response", func() {})
+	if lc := p.takeLeaseCall(token); lc != nil {
+		p.leaseAnswer(lc, numHeaders, bodySize)
+		return
+	}
 	pc := p.takeCall(token)
 	if pc == nil {
 		return // the stream ended first, or the call is not ours
@@ -181,6 +196,9 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 				if worst < 0 || st.UntilReset > resp.Statuses[worst].UntilReset {
 					worst = i
 				}
+			}
+			if st.Code == rlswire.CodeOverLimit && pc.leaseKeys != nil && pc.leaseKeys[i] != "" {
+				p.leaseKnownEmpty(pc.leaseKeys[i], pc.now, st.UntilReset)
 			}
 		}
 	} else if resp.OverallCode == rlswire.CodeOverLimit {

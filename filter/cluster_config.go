@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"math"
 	"strconv"
 
 	"github.com/tokengate/tokengate/internal/lite/ljson"
@@ -23,6 +24,9 @@ type RLSSettings struct {
 	// through; OnErrorDeny answers 503; OnErrorLocal decides the cluster
 	// rules in this proxy's shared data instead.
 	OnError RLSOnError
+	// LeaseTickMs is the refill period of lease-mode rules, the tick
+	// period of every worker when one exists (default 100).
+	LeaseTickMs uint32
 }
 
 // RLSOnError is settings.rls.on_error.
@@ -44,10 +48,10 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields(path, v, "cluster", "authority", "domain", "timeout_ms", "on_error", "protocol"); err != nil {
+	if err := onlyFields(path, v, "cluster", "authority", "domain", "timeout_ms", "on_error", "protocol", "lease_tick_ms"); err != nil {
 		return nil, err
 	}
-	s := &RLSSettings{Domain: "tokengate", TimeoutMs: defaultRLSTimeoutMs}
+	s := &RLSSettings{Domain: "tokengate", TimeoutMs: defaultRLSTimeoutMs, LeaseTickMs: defaultLeaseTickMs}
 	str := func(field string, dst *string, required bool) error {
 		f := v.Get(field)
 		if !f.Exists() {
@@ -78,6 +82,13 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 			return nil, errAt(join(path, "timeout_ms"), "must be an integer from 1 to "+strconv.Itoa(maxRLSTimeoutMs)+", got "+short(t.Raw))
 		}
 		s.TimeoutMs = uint32(n)
+	}
+	if t := v.Get("lease_tick_ms"); t.Exists() {
+		n, ok := integer(t)
+		if !ok || n < 10 || n > 10000 {
+			return nil, errAt(join(path, "lease_tick_ms"), "must be an integer from 10 to 10000, got "+short(t.Raw))
+		}
+		s.LeaseTickMs = uint32(n)
 	}
 	switch oe := v.Get("on_error"); {
 	case !oe.Exists(), oe.Type == ljson.String && oe.Str == "allow":
@@ -110,6 +121,83 @@ func checkClusterRules(cfg *Config) error {
 		if r.Cluster && r.Limit.Window > 0 {
 			return errAt("", "rule "+strconv.Quote(r.Name)+`: "scope": "cluster" decides token buckets only, not fixed windows`)
 		}
+		if r.Lease != nil {
+			if err := r.Lease.check(r, cfg.Settings.RLS); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// LeaseConfig is a lease-mode rule's lease settings (docs/lease.md).
+type LeaseConfig struct {
+	// Max is the largest allowance a process asks for, in tokens
+	// ("lease_max", default max(1, burst/10)).
+	Max float64
+	// TTL is how long a grant may be spent, in seconds ("lease_ttl_ms",
+	// default 2000 ms).
+	TTL float64
+
+	maxSet bool
+}
+
+const (
+	defaultLeaseTickMs = 100
+	defaultLeaseTTLMs  = 2000
+)
+
+// leaseFields parses "mode", "lease_max" and "lease_ttl_ms"; the checks
+// that need the rule's limit and settings.rls are in LeaseConfig.check.
+func (r *Rule) leaseFields(path string, v ljson.Result) error {
+	switch m := v.Get("mode"); {
+	case !m.Exists(), m.Type == ljson.String && m.Str == "exact":
+	case m.Type == ljson.String && m.Str == "lease":
+		if !r.Cluster {
+			return errAt(join(path, "mode"), `"lease" needs "scope": "cluster"`)
+		}
+		r.Lease = &LeaseConfig{TTL: defaultLeaseTTLMs / 1000.0}
+	default:
+		return errAt(join(path, "mode"), `must be "exact" or "lease", got `+short(m.Raw))
+	}
+	for _, f := range []string{"lease_max", "lease_ttl_ms"} {
+		if v.Get(f).Exists() && r.Lease == nil {
+			return errAt(join(path, f), `needs "mode": "lease"`)
+		}
+	}
+	if r.Lease == nil {
+		return nil
+	}
+	if m := v.Get("lease_max"); m.Exists() {
+		n, ok := integer(m)
+		if !ok || n < 1 || n > 1<<30 {
+			return errAt(join(path, "lease_max"), "must be an integer from 1 to 1073741824 (tokens), got "+short(m.Raw))
+		}
+		r.Lease.Max, r.Lease.maxSet = float64(n), true
+	}
+	if t := v.Get("lease_ttl_ms"); t.Exists() {
+		n, ok := integer(t)
+		if !ok || n < 100 || n > 60000 {
+			return errAt(join(path, "lease_ttl_ms"), "must be an integer from 100 to 60000, got "+short(t.Raw))
+		}
+		r.Lease.TTL = float64(n) / 1000
+	}
+	return nil
+}
+
+// check completes and validates a lease rule's settings against its limit
+// and settings.rls.
+func (l *LeaseConfig) check(r *Rule, rls *RLSSettings) error {
+	name := "rule " + strconv.Quote(r.Name)
+	if !l.maxSet {
+		l.Max = math.Max(1, math.Floor(r.Limit.Burst/10))
+	}
+	if l.Max > r.Limit.Burst {
+		return errAt("", name+": lease_max ("+strconv.FormatFloat(l.Max, 'f', -1, 64)+") must not exceed the burst ("+strconv.FormatFloat(r.Limit.Burst, 'f', -1, 64)+")")
+	}
+	minTTL := 2*float64(rls.LeaseTickMs)/1000 + float64(rls.TimeoutMs)/1000
+	if l.TTL <= minTTL {
+		return errAt("", name+": lease_ttl_ms ("+strconv.FormatFloat(l.TTL*1000, 'f', -1, 64)+") must exceed twice settings.rls.lease_tick_ms plus settings.rls.timeout_ms ("+strconv.FormatFloat(minTTL*1000, 'f', -1, 64)+")")
 	}
 	return nil
 }

@@ -123,6 +123,10 @@ type Rule struct {
 	// rate-limit service of Settings.RLS, across every proxy, instead of in
 	// this proxy's shared data.
 	Cluster bool
+	// Lease is set for "mode": "lease" (cluster scope only): the rule is
+	// decided from this process's allowance of leased tokens
+	// (docs/lease.md); nil in exact mode.
+	Lease *LeaseConfig
 
 	// Settle is what the rule settles after the response (count_statuses,
 	// reset_on_statuses, a cost the response reports); nil if nothing.
@@ -481,7 +485,7 @@ func (p *parser) rule(path string, v ljson.Result, fallback bool) (*Rule, error)
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
-	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error", "max_keys", "scope"}
+	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error", "max_keys", "scope", "mode", "lease_max", "lease_ttl_ms"}
 	if !fallback {
 		fields = append(fields, "match")
 	}
@@ -593,6 +597,9 @@ func (p *parser) rule(path string, v ljson.Result, fallback bool) (*Rule, error)
 		r.Cluster = true
 	default:
 		return nil, errAt(join(path, "scope"), `must be "local" or "cluster", got `+short(sc.Raw))
+	}
+	if err := r.leaseFields(path, v); err != nil {
+		return nil, err
 	}
 	switch ose := v.Get("on_store_error"); {
 	case !ose.Exists():

@@ -291,6 +291,11 @@ func (p *Plugin) arm(t Ticker, now float64, ticked bool) {
 }
 
 func (p *Plugin) setTick(t Ticker, ms uint32) {
+	// Lease mode refills every lease.period ms: the timer never runs
+	// slower than that, nor stops, while a lease rule exists (lease.go).
+	if lp := p.lease.period; lp > 0 && (ms == 0 || ms > lp) {
+		ms = lp
+	}
 	if err := t.SetTickPeriod(ms); err != nil {
 		p.host.Log(LogError, "tokengate: set tick period: "+err.Error())
 		return
@@ -324,6 +329,7 @@ func (p *Plugin) OnTick() {
 		}
 	}
 	p.arm(t, now, true)
+	p.leaseOnTick(now)
 }
 
 // forget drops w from its rules' pending counts.

@@ -81,6 +81,9 @@ const (
 	// service did not decide (no callouts, dispatch failure, timeout, an
 	// error or unusable answer); settings.rls.on_error applied.
 	MetricRLSErrors = "tokengate.rls_errors"
+	// MetricLeaseCalls counts lease requests and releases sent to the
+	// rate-limit service by lease-mode rules (docs/lease.md).
+	MetricLeaseCalls = "tokengate.lease_calls"
 )
 
 // RuleMetricName returns the name of one of a rule's counters.
@@ -95,7 +98,7 @@ type ruleMetrics struct {
 }
 
 type pluginMetrics struct {
-	panics, configRejected, corrupt, seedErrors, localState, rlsErrors counter
+	panics, configRejected, corrupt, seedErrors, localState, rlsErrors, leaseCalls counter
 }
 
 // counter is a defined metric; the zero value is a no-op.

@@ -42,6 +42,8 @@ type Plugin struct {
 	// a slice, not a map: few are pending at once, and a map type costs the
 	// module tens of kilobytes.
 	calls []*pendingCall
+	// lease is the lease-mode state of this worker (lease.go).
+	lease leaseState
 	// delays are the requests held for their reservation (delay.go).
 	delays delayQueue
 
@@ -73,6 +75,9 @@ type reqContext struct {
 	// cluster holds the cluster-scope rules, enforced and shadow, that the
 	// rate-limit service decides (cluster.go).
 	cluster group
+	// lease holds the lease-mode rules (lease.go); a cold one moves to
+	// cluster for an exact call.
+	lease group
 	// inflight holds the concurrency rules, enforced and shadow
 	// (concurrency.go).
 	inflight group
@@ -99,6 +104,7 @@ func (c *reqContext) begin() {
 	c.enforce.reset()
 	c.shadow.reset()
 	c.cluster.reset()
+	c.lease.reset()
 	c.inflight.reset()
 	c.keyBuf = c.keyBuf[:0]
 	c.vals = c.vals[:0]
@@ -164,6 +170,7 @@ func NewPlugin(h Host) *Plugin {
 		seedErrors:     define(h, MetricSeedErrors),
 		localState:     define(h, MetricLocalState),
 		rlsErrors:      define(h, MetricRLSErrors),
+		leaseCalls:     define(h, MetricLeaseCalls),
 	}
 	return p
 }
@@ -194,6 +201,7 @@ func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 	p.refreshSeed()
 	p.cfg = cfg
 	p.upd.MaxAttempts = cfg.Settings.MaxAttempts
+	p.leaseConfigure(cfg)
 	p.host.Log(LogInfo, "tokengate: configured "+strconv.Itoa(len(cfg.rules))+" rules in "+
 		strconv.Itoa(len(cfg.Policies))+" policies")
 	return true
@@ -308,7 +316,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata}
 	p.rc.begin()
 	p.collect(cfg, &req)
-	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 && len(p.rc.inflight.reqs) == 0 {
+	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 && len(p.rc.lease.reqs) == 0 && len(p.rc.inflight.reqs) == 0 {
 		return Continue
 	}
 	now := p.time()
@@ -323,6 +331,11 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	}
 	if len(p.rc.enforce.reqs) > 0 {
 		if act = s.decide(&req, now); act != Continue {
+			return act
+		}
+	}
+	if len(p.rc.lease.reqs) > 0 {
+		if act = s.leaseAdmit(&req, now); act != Continue {
 			return act
 		}
 	}
@@ -378,7 +391,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 			slotted = slotted || pol.Fallback.MaxKeys > 0
 		}
 	}
-	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs)+len(p.rc.inflight.reqs) == 0 {
+	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs)+len(p.rc.lease.reqs)+len(p.rc.inflight.reqs) == 0 {
 		return
 	}
 	if slotted {
@@ -387,6 +400,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 	p.buildKeys(&p.rc.enforce)
 	p.buildKeys(&p.rc.shadow)
 	p.buildKeys(&p.rc.cluster)
+	p.buildKeys(&p.rc.lease)
 	p.buildKeys(&p.rc.inflight)
 	// One string holds every key of the request: keyBuf stays untouched
 	// until the next request.
@@ -394,6 +408,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 	p.rc.enforce.setKeys(keys)
 	p.rc.shadow.setKeys(keys)
 	p.rc.cluster.setKeys(keys)
+	p.rc.lease.setKeys(keys)
 	p.rc.inflight.setKeys(keys)
 }
 
@@ -422,6 +437,8 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 	}
 	g := &p.rc.enforce
 	switch {
+	case r.Lease != nil:
+		g = &p.rc.lease
 	case r.InFlight != nil:
 		g = &p.rc.inflight
 	case r.Cluster:
@@ -430,7 +447,7 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 		g = &p.rc.shadow
 	}
 	g.rules = append(g.rules, r)
-	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.shift(r.Limit), Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0})
+	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.shift(r.Limit), Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
 	if r.windowStart != WindowAligned {
 		g.reqs[len(g.reqs)-1].Limit.Offset = r.windowOffset(p.rc.vals[start:])
 	}
@@ -444,7 +461,19 @@ func (p *Plugin) buildKeys(g *group) {
 	for i, r := range g.rules {
 		vals := p.rc.vals[g.vals[i][0]:g.vals[i][1]]
 		var sp keySpans
-		if r.MaxKeys > 0 {
+		if r.Lease != nil {
+			// The allowance key, the key of the bucket on_error: local
+			// falls back to, and the composite key for the service.
+			sp.key[0] = len(p.rc.keyBuf)
+			p.rc.keyBuf = sharedstate.AppendLeaseKey(p.rc.keyBuf, r.Name, vals)
+			sp.key[1] = len(p.rc.keyBuf)
+			sp.alt[0] = len(p.rc.keyBuf)
+			p.rc.keyBuf = sharedstate.AppendKey(p.rc.keyBuf, false, r.Name, vals)
+			sp.alt[1] = len(p.rc.keyBuf)
+			sp.owner[0] = len(p.rc.keyBuf)
+			p.rc.keyBuf = sharedstate.AppendComposite(p.rc.keyBuf, vals)
+			sp.owner[1] = len(p.rc.keyBuf)
+		} else if r.MaxKeys > 0 {
 			sp.owner[0] = len(p.rc.keyBuf)
 			p.rc.keyBuf = sharedstate.AppendComposite(p.rc.keyBuf, vals)
 			sp.owner[1] = len(p.rc.keyBuf)

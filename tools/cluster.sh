@@ -16,6 +16,9 @@
 #   CLUSTER_RLS_PORT=8081 CLUSTER_RLS_ADMIN_PORT=8082 CLUSTER_REDIS_PORT=16379
 #   CLUSTER_DIR=build/cluster
 #   LOCAL=build/tokengate-local RLS=build/tokengate-rls WASM=build/tokengate.wasm
+#   MODE=exact   or MODE=lease: the same fleet with the rule in lease mode
+#                (docs/lease.md): "mode": "lease", "lease_max": 2 are added
+#                to the rule of both configurations
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +32,7 @@ RLS=${RLS:-build/tokengate-rls}
 WASM=${WASM:-build/tokengate.wasm}
 CONFIG=examples/cluster/cluster.json
 ENVOY=examples/cluster/envoy.yaml
+MODE=${MODE:-exact}
 
 log() { printf 'make cluster: %s\n' "$*" >&2; }
 
@@ -44,6 +48,23 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 
 mkdir -p "$DIR"
+case $MODE in
+exact) ;;
+lease)
+	# The example's rule in lease mode, in both configurations.
+	lease='"scope": "cluster", "mode": "lease", "lease_max": 2,'
+	sed "s/\"scope\": \"cluster\",/$lease/" "$CONFIG" >"$DIR/cluster.json"
+	sed "s/\"scope\": \"cluster\",/$lease/" "$ENVOY" >"$DIR/envoy-lease.yaml"
+	CONFIG=$DIR/cluster.json
+	ENVOY=$DIR/envoy-lease.yaml
+	grep -q '"mode": "lease"' "$CONFIG" && grep -q '"mode": "lease"' "$ENVOY" ||
+		{ log 'MODE=lease: could not put the rule in lease mode'; exit 1; }
+	;;
+*)
+	log "MODE must be exact or lease, got $MODE"
+	exit 1
+	;;
+esac
 pids=()
 stopping=
 stop() {
@@ -120,7 +141,8 @@ done
 
 cat <<-MSG
 	A fleet of ${#PORTS[@]} proxies sharing one limit per client IP (rule fleet-per-ip:
-	bursts of 6, 2 a second, across all of them), decided by tokengate-rls on Redis:
+	bursts of 6, 2 a second, across all of them), decided by tokengate-rls on Redis
+	in $MODE mode$( [[ $MODE == lease ]] && printf ' (each proxy admits from leased tokens; docs/lease.md)'):
 	  proxies        $(for p in "${PORTS[@]}"; do printf 'http://127.0.0.1:%s  ' "$p"; done)
 	  tokengate-rls  127.0.0.1:$RLS_PORT (gRPC), metrics http://127.0.0.1:$RLS_ADMIN_PORT/metrics
 	  redis-server   127.0.0.1:$REDIS_PORT
@@ -128,8 +150,8 @@ cat <<-MSG
 	Try, in another terminal (6 requests pass in all, whichever proxy they hit):
 	  for i in \$(seq 4); do for p in ${PORTS[*]}; do curl -s -o /dev/null -w "\$p:%{http_code} " 127.0.0.1:\$p/; done; done; echo
 	  curl -i 127.0.0.1:${PORTS[0]}/
-	  redis-cli -p $REDIS_PORT --scan --pattern 'tb:*'
-	  curl -s 127.0.0.1:$((PORTS[0] + 1))/stats | grep fleet_per_ip
+	  redis-cli -p $REDIS_PORT --scan --pattern 't[bl]:*'
+	  curl -s 127.0.0.1:$((PORTS[0] + 1))/stats | grep fleet-per-ip
 	  curl -s 127.0.0.1:$RLS_ADMIN_PORT/metrics | grep decisions
 	Stop tokengate-rls (kill the pid below) to see on_error "local": each proxy then limits on its own.
 	  pids: redis-server ${pids[0]}, tokengate-rls ${pids[1]}, proxies ${pids[*]:2}

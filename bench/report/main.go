@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -346,6 +347,18 @@ func (r *report) print(w io.Writer) {
 		}
 		add("8c", "HTTP via tokengate-local: the same rule, scope cluster (tokengate-rls on Redis) (wrk)", mc.String(), ratio, "")
 	}
+	if m := wrkRuns(r.dir, "http-m-"); len(m) > 0 {
+		mm := medianWrk(m)
+		ratio := ""
+		if b := wrkRuns(r.dir, "http-l-"); len(b) > 0 {
+			mb := medianWrk(b)
+			ratio = fmt.Sprintf("%.2f× the per-request cost of (8l) (req/s); p50 +%s ms, p99 +%s ms", mb.rps/mm.rps, f3(mm.p50-mb.p50), f3(mm.p99-mb.p99))
+		}
+		add("8m", "HTTP via tokengate-local: the same rule, cluster scope in lease mode (wrk)", mm.String(), ratio, "≤ 1.2× (8l)")
+		if cps, ok := leaseCalls(r.dir); ok {
+			add("8m'", "RLS calls a second for the hot key during (8m) (one proxy, lease_tick_ms 100)", fmt.Sprintf("%.1f calls/s", cps), "", "≤ processes / tick = 10/s")
+		}
+	}
 
 	fmt.Fprintln(w, "| # | measurement | result | ratio | target |")
 	fmt.Fprintln(w, "|---|---|---|---|---|")
@@ -574,4 +587,26 @@ func (r *report) v8Rows(add func(id, what, res, ratio, target string), cases []s
 		}
 		add(strings.Replace(c.id, "3", "3v", 1), "V8 request: "+c.what, res, ratio, target)
 	}
+}
+
+// leaseCalls returns the median of the RLS calls a second measured around
+// the lease-mode rounds (http-m-N.calls: "calls seconds").
+func leaseCalls(dir string) (float64, bool) {
+	files, _ := filepath.Glob(filepath.Join(dir, "http-m-*.calls"))
+	var v []float64
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var calls, secs float64
+		if n, _ := fmt.Sscan(string(b), &calls, &secs); n == 2 && secs > 0 {
+			v = append(v, calls/secs)
+		}
+	}
+	if len(v) == 0 {
+		return 0, false
+	}
+	sort.Float64s(v)
+	return v[len(v)/2], true
 }

@@ -24,11 +24,11 @@ func proxyGetHeaderMapPairs(mapType uint32, retData, retSize *uint32) uint32
 //go:wasmimport env proxy_http_call
 func proxyHTTPCall(upstream unsafe.Pointer, upstreamSize uint32, headers unsafe.Pointer, headersSize uint32, body unsafe.Pointer, bodySize uint32, trailers unsafe.Pointer, trailersSize uint32, timeoutMs uint32, retToken *uint32) uint32
 
-//go:wasmimport env proxy_set_effective_context
-func proxySetEffectiveContext(id uint32) uint32
-
 //go:wasmimport env proxy_set_tick_period_milliseconds
 func proxySetTickPeriodMilliseconds(ms uint32) uint32
+
+//go:wasmimport env proxy_set_effective_context
+func proxySetEffectiveContext(id uint32) uint32
 
 //go:wasmimport env proxy_continue_stream
 func proxyContinueStream(typ uint32) uint32

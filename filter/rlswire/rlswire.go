@@ -82,6 +82,18 @@ type Status struct {
 	LimitRemaining  uint32
 	// UntilReset is duration_until_reset in seconds.
 	UntilReset float64
+	// Quota is the status's quota (field 5), a lease grant in tokengate's
+	// lease mode (docs/lease.md); HasQuota says whether it was present.
+	Quota    Quota
+	HasQuota bool
+}
+
+// Quota is a RateLimitResponse.Quota: requests granted, the grant's id,
+// and valid_until in seconds since the Unix epoch (0: absent).
+type Quota struct {
+	Requests   uint32
+	ID         string
+	ValidUntil float64
 }
 
 // Response is the part of a RateLimitResponse the filter uses.
@@ -164,6 +176,30 @@ func parseStatus(b []byte) (Status, error) {
 			})
 			s.UntilReset = float64(sec) + float64(nanos)/1e9
 			return err
+		case num == 5 && wt == wireBytes:
+			s.HasQuota = true
+			return fields(data, func(num int, wt int, v uint64, d []byte) error {
+				switch {
+				case num == 1 && wt == wireVarint:
+					s.Quota.Requests = uint32(v)
+				case num == 3 && wt == wireBytes:
+					s.Quota.ID = string(d)
+				case num == 2 && wt == wireBytes:
+					var sec, nanos int64
+					err := fields(d, func(num int, wt int, v uint64, _ []byte) error {
+						switch {
+						case num == 1 && wt == wireVarint:
+							sec = int64(v)
+						case num == 2 && wt == wireVarint:
+							nanos = int64(int32(v))
+						}
+						return nil
+					})
+					s.Quota.ValidUntil = float64(sec) + float64(nanos)/1e9
+					return err
+				}
+				return nil
+			})
 		}
 		return nil
 	})

@@ -65,6 +65,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		s.metrics.request(reqInvalid)
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
+	if resp, ok, err := s.shouldLease(ctx, req); ok {
+		return resp, err // a lease request or release (lease.go)
+	}
 	items := make([]item, 0, len(req.Descriptors))
 	var entries []Entry
 	for i, d := range req.Descriptors {
@@ -73,6 +76,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			entries = append(entries, Entry{e.GetKey(), e.GetValue()})
 		}
 		r, key := s.cfg.Resolve(req.Domain, entries)
+		lease := false
+		if l, ok, err := parseLease(entries); ok && err == nil {
+			// An exact take from a lease-mode bucket (lease.go); a rule
+			// this service has in exact mode is still limited, in its
+			// token bucket.
+			r, key, lease = s.cfg.leaseTake(l)
+		}
 		if r == nil {
 			s.metrics.unmatched.Add(1)
 			continue
@@ -84,7 +94,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		if cost == 0 {
 			cost = 1
 		}
-		items = append(items, item{idx: i, rule: r, op: Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost)}})
+		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost)}
+		if lease {
+			op.Lease, op.TTL = true, r.Lease.TTL
+		}
+		items = append(items, item{idx: i, rule: r, op: op})
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
 	resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors))

@@ -29,6 +29,10 @@ type Op struct {
 	// Now, when not empty, replaces Redis TIME ("<seconds>.<6 digits>"); for
 	// tests that compare the script with bucket.Limit at fixed instants.
 	Now string
+	// Lease makes the op an exact take from a lease-mode bucket (lease.go,
+	// lease.lua), whose grants last TTL seconds.
+	Lease bool
+	TTL   float64
 }
 
 // Outcome is what the script decided for one Op.
@@ -154,6 +158,10 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 	start := time.Now()
 	cmds := make(rueidis.Commands, len(ops))
 	for i, op := range ops {
+		if op.Lease {
+			cmds[i] = c.B().Evalsha().Sha1(leaseSHA).Numkeys(1).Key(op.Key).Arg(op.leaseArgs()...).Build()
+			continue
+		}
 		cmds[i] = c.B().Evalsha().Sha1(s.sha).Numkeys(1).Key(op.Key).Arg(op.args()...).Build()
 	}
 	res := c.DoMulti(ctx, cmds...)
@@ -168,6 +176,10 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 	if len(retry) > 0 {
 		cmds = cmds[:0]
 		for _, i := range retry {
+			if ops[i].Lease {
+				cmds = append(cmds, c.B().Eval().Script(leaseLua).Numkeys(1).Key(ops[i].Key).Arg(ops[i].leaseArgs()...).Build())
+				continue
+			}
 			cmds = append(cmds, c.B().Eval().Script(tokenBucketLua).Numkeys(1).Key(ops[i].Key).Arg(ops[i].args()...).Build())
 		}
 		for j, r := range c.DoMulti(ctx, cmds...) {

@@ -1,0 +1,282 @@
+package rls
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/rueidis"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tokengate/tokengate/filter"
+)
+
+// Lease mode (docs/lease.md): the global bucket of a lease-mode rule lives
+// in a Redis hash "tl:{<rule>:<composite>}" holding the free tokens and the
+// live grants of every proxy process; one Lua script (lease.lua) grants,
+// renews, takes back and takes exactly.
+
+//go:embed lease.lua
+var leaseLua string
+
+var leaseSHA = func() string {
+	sum := sha1.Sum([]byte(leaseLua))
+	return hex.EncodeToString(sum[:])
+}()
+
+// LeaseKey returns the Redis key of a lease-mode rule's bucket:
+// "tl:{<rule>:<composite>}" (the braces are the Redis Cluster hash tag, as
+// in BucketKey).
+func LeaseKey(rule, composite string) string {
+	return "tl:{" + rule + ":" + composite + "}"
+}
+
+// LeaseOp is one holder's lease request, or its release.
+type LeaseOp struct {
+	Key         string
+	Rate, Burst float64
+	// TTL is a grant's lifetime in seconds.
+	TTL float64
+	// Holder is the proxy process's id; Grant the grant id it holds (0:
+	// none) and Unspent what it has left of it.
+	Holder  string
+	Grant   uint64
+	Unspent float64
+	// Want is the tokens asked for (0: a renewal of Unspent's expiry).
+	Want uint64
+	// Release returns Unspent instead.
+	Release bool
+	// Now replaces Redis TIME when not empty (tests).
+	Now string
+}
+
+// LeaseResult is the script's answer to a LeaseOp.
+type LeaseResult struct {
+	// OverLimit: tokens were wanted and none were free.
+	OverLimit bool
+	// Granted is the tokens granted (or, for a release, returned).
+	Granted uint64
+	// ID is the new grant's id (0 for a release).
+	ID uint64
+	// Tokens are the free tokens left in the global bucket.
+	Tokens float64
+	// Retry is the seconds until a token is free (OverLimit); ValidUntil
+	// the grant's expiry in Redis time, seconds since the Unix epoch.
+	Retry, ValidUntil float64
+}
+
+// Lease runs one lease request or release.
+func (s *Store) Lease(ctx context.Context, op LeaseOp) (LeaseResult, error) {
+	cp := s.client.Load()
+	if cp == nil {
+		return LeaseResult{}, ErrNotConnected
+	}
+	c := *cp
+	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
+	defer cancel()
+	start := time.Now()
+	mode := "lease"
+	if op.Release {
+		mode = "release"
+	}
+	args := []string{num(op.Rate), num(op.Burst), num(op.TTL), mode, strconv.FormatUint(op.Want, 10),
+		op.Holder, strconv.FormatUint(op.Grant, 10), strconv.FormatFloat(op.Unspent, 'f', 6, 64)}
+	if op.Now != "" {
+		args = append(args, op.Now)
+	}
+	r := c.Do(ctx, c.B().Evalsha().Sha1(leaseSHA).Numkeys(1).Key(op.Key).Arg(args...).Build())
+	if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
+		r = c.Do(ctx, c.B().Eval().Script(leaseLua).Numkeys(1).Key(op.Key).Arg(args...).Build())
+	}
+	res, err := leaseResult(r)
+	if s.opt.Observe != nil {
+		s.opt.Observe(time.Since(start), err)
+	}
+	return res, err
+}
+
+func leaseResult(r rueidis.RedisResult) (LeaseResult, error) {
+	arr, err := r.ToArray()
+	if err != nil {
+		return LeaseResult{}, err
+	}
+	if len(arr) != 6 {
+		return LeaseResult{}, fmt.Errorf("redis: lease script returned %d values, want 6", len(arr))
+	}
+	var ints [3]int64
+	for i := range ints {
+		if ints[i], err = arr[i].AsInt64(); err != nil {
+			return LeaseResult{}, fmt.Errorf("redis: lease script: %w", err)
+		}
+	}
+	var fl [3]float64
+	for i := range fl {
+		str, err := arr[3+i].ToString()
+		if err == nil {
+			fl[i], err = strconv.ParseFloat(str, 64)
+		}
+		if err != nil {
+			return LeaseResult{}, fmt.Errorf("redis: lease script: %w", err)
+		}
+	}
+	return LeaseResult{OverLimit: ints[0] == 2, Granted: uint64(ints[1]), ID: uint64(ints[2]),
+		Tokens: fl[0], Retry: fl[1], ValidUntil: fl[2]}, nil
+}
+
+// leaseArgs are the lease script's arguments for an exact take (Op.Lease):
+// its answer has the token-bucket script's shape.
+func (op Op) leaseArgs() []string {
+	a := []string{num(op.Rate), num(op.Burst), num(op.TTL), "take", num(op.Cost)}
+	if op.Now != "" {
+		a = append(a, "", "0", "0", op.Now)
+	}
+	return a
+}
+
+// Leaser runs lease requests; *Store is the Redis one.
+type Leaser interface {
+	Lease(ctx context.Context, op LeaseOp) (LeaseResult, error)
+}
+
+// leaseEntries is what a lease-mode descriptor says; see docs/lease.md's
+// wire protocol.
+type leaseEntries struct {
+	rule, key string
+	holder    string
+	grant     uint64
+	unspent   float64
+	want      uint64
+	release   bool
+}
+
+var errLeaseDescriptor = errors.New("malformed lease descriptor")
+
+// parseLease reports whether entries are a lease-mode descriptor
+// (tokengate_mode=lease after the rule and key) and reads them.
+func parseLease(entries []Entry) (leaseEntries, bool, error) {
+	var l leaseEntries
+	if len(entries) < 3 || entries[0].Key != filter.DescriptorRuleKey || entries[1].Key != filter.DescriptorKeyKey ||
+		entries[2].Key != filter.DescriptorModeKey || entries[2].Value != "lease" {
+		return l, false, nil
+	}
+	l.rule, l.key = entries[0].Value, entries[1].Value
+	var err error
+	for _, e := range entries[3:] {
+		switch e.Key {
+		case filter.DescriptorHolderKey:
+			l.holder = e.Value
+		case filter.DescriptorGrantKey:
+			l.grant, err = strconv.ParseUint(e.Value, 10, 64)
+		case filter.DescriptorUnspentKey:
+			l.unspent, err = strconv.ParseFloat(e.Value, 64)
+			if err == nil && (l.unspent < 0 || math.IsInf(l.unspent, 0) || math.IsNaN(l.unspent)) {
+				err = errLeaseDescriptor
+			}
+		case filter.DescriptorWantKey:
+			l.want, err = strconv.ParseUint(e.Value, 10, 64)
+		case filter.DescriptorReleaseKey:
+			l.release = e.Value == "1"
+		default:
+			err = errLeaseDescriptor
+		}
+		if err != nil {
+			return l, true, fmt.Errorf("%w: entry %q: %q", errLeaseDescriptor, e.Key, e.Value)
+		}
+	}
+	if len(l.holder) > 64 || strings.ContainsAny(l.holder, "{}") {
+		return l, true, fmt.Errorf("%w: holder %q", errLeaseDescriptor, l.holder)
+	}
+	return l, true, nil
+}
+
+// leaseRule returns the lease-mode rule a lease descriptor names and its
+// bucket's key, or nil.
+func (c *Config) leaseRule(l leaseEntries) (*filter.Rule, string) {
+	r := c.cluster[l.rule]
+	if r == nil || r.Lease == nil {
+		return nil, ""
+	}
+	return r, LeaseKey(r.Name, cleanComposite(l.key))
+}
+
+// leaseTake returns the rule and bucket of an exact take sent by a
+// lease-mode rule: its lease bucket, or, when this service's configuration
+// has the rule in exact mode, its token bucket (limited either way, never
+// waved through); lease reports which.
+func (c *Config) leaseTake(l leaseEntries) (r *filter.Rule, key string, lease bool) {
+	if r, key := c.leaseRule(l); r != nil {
+		return r, key, true
+	}
+	if r := c.cluster[l.rule]; r != nil {
+		return r, BucketKey(r.Name, cleanComposite(l.key)), false
+	}
+	return nil, "", false
+}
+
+// shouldLease answers a request whose only descriptor is a holder's lease
+// request or release. ok is false for any other request.
+func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, ok bool, err error) {
+	ds := req.GetDescriptors()
+	if len(ds) != 1 {
+		return nil, false, nil
+	}
+	entries := make([]Entry, 0, len(ds[0].GetEntries()))
+	for _, e := range ds[0].GetEntries() {
+		entries = append(entries, Entry{e.GetKey(), e.GetValue()})
+	}
+	l, isLease, perr := parseLease(entries)
+	if !isLease || perr == nil && l.holder == "" {
+		return nil, false, nil // an exact take: ShouldRateLimit's path
+	}
+	if perr != nil {
+		s.metrics.request(reqInvalid)
+		return nil, true, status.Error(codes.InvalidArgument, perr.Error())
+	}
+	r, key := s.cfg.leaseRule(l)
+	if r == nil {
+		s.metrics.request(reqInvalid)
+		return nil, true, status.Error(codes.InvalidArgument, "no lease-mode rule "+strconv.Quote(l.rule))
+	}
+	lr, ok2 := s.store.(Leaser)
+	if !ok2 {
+		return nil, true, status.Error(codes.Unimplemented, "this store does not lease")
+	}
+	res, err := lr.Lease(ctx, LeaseOp{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, TTL: r.Lease.TTL,
+		Holder: l.holder, Grant: l.grant, Unspent: l.unspent, Want: l.want, Release: l.release})
+	if err != nil {
+		s.metrics.request(reqUnavailable)
+		return nil, true, status.Error(codes.Unavailable, "tokengate-rls: redis: "+err.Error())
+	}
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{
+		Code:           rlsv3.RateLimitResponse_OK,
+		CurrentLimit:   currentLimit(r),
+		LimitRemaining: uint32(min(math.Floor(res.Tokens), math.MaxUint32)),
+	}
+	if !l.release {
+		sec, frac := math.Modf(res.ValidUntil)
+		st.Quota = &rlsv3.RateLimitResponse_Quota{Requests: uint32(min(res.Granted, math.MaxUint32)), Id: strconv.FormatUint(res.ID, 10),
+			ExpirationSpecifier: &rlsv3.RateLimitResponse_Quota_ValidUntil{ValidUntil: &timestamppb.Timestamp{Seconds: int64(sec), Nanos: int32(frac * 1e9)}}}
+	}
+	resp = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st}}
+	if res.OverLimit {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		st.DurationUntilReset = duration(res.Retry)
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		s.metrics.decision(r, codeOver)
+		s.metrics.request(reqOver)
+	} else {
+		s.metrics.decision(r, codeOK)
+		s.metrics.request(reqOK)
+	}
+	return resp, true, nil
+}

@@ -1,0 +1,193 @@
+-- tokengate-rls: one lease-mode bucket, updated atomically (docs/lease.md).
+--
+-- KEYS[1]  the bucket, "tl:{<rule>:<composite key>}", a hash:
+--            b        "tokens:last_refill" (free tokens L, 6 decimals)
+--            n        the last grant id handed out
+--            h:<id>   one holder's live grants, "id,amount,expiry;..."
+-- ARGV[1]  rate, tokens per second (> 0)
+-- ARGV[2]  burst (> 0)
+-- ARGV[3]  ttl of a grant, seconds
+-- ARGV[4]  op: "take" (exact: ARGV[5] tokens, < 0 gives them back),
+--          "lease" (holder ARGV[6] reports grant ARGV[7] with ARGV[8]
+--          unspent and wants ARGV[5] more), "release" (holder ARGV[6]
+--          returns ARGV[8] unspent of grant ARGV[7])
+-- ARGV[9]  optional: the time "<seconds>.<6 digits>", for tests only;
+--          otherwise Redis TIME
+--
+-- Invariant: L + H <= burst, H the sum of the live grants' amounts. The
+-- refill is capped at burst - H with H as stored before this call, so that
+-- capacity freed by a report or an expiry becomes refill room from this
+-- call on, never retroactively (docs/lease.md, the accuracy bound).
+--
+-- take returns    {allowed (1/0), tokens}
+-- lease returns   {code (1 OK, 2 OVER_LIMIT), granted, id, tokens, retry, valid_until}
+-- release returns {1, returned, 0, tokens, "0", "0"}
+-- Numbers that may be fractional are strings (Redis truncates Lua numbers).
+
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local op = ARGV[4]
+local amount = tonumber(ARGV[5]) or 0
+local holder = ARGV[6] or ''
+local grant = tonumber(ARGV[7]) or 0
+local unspent = tonumber(ARGV[8]) or 0
+if unspent < 0 then unspent = 0 end
+
+local nowstr = ARGV[9]
+if nowstr == nil or nowstr == '' then
+  local t = redis.call('TIME')
+  nowstr = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+end
+local now = tonumber(nowstr)
+
+local function fmt(x) return string.format('%.6f', x) end
+
+-- Read everything.
+local raw = redis.call('HGETALL', KEYS[1])
+local bval, lastid = nil, 0
+local holders = {}   -- holder id -> list of {id, amount, expiry}
+local order = {}
+for i = 1, #raw, 2 do
+  local f, v = raw[i], raw[i + 1]
+  if f == 'b' then
+    bval = v
+  elseif f == 'n' then
+    lastid = tonumber(v) or 0
+  elseif string.sub(f, 1, 2) == 'h:' then
+    local list = {}
+    for id, amt, exp in string.gmatch(v, '(%d+),([%d%.]+),([%d%.]+)') do
+      list[#list + 1] = {tonumber(id), tonumber(amt), tonumber(exp)}
+    end
+    holders[string.sub(f, 3)] = list
+    order[#order + 1] = string.sub(f, 3)
+  end
+end
+
+local function held()
+  local h = 0
+  for _, list in pairs(holders) do
+    for _, g in ipairs(list) do h = h + g[2] end
+  end
+  return h
+end
+
+-- Refill with the cap of the stored state.
+local cap = burst - held()
+if cap < 0 then cap = 0 end
+local tokens, last = cap, now
+if bval then
+  local a, b = string.match(bval, '^(%d+%.?%d*):(%d+%.?%d*)$')
+  tokens, last = tonumber(a), tonumber(b)
+  if tokens == nil or last == nil or last <= 0 then
+    tokens, last = cap, now
+  end
+end
+if tokens > cap then tokens = cap end
+if now < last then
+  if last - now > 1.0 then last = now end
+else
+  local add = (now - last) * rate
+  if add > 0 then
+    tokens = tokens + add
+    if tokens > cap then tokens = cap end
+  end
+  last = now
+end
+
+-- Expired grants leave H; their tokens do not come back to L.
+for h, list in pairs(holders) do
+  local keep = {}
+  for _, g in ipairs(list) do
+    if g[3] > now then keep[#keep + 1] = g end
+  end
+  holders[h] = keep
+end
+
+local result
+local changed = {}
+if op == 'take' then
+  local allowed = 1
+  if amount < 0 then
+    tokens = tokens - amount
+    local c = burst - held()
+    if tokens > c then tokens = c end
+  elseif tokens >= amount then
+    tokens = tokens - amount
+  else
+    allowed = 0
+  end
+  result = {allowed}
+else
+  -- The holder's report: grants older than the reported one were carried
+  -- into it; the reported one is covered by what follows (or returned).
+  local list = holders[holder] or {}
+  local keep, covered = {}, 0
+  for _, g in ipairs(list) do
+    if g[1] == grant then
+      covered = math.min(unspent, g[2])
+    elseif g[1] > grant then
+      keep[#keep + 1] = g
+    end
+  end
+  changed[holder] = true
+  if op == 'release' then
+    holders[holder] = keep
+    tokens = tokens + covered
+    local c = burst - held()
+    if tokens > c then tokens = c end
+    result = {1, math.floor(covered), 0, nil, '0', '0'}
+  else
+    local want = math.floor(amount)
+    if want < 0 then want = 0 end
+    local g = math.floor(tokens)
+    if g > want then g = want end
+    if g < 0 then g = 0 end
+    tokens = tokens - g
+    lastid = lastid + 1
+    local exp = now + ttl
+    keep[#keep + 1] = {lastid, covered + g, exp}
+    holders[holder] = keep
+    local code, retry = 1, 0
+    if want > 0 and g == 0 then
+      code = 2
+      retry = (1 - tokens) / rate
+      if retry < 0 then retry = 0 end
+    end
+    result = {code, g, lastid, nil, fmt(retry), fmt(exp)}
+  end
+end
+
+-- Floor tokens to 6 decimals (sharedstate's codec).
+if tokens < 0 then tokens = 0 end
+local n = math.floor(tokens * 1e6)
+if (n + 1) / 1e6 <= tokens then n = n + 1 elseif n > 0 and n / 1e6 > tokens then n = n - 1 end
+local tokstr = fmt(n / 1e6)
+if op == 'take' then
+  result[2] = tokstr
+else
+  result[4] = tokstr
+end
+
+-- Write: state, id counter, changed holders; TTL until full and every
+-- grant expired, plus 1 s.
+if op ~= 'take' or result[1] == 1 then
+  redis.call('HSET', KEYS[1], 'b', tokstr .. ':' .. fmt(last), 'n', tostring(lastid))
+  local maxexp = now
+  for h, list in pairs(holders) do
+    local parts = {}
+    for _, g in ipairs(list) do
+      parts[#parts + 1] = tostring(g[1]) .. ',' .. fmt(g[2]) .. ',' .. fmt(g[3])
+      if g[3] > maxexp then maxexp = g[3] end
+    end
+    if #parts == 0 then
+      redis.call('HDEL', KEYS[1], 'h:' .. h)
+    else
+      redis.call('HSET', KEYS[1], 'h:' .. h, table.concat(parts, ';'))
+    end
+  end
+  local full = (burst - n / 1e6) / rate
+  local ttlms = math.ceil((math.max(full, maxexp - now) + 1) * 1000)
+  redis.call('PEXPIRE', KEYS[1], ttlms)
+end
+return result
