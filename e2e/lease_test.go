@@ -141,8 +141,18 @@ func TestLeaseFleetSkewedHotKey(t *testing.T) {
 	}
 	var c counts
 	calls0, rls0 := f.leaseCalls(), f.rlsRequests(t)
-	elapsed := f.hammer(t, "hot", []int{9, 1, 0}, d, &c, nil)
+	// The calls of the steady state are counted from a quarter of the way
+	// in: before that, each worker's first requests find no allowance and
+	// make exact calls until the first lease lands (docs/lease.md), as many
+	// as the clients can send in a tick, which grows with the load.
+	var rlsMid float64
+	var tMid time.Time
+	elapsed := f.hammer(t, "hot", []int{9, 1, 0}, d, &c, func() {
+		time.Sleep(d / 4)
+		rlsMid, tMid = f.rlsRequests(t), time.Now()
+	})
 	calls, rlsCalls := f.leaseCalls()-calls0, f.rlsRequests(t)-rls0
+	steady := (f.rlsRequests(t) - rlsMid) / time.Since(tMid).Seconds()
 	upper := burst + rate*elapsed + 2
 	// Wrong rejections: the allowances of the processes, and the
 	// reporting lag of each (docs/lease.md, claim 2); the requests of the
@@ -168,10 +178,11 @@ func TestLeaseFleetSkewedHotKey(t *testing.T) {
 	if callsPerSec > 3*1000/leaseTickMs {
 		t.Errorf("%.1f lease calls a second for one key, more than processes / tick period", callsPerSec)
 	}
-	// Every call for the key, exact ones included: the refills, plus the
-	// cold start of each worker (a few exact calls before the first lease).
-	if limit := 3*1000/leaseTickMs*elapsed + 30; rlsCalls > limit {
-		t.Errorf("%.0f RLS calls for one key in %.2fs, more than processes / tick period (+30 for the cold start): %.0f", rlsCalls, elapsed, limit)
+	// Every call for the key once the leases flow, exact ones included:
+	// processes / tick period, with 10 % for the ticks' jitter.
+	t.Logf("steady state: %.1f RLS calls/s for the key (%.0f in all, cold start included)", steady, rlsCalls)
+	if limit := 1.1 * 3 * 1000 / leaseTickMs; steady > limit {
+		t.Errorf("%.1f RLS calls a second for one key in the steady state, more than processes / tick period (+10 %%): %.0f", steady, limit)
 	}
 }
 
