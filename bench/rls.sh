@@ -59,6 +59,14 @@ RLS_CLIENTS=${BENCH_RLS_CLIENTS:-32}
 if [[ -n "${BENCH_QUICK:-}" ]]; then
 	RLS_SECS=3 RLS_ROUNDS=1
 fi
+# BENCH_RLS_PIN=1 gives the services CPU 1 and Redis with the load
+# generator CPU 0 (taskset), so the service's own CPU, not the neighbours
+# it shares two cores with, sets its decisions/s: the way it runs on a
+# machine of its own. Off by default.
+PIN_SVC=() PIN_LOAD=()
+if [[ -n "${BENCH_RLS_PIN:-}" ]] && command -v taskset >/dev/null 2>&1 && [[ $(nproc) -ge 2 ]]; then
+	PIN_SVC=(taskset -c 1) PIN_LOAD=(taskset -c 0)
+fi
 RLS_REDIS_PORT=${BENCH_RLS_REDIS_PORT:-18380}
 RLS_PORT=${BENCH_RLS_PORT:-18381}
 if [[ ! -d cmd/tokengate-rls ]]; then
@@ -71,7 +79,7 @@ else
 	log "RLS: tokengate-rls vs envoyproxy/ratelimit, $RLS_CLIENTS clients, ${RLS_SECS}s x $RLS_ROUNDS rounds"
 	$GO build -o "$OUT/tokengate-rls" ./cmd/tokengate-rls
 	$GO build -o "$OUT/rlsload" ./bench/cmd/rlsload
-	redis-server --port "$RLS_REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no >"$OUT/rls-redis.log" 2>&1 &
+	"${PIN_LOAD[@]}" redis-server --port "$RLS_REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no >"$OUT/rls-redis.log" 2>&1 &
 	pids+=($!)
 	REDIS_PID=$!
 	for i in $(seq 50); do
@@ -86,7 +94,7 @@ else
 		  {"name":"fleet-lease","scope":"cluster","mode":"lease","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}],
 		 "settings":{"rls":{"cluster":"tokengate_rls"}}}
 	EOF
-	"$OUT/tokengate-rls" -config "$OUT/rls.json" -redis "127.0.0.1:$RLS_REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" \
+	"${PIN_SVC[@]}" "$OUT/tokengate-rls" -config "$OUT/rls.json" -redis "127.0.0.1:$RLS_REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" \
 		-admin "127.0.0.1:$((RLS_PORT + 1))" >"$OUT/rls-tokengate.log" 2>&1 &
 	pids+=($!)
 	TG_PID=$!
@@ -106,13 +114,13 @@ else
 		DEBUG_HOST=127.0.0.1 DEBUG_PORT=$((RLS_PORT + 4)) USE_STATSD=false LOG_LEVEL=warn \
 		REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$RLS_REDIS_PORT" \
 		RUNTIME_ROOT="$(cd "$OUT/ratelimit" && pwd)" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
-		"$RL_BIN" >"$OUT/rls-envoy.log" 2>&1 &
+		"${PIN_SVC[@]}" "$RL_BIN" >"$OUT/rls-envoy.log" 2>&1 &
 	pids+=($!)
 	EV_PID=$!
 	# CPU per decision (-pid, -redis-pid) is steadier than decisions/s on a
 	# shared machine.
 	load() { # name port keys out pid [clients]
-		"$OUT/rlsload" -addr "127.0.0.1:$2" -name "$1" -keys "$3" -c "${6:-$RLS_CLIENTS}" -n 2000000 -d "${RLS_SECS}s" -warmup 1s \
+		"${PIN_LOAD[@]}" "$OUT/rlsload" -addr "127.0.0.1:$2" -name "$1" -keys "$3" -c "${6:-$RLS_CLIENTS}" -n 2000000 -d "${RLS_SECS}s" -warmup 1s \
 			-pid "$5" -redis-pid "$REDIS_PID" >"$4" 2>>"$OUT/rls-load.err"
 	}
 	for i in $(seq 100); do
