@@ -319,7 +319,14 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlswire.Statu
 	headers := [][2]string{{"retry-after", strconv.FormatInt(retry, 10)}}
 	if set.RateLimitHeaders {
 		if len(rlsHeaders) > 0 {
-			headers = append(headers, rlsHeaders...)
+			for _, h := range rlsHeaders {
+				// Our Retry-After (jittered per identity) stands; a
+				// service's own (tokengate-rls sends one for Envoy's
+				// ratelimit filter) would be a second value.
+				if !strings.EqualFold(h[0], "retry-after") {
+					headers = append(headers, h)
+				}
+			}
 		} else {
 			headers = append(headers,
 				[2]string{"ratelimit", r.planOf().quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(retry, 10)},

@@ -160,6 +160,28 @@ func TestClusterScope(t *testing.T) {
 		}
 	})
 
+	t.Run("rejected with the service's headers: its Retry-After is not sent twice", func(t *testing.T) {
+		f := clusterFixture(t, "allow")
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(2, []rlsStatus{{2, 0, 3}},
+			[2]string{"ratelimit", `"global-ip";r=0;t=3`}, [2]string{"retry-after", "3"})))
+		if resp.Local == nil || resp.Local.Status != 429 {
+			t.Fatalf("reply %+v; want a 429", resp.Local)
+		}
+		var retries []string
+		for _, kv := range resp.Local.Headers {
+			if strings.EqualFold(kv[0], "retry-after") {
+				retries = append(retries, kv[1])
+			}
+		}
+		if len(retries) != 1 {
+			t.Errorf("retry-after %q, want exactly one (the filter's)", retries)
+		}
+		if v, _ := findHeader(resp.Local.Headers, "ratelimit"); v != `"global-ip";r=0;t=3` {
+			t.Errorf("ratelimit %q, want the service's", v)
+		}
+	})
+
 	for _, tc := range []struct {
 		onError  string
 		status   uint32 // 0: resumed

@@ -187,6 +187,15 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if s.cfg.File.Settings.RateLimitHeaders && len(quotas) > 0 {
 		resp.ResponseHeadersToAdd = rateLimitHeaders(quotas, best)
 	}
+	if enforceOver && len(quotas) > 0 {
+		// Envoy's own ratelimit filter adds these headers to its 429 and
+		// writes no Retry-After of its own: the wait until the rejecting
+		// bucket with the longest wait could admit the request, in whole
+		// seconds, at least 1 (our filter replaces it with its jittered
+		// one).
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			&corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(retryAfterSeconds(quotas[best].retry), 10)})
+	}
 	return resp, nil
 }
 
@@ -286,6 +295,16 @@ func duration(secs float64) *durationpb.Duration {
 		return durationpb.New(maxHeaderSeconds * time.Second)
 	}
 	return durationpb.New(time.Duration(math.Ceil(secs * 1e9)))
+}
+
+// retryAfterSeconds is a wait as Retry-After's whole seconds: as the
+// RateLimit headers round it (seconds), and at least 1; +Inf (a cost the
+// bucket can never hold) is the cap.
+func retryAfterSeconds(secs float64) int64 {
+	if math.IsInf(secs, 1) {
+		return maxHeaderSeconds
+	}
+	return max(seconds(secs), 1)
 }
 
 // quota is what the RateLimit headers say about one enforced bucket.

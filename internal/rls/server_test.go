@@ -269,6 +269,9 @@ func allOrNothing(t *testing.T, e env) {
 	if got := header(r, "ratelimit-limit"); got != "2" {
 		t.Errorf("ratelimit-limit: got %q, want narrow's 2", got)
 	}
+	if got := header(r, "retry-after"); got != "1000000" {
+		t.Errorf("retry-after: got %q, want narrow's 1000000 (one token at 1e-6 a second)", got)
+	}
 	// wide still holds 8: exactly 8 more requests pass it alone.
 	for i := range 8 {
 		if r := ask(t, e.client, "tokengate", ours("wide", "", 0)); r.OverallCode != rlsv3.RateLimitResponse_OK {
