@@ -794,5 +794,9 @@ func (r *Rule) windowOffset(vals []string) float64 {
 		h = fnv64Add(fnv64Add(h, "\x00"), v)
 	}
 	const us = 1e6 // microsecond steps, as stored
-	return float64(h%uint64(w*us)) / us
+	steps := uint64(w * us)
+	if steps == 0 { // the parser refuses windows under 1 ms; never divide by 0
+		return 0
+	}
+	return float64(h%steps) / us
 }
