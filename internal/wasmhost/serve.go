@@ -34,6 +34,7 @@ const (
 // stream is one HTTP request's context in a worker VM.
 type stream struct {
 	id    uint32
+	root  uint32 // the root context it was created under (roots.go)
 	phase phase
 
 	req, resp         headerMap
@@ -156,7 +157,7 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 		return failed(err)
 	}
 	w.newStream(s)
-	if _, err := w.callStream(s, phaseCreate, "proxy_on_context_create", uint64(s.id), rootContextID); err != nil {
+	if _, err := w.callStream(s, phaseCreate, "proxy_on_context_create", uint64(s.id), uint64(s.root)); err != nil {
 		return w.abandon(s, failed, err)
 	}
 	action, err := w.callStream(s, phaseRequestHeaders, "proxy_on_request_headers",
@@ -297,7 +298,7 @@ func (h *Host) hold(w *worker, s *stream, r *http.Request) (status int, hs []Hea
 // finish runs proxy_on_log, proxy_on_done and proxy_on_delete and forgets
 // the stream. w.mu must be held; it stays held.
 func (w *worker) finish(s *stream) error {
-	defer delete(w.streams, s.id)
+	defer w.endStream(s)
 	if _, err := w.callStream(s, phaseLog, "proxy_on_log", uint64(s.id)); err != nil {
 		return err
 	}
