@@ -45,8 +45,14 @@ func (h *Host) hostCall(w *worker, name string, stack []uint64) (Status, bool) {
 	if o == nil && f == nil {
 		return 0, false
 	}
-	n := len(envImports[name].params)
-	c := Call{Worker: w.index, Name: name, Context: w.curID.Load(), Root: w.curRoot, Args: append([]uint64(nil), stack[:n]...)}
+	params := envImports[name].params
+	c := Call{Worker: w.index, Name: name, Context: w.curID.Load(), Root: w.curRoot, Args: make([]uint64, len(params))}
+	for i, t := range params {
+		c.Args[i] = stack[i]
+		if t == i32 {
+			c.Args[i] = uint64(uint32(stack[i])) // the upper half of an i32 slot is not defined
+		}
+	}
 	if o != nil {
 		o(c)
 	}
