@@ -338,21 +338,62 @@ func TestDelayClientLeaves(t *testing.T) {
 	}
 }
 
-// TestDelayLargeBody: a held 2 MiB POST reaches the upstream intact.
+// TestDelayLargeBody: a 2 MiB POST is held while its body is still being
+// sent (the host reads none of it before the filter decides, as Envoy
+// holds it with flow control), reaches the filter's body callback only
+// after the tick continued it, and reaches the upstream intact.
 func TestDelayLargeBody(t *testing.T) {
-	r := newDelayRig(t, sprintf(delayCfg, ""), 1)
+	var log callLog
+	r := newDelayRig(t, sprintf(delayCfg, ""), 1, func(o *wasmhost.Options) { o.Observe = log.observe })
 	body := make([]byte, 2<<20)
 	if _, err := rand.Read(body); err != nil {
 		t.Fatal(err)
 	}
 	r.send(context.Background(), 1, nil)
 	r.decided(1)
-	r.send(context.Background(), 2, body)
-	r.decided(2)
+	pr, pw := io.Pipe()
+	req, err := http.NewRequest(http.MethodPost, r.srv.URL+"/", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = int64(len(body))
+	req.Header.Set("x-id", "2")
+	go func() {
+		if resp, err := r.srv.Client().Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	r.decided(2) // held before a byte of the body was sent
+	go func() {
+		_, _ = pw.Write(body)
+		pw.Close()
+	}()
 	r.run(100*time.Millisecond, func(el time.Duration) int { return 1 + int(el/(100*time.Millisecond)) })
 	arr, _ := r.snapshot()
 	if len(arr) != 2 || arr[1].id != 2 || arr[1].size != len(body) || arr[1].sum != sha256.Sum256(body) {
 		t.Fatalf("arrivals %+v: the held POST did not arrive intact", arr)
+	}
+	post := log.streamOf(2)
+	var order []string
+	for _, c := range log.all() {
+		switch {
+		case c.Guest && c.Context == post && c.Name == "proxy_on_request_headers":
+			order = append(order, "headers")
+			if c.Args[2] != 0 {
+				t.Errorf("proxy_on_request_headers end_of_stream %d, want 0: a body follows", c.Args[2])
+			}
+		case c.Guest && c.Context == post && c.Name == "proxy_on_request_body":
+			order = append(order, "body")
+			if c.Args[1] != uint64(len(body)) || c.Args[2] != 1 {
+				t.Errorf("proxy_on_request_body(%d, eos %d), want the whole body with end_of_stream", c.Args[1], c.Args[2])
+			}
+		case !c.Guest && c.Context == post && c.Name == "proxy_continue_stream":
+			order = append(order, "continue")
+		}
+	}
+	if strings.Join(order, ",") != "headers,continue,body" {
+		t.Errorf("callbacks of the POST: %v, want headers, continue, body", order)
 	}
 }
 
