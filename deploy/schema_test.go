@@ -178,6 +178,7 @@ func TestSchemaAndParserRejectInvalid(t *testing.T) {
 		{"fallback with match", `{"bundle_version": 1, "policies": [{"id": "p", "spec": {"fallback_limit": {` + ok + `, "match": {"path": "/"}}}}]}`, "fallback_limit.match: unknown field"},
 		{"policy without id", `{"bundle_version": 1, "policies": [{"spec": {"rules": [{"name": "a", ` + ok + `}]}}]}`, "policies[0].id: is required"},
 		{"fixed window without window_seconds", `{"name": "a", "algorithm": "fixed_window", "algorithm_config": {"limit": 5}}`, "algorithm_config.window_seconds: is required"},
+		{"fixed window under a millisecond", `{"name": "a", "algorithm": "fixed_window", "algorithm_config": {"limit": 5, "window_seconds": 0.0005, "window_start": "hash"}}`, "algorithm_config.window_seconds: must be >= 0.001"},
 		{"fixed window with a burst", `{"name": "a", "algorithm": "fixed_window", "algorithm_config": {"limit": 5, "window_seconds": 1, "burst": 5}}`, "algorithm_config.burst: unknown field"},
 		{"unknown scope", `{"name": "a", "scope": "global", ` + ok + `}`, `scope: must be "local" or "cluster"`},
 		{"wildcard inside a host", `{"bundle_version": 1, "policies": [{"id": "p", "spec": {"selector": {"hosts": ["a.*.com"]}, "rules": [{"name": "a", ` + ok + `}]}}]}`, "selector.hosts[0]: invalid value"},

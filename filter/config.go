@@ -619,8 +619,14 @@ const (
 	WindowRandom         // each key's windows start at an offset drawn when it is created
 )
 
-// maxWindow bounds window_seconds (about 31 years).
-const maxWindow = 1e9
+// maxWindow bounds window_seconds (about 31 years); minWindow is its
+// lower bound, one millisecond: a window's start is stored in microseconds,
+// and a "hash" start is the key's hash modulo the window in microseconds,
+// which a shorter window would round to zero.
+const (
+	maxWindow = 1e9
+	minWindow = 1e-3
+)
 
 // windowConfig reads a fixed window's algorithm_config: limit tokens per
 // window of window_seconds, a rollover capacity (default limit) and where
@@ -649,6 +655,9 @@ func windowConfig(path string, v ljson.Result, r *Rule) error {
 	window, err := need("window_seconds", maxWindow)
 	if err != nil {
 		return err
+	}
+	if window < minWindow {
+		return errAt(path+".window_seconds", "must be >= "+num(minWindow)+" (one millisecond), got "+num(window))
 	}
 	capacity := limit
 	if c := v.Get("capacity"); c.Exists() {

@@ -24,8 +24,9 @@ import (
 
 // Ticker is implemented by hosts with a per-worker timer
 // (proxy_set_tick_period_milliseconds); the timer calls Plugin.OnTick.
-// Without it (or without Caller) a request that would have to wait is
-// rejected instead.
+// Without it (or without Caller), or once the host has refused a tick
+// period (Plugin.noTicks), a request that would have to wait is rejected
+// instead.
 type Ticker interface {
 	// SetTickPeriod sets the period of the root context's tick, in
 	// milliseconds; 0 stops it.
@@ -183,9 +184,10 @@ func (r *Rule) shift(l bucket.Limit) bucket.Limit {
 
 // unshift turns the results of g's reserving buckets back into true
 // balances (never below 0 for the headers) and returns the longest wait,
-// in seconds, the admission left: 0 unless a bucket went into debt.
-func unshift(g *group) float64 {
-	wait := 0.0
+// in seconds, the admission left (0 unless a bucket went into debt) and
+// the index of the rule whose debt makes it (-1 for none).
+func unshift(g *group) (float64, int) {
+	wait, by := 0.0, -1
 	for i, r := range g.rules {
 		d := r.Delay.debt
 		if d == 0 {
@@ -193,23 +195,24 @@ func unshift(g *group) float64 {
 		}
 		res := &g.res[i]
 		t := res.Tokens - d
-		if res.Allowed && t < 0 {
-			wait = math.Max(wait, -t/r.Limit.Rate)
+		if w := -t / r.Limit.Rate; res.Allowed && t < 0 && w > wait {
+			wait, by = w, i
 		}
 		res.Tokens = math.Max(t, 0)
 	}
-	return wait
+	return wait, by
 }
 
 // unholdable returns the index of the rule that keeps an admitted request
 // from being held, or -1 if it can be: a reserving rule at its max_pending,
-// or (index 0) a host without ticks or stream resumption.
-func (s *Stream) unholdable(g *group) int {
+// or, on a host without ticks or stream resumption (or one that refused a
+// tick period), by, the rule whose reservation the request would wait for.
+func (s *Stream) unholdable(g *group, by int) int {
 	p := s.p
 	_, caller := p.host.(Caller)
 	_, ticks := p.host.(Ticker)
-	if !caller || !ticks {
-		return 0
+	if !caller || !ticks || p.noTicks {
+		return by
 	}
 	for i, r := range g.rules {
 		if r.Delay.debt > 0 && r.waiting >= r.Delay.MaxPending {
@@ -221,7 +224,9 @@ func (s *Stream) unholdable(g *group) int {
 
 // hold pauses an admitted request for wait seconds: its tokens are taken,
 // and OnTick releases it at now+wait. unholdable must have said it can.
-func (s *Stream) hold(g *group, now, wait float64) Action {
+// It reports false, holding nothing, if the host refused the tick the
+// request needs (the plugin then holds nothing more: noTicks).
+func (s *Stream) hold(g *group, now, wait float64) bool {
 	p := s.p
 	p.delays.rebase(now)
 	w := &waiter{deadline: now + wait, s: s}
@@ -231,15 +236,21 @@ func (s *Stream) hold(g *group, now, wait float64) Action {
 		}
 		w.rules = append(w.rules, r)
 		r.waiting++
-		r.metrics.delayed.inc(p.host, 1)
 		if r.Delay.RefundOnCancel {
 			w.refund = append(w.refund, cloneReqs(g.reqs[i:i+1])...)
 		}
 	}
 	p.delays.push(w)
+	if !p.arm(p.host.(Ticker), now, false) {
+		p.delays.remove(w)
+		p.forget(w)
+		return false
+	}
 	s.waiter = w
-	p.arm(p.host.(Ticker), now, false)
-	return Pause
+	for _, r := range w.rules {
+		r.metrics.delayed.inc(p.host, 1)
+	}
+	return true
 }
 
 // refuseHold rejects a request that fits the reservation but cannot be
@@ -263,19 +274,21 @@ func (s *Stream) refuseHold(req *request, g *group, now, wait float64, over int)
 // the period only when the earliest deadline moved (Envoy recreates the
 // timer on every call, so setting it per request would postpone the tick
 // for as long as requests keep coming); in a tick (ticked) it also corrects
-// a period that no longer matches the time left. Nothing waiting: 0.
-func (p *Plugin) arm(t Ticker, now float64, ticked bool) {
+// a period that no longer matches the time left. Nothing waiting: 0. It
+// reports false if the host refused the period.
+func (p *Plugin) arm(t Ticker, now float64, ticked bool) bool {
 	q := &p.delays
 	if len(q.h) == 0 {
+		ok := true
 		if q.period != 0 {
-			p.setTick(t, 0)
+			ok = p.setTick(t, 0)
 		}
 		q.armedFor = 0
-		return
+		return ok
 	}
 	top := q.h[0].deadline
 	if top == q.armedFor && q.period != 0 && !ticked {
-		return
+		return true
 	}
 	ms := uint32(minTickMs)
 	// The microsecond taken off absorbs rounding in top-now (epoch
@@ -284,23 +297,34 @@ func (p *Plugin) arm(t Ticker, now float64, ticked bool) {
 	if left := math.Ceil((top-now)*1000 - 1e-3); left > minTickMs {
 		ms = uint32(min(left, math.MaxUint32))
 	}
-	q.armedFor = top
 	if ms != q.period || !ticked {
-		p.setTick(t, ms)
+		if !p.setTick(t, ms) {
+			return false
+		}
 	}
+	q.armedFor = top
+	return true
 }
 
-func (p *Plugin) setTick(t Ticker, ms uint32) {
+// setTick sets the host's tick period. A host that refuses it (a proxy-wasm
+// host without timers answers UNIMPLEMENTED) is remembered as one without
+// ticks: requests that would have to wait are rejected from then on.
+func (p *Plugin) setTick(t Ticker, ms uint32) bool {
 	// Lease mode refills every lease.period ms: the timer never runs
 	// slower than that, nor stops, while a lease rule exists (lease.go).
 	if lp := p.lease.period; lp > 0 && (ms == 0 || ms > lp) {
 		ms = lp
 	}
 	if err := t.SetTickPeriod(ms); err != nil {
-		p.host.Log(LogError, "tokengate: set tick period: "+err.Error())
-		return
+		if !p.noTicks {
+			p.host.Log(LogError, "tokengate: the host refused a tick period ("+err.Error()+
+				"): requests that would wait for their reservation are rejected from now on")
+		}
+		p.noTicks = true
+		return false
 	}
 	p.delays.period = ms
+	return true
 }
 
 // OnTick is the root context's proxy_on_tick: every held request whose
@@ -340,14 +364,17 @@ func (p *Plugin) forget(w *waiter) {
 }
 
 // cancelWait drops a held request whose stream ended before its release
-// (proxy_on_delete), refunding its buckets if its rules ask for it.
+// (proxy_on_done, or proxy_on_delete from a host that skips on_done),
+// refunding its buckets if its rules ask for it. Between on_done and
+// on_delete Envoy may still run the root's tick, and the stream's context
+// still exists then: it must not be continued.
 func (s *Stream) cancelWait() {
 	w := s.waiter
 	if w == nil {
 		return
 	}
 	p := s.p
-	defer p.recoverTo("proxy_on_delete", func() {})
+	defer p.recoverTo("the end of a held stream", func() {})
 	s.waiter = nil
 	p.delays.remove(w)
 	p.forget(w)

@@ -1,6 +1,7 @@
 package filter_test
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -302,24 +303,88 @@ func TestDelayAcrossWorkers(t *testing.T) {
 	}
 }
 
-// TestDelayWithoutTicks: a host without ticks cannot hold a request, so
-// one that would wait gets a 429 and keeps no tokens.
-func TestDelayWithoutTicks(t *testing.T) {
-	h := filtertest.New()
-	p := filter.NewPlugin(struct{ filter.Host }{h})
-	p.Clock = func() float64 { return epoch }
-	if !p.OnConfigure([]byte(strings.Replace(nginxCfg, "%s", "", 1))) {
-		t.Fatal("configuration refused")
-	}
-	if res := h.Do(p, filtertest.Get("/", "192.0.2.1:5000")); res.Status() != 200 {
+// TestDelayTickRefused: a host that refuses proxy_set_tick_period_milliseconds
+// (as a host without timers answers UNIMPLEMENTED; the module's host always
+// has the method) cannot hold a request: the one that would wait gets the
+// 429 with its wait as Retry-After, naming the reserving rule, and takes
+// nothing; the plugin remembers, so later requests that would wait are
+// refused without asking the host again.
+func TestDelayTickRefused(t *testing.T) {
+	f := newFixture(t, `{"rules":[
+		{"name":"wide","algorithm_config":{"rps":100,"burst":100}},
+		{"name":"g","algorithm_config":{"rps":10,"burst":1,"max_reserved":5}}]}`)
+	f.h.TickError = errors.New("proxy-wasm status 12")
+	if res := f.get(); res.Status() != 200 {
 		t.Fatalf("first request: %d", res.Status())
 	}
-	res := h.Do(p, filtertest.Get("/", "192.0.2.1:5000"))
-	if res.Status() != 429 || res.Header("retry-after") != "1" {
-		t.Fatalf("second request: status %d, retry-after %q; want 429, 1", res.Status(), res.Header("retry-after"))
+	before, _ := f.state("tb:g:")
+	for i := 2; i <= 3; i++ {
+		res := f.get()
+		if res.Status() != 429 || res.Header("retry-after") != "1" || res.Header("x-tokengate-rule") != "g" {
+			t.Fatalf("request %d: status %d, retry-after %q, rule %q; want 429, 1, g (the reserving rule)",
+				i, res.Status(), res.Header("retry-after"), res.Header("x-tokengate-rule"))
+		}
 	}
-	if p.Waiting() != 0 {
-		t.Errorf("%d waiting", p.Waiting())
+	if after, _ := f.state("tb:g:"); after != before {
+		t.Errorf("stored %v tokens after the refused holds, %v before: they must take nothing", after, before)
+	}
+	if wide, _ := f.state("tb:wide:"); wide != 99 {
+		t.Errorf("rule wide has %v tokens, want 99: the refused requests take nothing from any rule", wide)
+	}
+	if f.p.Waiting() != 0 || f.h.TickRefused != 1 {
+		t.Errorf("waiting %d, tick calls refused %d; want 0 and 1 (the plugin remembers)", f.p.Waiting(), f.h.TickRefused)
+	}
+	if got := f.counter("g", filter.CounterDelayed); got != 0 {
+		t.Errorf("delayed = %d, want 0", got)
+	}
+	if got := f.counter("g", filter.CounterRejected); got != 2 {
+		t.Errorf("rejected = %d, want 2", got)
+	}
+}
+
+// TestDelayUnholdableNamesReservingRule: a request over max_pending gets a
+// 429 naming the rule whose reservation it would wait for, not the first
+// rule of the request.
+func TestDelayUnholdableNamesReservingRule(t *testing.T) {
+	f := newFixture(t, `{"rules":[
+		{"name":"wide","algorithm_config":{"rps":100,"burst":100}},
+		{"name":"g","algorithm_config":{"rps":10,"burst":1,"max_reserved":5,"max_pending":1}}]}`)
+	f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+	if _, res := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000")); res.RequestAction != filter.Pause || res.Local != nil {
+		t.Fatalf("second request: status %d, want held", res.Status())
+	}
+	_, res := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+	if res.Status() != 429 || res.Header("x-tokengate-rule") != "g" {
+		t.Errorf("third request: status %d, rule %q; want 429 naming g", res.Status(), res.Header("x-tokengate-rule"))
+	}
+}
+
+// TestDelayDroppedAtDone: a held stream is dropped when the host ends it
+// (proxy_on_done), before proxy_on_delete: a tick that comes in between,
+// while the context still exists and set_effective_context would succeed,
+// does not continue it; on_delete after that changes nothing.
+func TestDelayDroppedAtDone(t *testing.T) {
+	f := delayFixture(t, `,"refund_on_cancel":true`)
+	f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+	s2, _ := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+	f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+	before, _ := f.state("tb:g:")
+	s2.OnDone()
+	f.h.EndCallback()
+	if got := f.p.Waiting(); got != 1 {
+		t.Fatalf("%d waiting after on_done, want 1", got)
+	}
+	if after, _ := f.state("tb:g:"); after != before+1 {
+		t.Errorf("stored %v tokens after on_done (before %v), want the refund", after, before)
+	}
+	f.now = epoch + 1
+	if got := f.h.Tick(f.p); !slices.Equal(got, []uint32{3}) {
+		t.Errorf("tick continued %v, want only [3]: stream 2 ended at on_done", got)
+	}
+	s2.Release()
+	f.h.EndCallback()
+	if got := f.counter("g", filter.CounterDelayCancelled); got != 1 {
+		t.Errorf("delay_cancelled = %d, want 1 (counted once)", got)
 	}
 }
 

@@ -44,8 +44,10 @@ type Plugin struct {
 	calls []*pendingCall
 	// lease is the lease-mode state of this worker (lease.go).
 	lease leaseState
-	// delays are the requests held for their reservation (delay.go).
-	delays delayQueue
+	// delays are the requests held for their reservation (delay.go);
+	// noTicks is set once the host refuses a tick period.
+	delays  delayQueue
+	noTicks bool
 
 	// warn limits warn-level lines on the request path so that a store
 	// outage cannot flood the proxy's log; see warnf.
@@ -94,8 +96,10 @@ type reqContext struct {
 	replyHdrs                 [][2]string
 	// quotas is the rejection's scratch for the RateLimit list.
 	quotas []quota
-	// wait is the seconds an admission by take must be held (delay.go).
-	wait float64
+	// wait is the seconds an admission by take must be held (delay.go),
+	// waitRule the index of the rule whose reservation makes it.
+	wait     float64
+	waitRule int
 }
 
 // begin starts a request's decision.
@@ -535,7 +539,7 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 	}
 	g.res = g.res[:len(g.reqs)]
 	out := p.upd.TakeAll(g.reqs, now, g.res)
-	p.rc.wait = unshift(g)
+	p.rc.wait, p.rc.waitRule = unshift(g)
 	p.metrics.corrupt.inc(p.host, int64(out.Corrupt))
 	if out.Corrupt > 0 {
 		p.warnf(now, "event=corrupt_state rules="+ruleNames(g.rules)+" count="+strconv.Itoa(out.Corrupt)+" action=replaced_with_full_bucket")
@@ -589,8 +593,11 @@ func (s *Stream) decide(req *request, now float64) Action {
 	case out.Allowed:
 		wait := p.rc.wait
 		if wait > 0 {
-			if over := s.unholdable(g); over >= 0 {
+			if over := s.unholdable(g, p.rc.waitRule); over >= 0 {
 				return s.refuseHold(req, g, now, wait, over)
+			}
+			if !s.hold(g, now, wait) {
+				return s.refuseHold(req, g, now, wait, p.rc.waitRule)
 			}
 		}
 		s.quotas, s.best = s.quotas[:0], 0
@@ -607,7 +614,7 @@ func (s *Stream) decide(req *request, now float64) Action {
 			s.track(g)
 		}
 		if wait > 0 {
-			return s.hold(g, now, wait)
+			return Pause // held: OnTick releases it (delay.go)
 		}
 		return Continue
 	}
@@ -794,5 +801,9 @@ func (r *Rule) windowOffset(vals []string) float64 {
 		h = fnv64Add(fnv64Add(h, "\x00"), v)
 	}
 	const us = 1e6 // microsecond steps, as stored
-	return float64(h%uint64(w*us)) / us
+	steps := uint64(w * us)
+	if steps == 0 { // the parser refuses windows under 1 ms; never divide by 0
+		return 0
+	}
+	return float64(h%steps) / us
 }

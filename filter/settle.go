@@ -217,6 +217,7 @@ func (s *Stream) OnResponseTrailers(numTrailers int) (act Action) {
 // OnDone is proxy_on_done: the stream has ended, by whatever path.
 func (s *Stream) OnDone() {
 	defer s.p.recoverTo("proxy_on_done", func() {})
+	s.cancelWait() // a held stream ended: never released (delay.go)
 	s.finish()
 }
 

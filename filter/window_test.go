@@ -123,3 +123,31 @@ func TestFixedWindowStartModes(t *testing.T) {
 	}
 	t.Logf("random start stored as %s, worker 2 refilled at +%v", parts[1], start)
 }
+
+// TestFixedWindowShortest: window_seconds below one millisecond is refused
+// by the parser (a "hash" start is the key's hash modulo the window in
+// microseconds, which a shorter window rounds to zero); the shortest
+// window, 1 ms, works in every start mode without a panic: the limit
+// holds within a window and comes back in the next.
+func TestFixedWindowShortest(t *testing.T) {
+	for _, ws := range []string{"0.0005", "1e-7", "0.000999"} {
+		_, err := filter.ParseConfig([]byte(`{"name":"fw","algorithm":"fixed_window","algorithm_config":{"limit":3,"window_seconds":` + ws + `,"window_start":"hash"}}`))
+		if err == nil || !strings.Contains(err.Error(), "algorithm_config.window_seconds: must be >= 0.001") {
+			t.Errorf("window_seconds %s: got %v, want it refused below 1 ms", ws, err)
+		}
+	}
+	for _, mode := range []string{"aligned", "hash", "random"} {
+		f := newFixture(t, `{"name":"fw","limit_keys":["header:x-key"],"algorithm":"fixed_window",
+			"algorithm_config":{"limit":3,"window_seconds":0.001,"window_start":"`+mode+`"}}`)
+		if got := statuses(f, "k", 4); got != "2224" {
+			t.Errorf("%s: %s, want the limit 3 then a 429", mode, got)
+		}
+		f.now += 0.0015 // past the next window start, whatever the offset
+		if got := statuses(f, "k", 4); got != "2224" {
+			t.Errorf("%s, next window: %s, want the limit 3 again", mode, got)
+		}
+		if got := f.global(filter.MetricPanics); got != 0 {
+			t.Errorf("%s: %d panics", mode, got)
+		}
+	}
+}

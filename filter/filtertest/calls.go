@@ -149,12 +149,22 @@ func (h *Host) Deliver(p *filter.Plugin, token uint32, resp CallResponse) Respon
 type ticks struct {
 	// TickPeriods lists every period the filter set, in order (ms).
 	TickPeriods []uint32
+	// TickError, if set, makes SetTickPeriod fail with it, as a host
+	// without timers answers UNIMPLEMENTED; TickRefused counts the calls
+	// it refused.
+	TickError   error
+	TickRefused int
 }
 
 var _ filter.Ticker = (*Host)(nil)
 
-// SetTickPeriod implements filter.Ticker: it records the period.
+// SetTickPeriod implements filter.Ticker: it records the period, or
+// refuses it with TickError.
 func (h *Host) SetTickPeriod(ms uint32) error {
+	if h.TickError != nil {
+		h.TickRefused++
+		return h.TickError
+	}
 	h.TickPeriods = append(h.TickPeriods, ms)
 	return nil
 }

@@ -163,7 +163,7 @@ func (h *Host) Exchange(i int, ex *Exchange) (ExchangeResult, error) {
 		return ExchangeResult{}, err
 	}
 	w.newStream(s)
-	if _, err := w.callStream(s, phaseCreate, "proxy_on_context_create", uint64(s.id), rootContextID); err != nil {
+	if _, err := w.callStream(s, phaseCreate, "proxy_on_context_create", uint64(s.id), uint64(s.root)); err != nil {
 		return fail(err)
 	}
 	action, err := w.callStream(s, phaseRequestHeaders, "proxy_on_request_headers", uint64(s.id), uint64(len(s.req.h)), 1)

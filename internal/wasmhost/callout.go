@@ -163,12 +163,13 @@ func (h *Host) httpCall(_ context.Context, w *worker, mem api.Memory, p []uint64
 		}
 		return roundTrip(h.client(cl), req)
 	}
+	root := uint64(w.curRoot) // the caller's root context hears the answer
 	id := h.startCallout(w, false, callTimeout(uint32(p[8])), do, func(w *worker, id uint32, r *calloutResult) {
 		if r == nil {
-			_, _ = w.callRoot("proxy_on_http_call_response", rootContextID, uint64(id), 0, 0, 0)
+			_, _ = w.callRoot("proxy_on_http_call_response", root, uint64(id), 0, 0, 0)
 			return
 		}
-		_, _ = w.callRoot("proxy_on_http_call_response", rootContextID, uint64(id),
+		_, _ = w.callRoot("proxy_on_http_call_response", root, uint64(id),
 			uint64(len(r.headers.h)), uint64(len(r.body)), uint64(len(r.trailers.h)))
 	})
 	if !mem.WriteUint32Le(uint32(p[9]), id) {
@@ -259,12 +260,13 @@ func (h *Host) grpcCall(_ context.Context, w *worker, mem api.Memory, p []uint64
 		}
 		return grpcResult(r)
 	}
+	root := uint64(w.curRoot) // the caller's root context hears the answer
 	id := h.startCallout(w, true, timeout, do, func(w *worker, id uint32, r *calloutResult) {
 		if r.grpcStatus == grpcOK {
-			_, _ = w.callRoot("proxy_on_grpc_receive", rootContextID, uint64(id), uint64(len(r.body)))
+			_, _ = w.callRoot("proxy_on_grpc_receive", root, uint64(id), uint64(len(r.body)))
 			return
 		}
-		_, _ = w.callRoot("proxy_on_grpc_close", rootContextID, uint64(id), uint64(r.grpcStatus))
+		_, _ = w.callRoot("proxy_on_grpc_close", root, uint64(id), uint64(r.grpcStatus))
 	})
 	if !mem.WriteUint32Le(uint32(p[11]), id) {
 		return StatusInvalidMemoryAccess

@@ -131,6 +131,17 @@ type Options struct {
 	// functions (ExchangeResult.HostNanos), for benchmarks; it costs two
 	// clock reads per host call.
 	TimeHostCalls bool
+
+	// Observe, if set, sees every callback into the guest and every host
+	// function call (trace.go), in order, with the worker locked: it must
+	// not call back into the Host.
+	Observe func(Call)
+	// Fault, if set, is asked before every host function runs; if it
+	// returns true, the function does not run and the guest gets the
+	// Status it returned: a host that refuses a call (a tick period
+	// answered UNIMPLEMENTED, a context id proxy_set_effective_context
+	// does not know). Called with the worker locked.
+	Fault func(Call) (Status, bool)
 }
 
 // LogEntry is one log line kept by a Host.
@@ -355,21 +366,30 @@ func (h *Host) Logs() []LogEntry {
 	return append(out, h.logs[:h.logHead]...)
 }
 
-// TickPeriod returns the tick period the filter set on worker i (0 if none).
+// TickPeriod returns the tick period the filter set on worker i (0 if
+// none): the shortest among its root contexts (see Roots).
 func (h *Host) TickPeriod(i int) time.Duration {
-	return time.Duration(h.workers[i].tickPeriod.Load()) * time.Millisecond
+	var p uint32
+	for _, r := range h.workers[i].rootList() {
+		if t := r.tickPeriod.Load(); t != 0 && (p == 0 || t < p) {
+			p = t
+		}
+	}
+	return time.Duration(p) * time.Millisecond
 }
 
-// Tick calls proxy_on_tick on every worker whose filter set a tick period,
-// now, regardless of the period.
+// Tick calls proxy_on_tick on every root context, of every worker, that set
+// a tick period, now, regardless of the period (TickDue follows it).
 func (h *Host) Tick() error {
 	var errs []error
 	for _, w := range h.workers {
-		if w.tickPeriod.Load() == 0 {
-			continue
-		}
-		if err := w.tick(); err != nil {
-			errs = append(errs, err)
+		for _, r := range w.rootList() {
+			if r.tickPeriod.Load() == 0 {
+				continue
+			}
+			if err := w.tickRoot(r.id); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -379,24 +399,31 @@ func (h *Host) tickLoop() {
 	defer h.tickDone.Done()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
-	last := make([]time.Time, len(h.workers))
+	last := map[*rootCtx]time.Time{} // one timer per root context
 	for {
 		select {
 		case <-h.stopTicks:
 			return
 		case now := <-t.C:
-			for i, w := range h.workers {
-				p := time.Duration(w.tickPeriod.Load()) * time.Millisecond
-				from := last[i]
-				if set := time.Unix(0, w.tickSetAt.Load()); set.After(from) {
-					from = set // the timer was recreated
+			for _, w := range h.workers {
+				for _, r := range w.rootList() {
+					p := time.Duration(r.tickPeriod.Load()) * time.Millisecond
+					from := last[r]
+					if set := time.Unix(0, r.tickSetAt.Load()); set.After(from) {
+						from = set // the timer was recreated
+					}
+					if p == 0 || now.Sub(from) < p {
+						continue
+					}
+					last[r] = now
+					if err := w.tickRoot(r.id); err != nil {
+						h.hostLog(w, LogError, "proxy_on_tick: "+err.Error())
+					}
 				}
-				if p == 0 || now.Sub(from) < p {
-					continue
-				}
-				last[i] = now
-				if err := w.tick(); err != nil {
-					h.hostLog(w, LogError, "proxy_on_tick: "+err.Error())
+			}
+			for r := range last {
+				if r.tickPeriod.Load() == 0 && now.Sub(last[r]) > time.Minute {
+					delete(last, r) // a root shut down, or idle
 				}
 			}
 		}

@@ -82,6 +82,10 @@ func (h *Host) wrap(name string, fn hostFn) api.GoModuleFunc {
 			return
 		}
 		w.count(idx)
+		if st, faulted := h.hostCall(w, name, stack); faulted {
+			stack[0] = uint64(st)
+			return
+		}
 		if h.opts.TimeHostCalls {
 			t0 := time.Now()
 			defer func() { w.hostNanos += int64(time.Since(t0)) }()
@@ -529,9 +533,17 @@ func (h *Host) getMetric(_ context.Context, w *worker, mem api.Memory, p []uint6
 // the timer on every call, so the next tick is one period after the latest
 // call (setting it on every request postpones ticks for as long as requests
 // keep coming).
+//
+// The period is the calling root context's (Envoy keeps one timer per
+// root context id): the root called, or the root of the running stream.
 func (h *Host) setTickPeriod(_ context.Context, w *worker, _ api.Memory, p []uint64) Status {
-	w.tickPeriod.Store(uint32(p[0]))
-	w.tickSetAt.Store(time.Now().UnixNano())
+	r := w.root(w.curRoot)
+	if r == nil {
+		return StatusBadArgument
+	}
+	r.tickPeriod.Store(uint32(p[0]))
+	r.tickSetAt.Store(time.Now().UnixNano())
+	r.timerFrom.Store(h.monoNow())
 	return StatusOK
 }
 
@@ -561,9 +573,10 @@ func (h *Host) closeStream(_ context.Context, w *worker, _ api.Memory, p []uint6
 
 func (h *Host) setEffectiveContext(_ context.Context, w *worker, _ api.Memory, p []uint64) Status {
 	id := uint32(p[0])
-	if id == rootContextID {
+	if w.root(id) != nil {
 		w.cur = nil
 		w.curID.Store(0)
+		w.curRoot = id
 		return StatusOK
 	}
 	s, ok := w.streams[id]
@@ -572,10 +585,19 @@ func (h *Host) setEffectiveContext(_ context.Context, w *worker, _ api.Memory, p
 	}
 	w.cur = s
 	w.curID.Store(id)
+	w.curRoot = s.root
 	return StatusOK
 }
 
-func (h *Host) done(context.Context, *worker, api.Memory, []uint64) Status {
+// done is proxy_done: a root context whose proxy_on_done returned false
+// says it has finished; it is deleted (roots.go) once the callback
+// returns. Anywhere else it is NOT_FOUND, as in proxy-wasm-cpp-host.
+func (h *Host) done(_ context.Context, w *worker, _ api.Memory, _ []uint64) Status {
+	r := w.root(w.curRoot)
+	if r == nil || !r.doneWait || w.cur != nil {
+		return StatusNotFound
+	}
+	r.done = true
 	return StatusOK
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -34,6 +35,7 @@ const (
 // stream is one HTTP request's context in a worker VM.
 type stream struct {
 	id    uint32
+	root  uint32 // the root context it was created under (roots.go)
 	phase phase
 
 	req, resp         headerMap
@@ -76,12 +78,22 @@ type localReply struct {
 const maxRequestBody = 16 << 20
 
 // ServeHTTP runs one request through the filter on one worker, in Envoy's
-// order: proxy_on_context_create, proxy_on_request_headers (and
-// proxy_on_request_body when there is a body); then either the upstream or
+// order: proxy_on_context_create, proxy_on_request_headers as soon as the
+// headers are in (end_of_stream false when a body follows), then
+// proxy_on_request_body once the headers callback has let the request go
+// on; then either the upstream or
 // the filter's local reply; proxy_on_response_headers (and _body) on that
 // response, letting the filter change it; proxy_on_log, proxy_on_done,
 // proxy_on_delete; then the response is written. The worker is locked only
 // while the guest runs, so a worker interleaves streams as Envoy's do.
+//
+// The request body is read only once proxy_on_request_headers has let the
+// request go on, at once or, for a request it paused, after
+// proxy_continue_stream: while it is held the body stays with the client
+// (its writes block, as Envoy's StopAllIterationAndWatermark applies flow
+// control), and after the continue the filter gets it in
+// proxy_on_request_body, as Envoy delivers the body it buffered to the
+// filter that stopped iteration.
 //
 // Differences from Envoy worth knowing: bodies are buffered whole and each
 // body callback sees the whole body with end_of_stream set, unless
@@ -91,12 +103,7 @@ const maxRequestBody = 16 << 20
 // a VM trap answers 503 (Envoy's fail-closed reply) and the worker's VM is
 // restarted on its next use.
 func (h *Host) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, maxRequestBody))
-	if err != nil {
-		http.Error(rw, "tokengate-local: reading request body: "+err.Error(), http.StatusRequestEntityTooLarge)
-		return
-	}
-	s := newStream(r, body)
+	s := newStream(r, nil)
 	if !h.opts.Kong {
 		mergeInline(&s.req)
 	}
@@ -156,11 +163,12 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 		return failed(err)
 	}
 	w.newStream(s)
-	if _, err := w.callStream(s, phaseCreate, "proxy_on_context_create", uint64(s.id), rootContextID); err != nil {
+	if _, err := w.callStream(s, phaseCreate, "proxy_on_context_create", uint64(s.id), uint64(s.root)); err != nil {
 		return w.abandon(s, failed, err)
 	}
+	hasBody := r.ContentLength != 0 // -1: chunked, a body may follow
 	action, err := w.callStream(s, phaseRequestHeaders, "proxy_on_request_headers",
-		uint64(s.id), uint64(len(s.req.h)), boolArg(len(s.reqBody) == 0))
+		uint64(s.id), uint64(len(s.req.h)), boolArg(!hasBody))
 	if err != nil {
 		return w.abandon(s, failed, err)
 	}
@@ -175,7 +183,12 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 		}
 		paused = !s.continued
 	}
-	if !paused && s.local == nil && !s.reset && len(s.reqBody) > 0 {
+	if !paused && s.local == nil && !s.reset && hasBody {
+		if st, hs, b, done := h.readBody(w, s, r); done {
+			return st, hs, b
+		}
+	}
+	if !paused && s.local == nil && !s.reset && hasBody {
 		action, err = w.callStream(s, phaseRequestBody, "proxy_on_request_body",
 			uint64(s.id), uint64(len(s.reqBody)), 1)
 		if err != nil {
@@ -294,10 +307,45 @@ func (h *Host) hold(w *worker, s *stream, r *http.Request) (status int, hs []Hea
 	}
 }
 
+// readBody reads the request body, with w.mu released, once the filter
+// has let the request go on. It returns with w.mu held and done false when
+// the request goes on (a body over maxRequestBody becomes the host's 413
+// reply, which the response callbacks see); with done true (and w.mu
+// released) when the client went away or the VM restarted meanwhile.
+func (h *Host) readBody(w *worker, s *stream, r *http.Request) (status int, hs []Header, body []byte, done bool) {
+	w.mu.Unlock()
+	b, err := io.ReadAll(http.MaxBytesReader(s.rw, r.Body, maxRequestBody))
+	if aerr := w.acquire(); aerr != nil {
+		return http.StatusServiceUnavailable, nil, nil, true
+	}
+	if w.streams[s.id] != s {
+		w.mu.Unlock()
+		hs, b := buildLocalReply(&localReply{status: 503, details: "wasm_fail_stream", grpcStatus: 14}, s.grpc, s.head)
+		return 503, hs, b, true
+	}
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		s.local = &localReply{status: http.StatusRequestEntityTooLarge, details: "request_payload_too_large", grpcStatus: -1,
+			body: []byte("tokengate-local: the request body is over " + strconv.Itoa(maxRequestBody) + " bytes\n")}
+	case err != nil:
+		// The client went away while sending: Envoy resets the stream, and
+		// the filter hears of it through proxy_on_done and proxy_on_delete.
+		ferr := w.finish(s)
+		w.mu.Unlock()
+		if ferr != nil {
+			h.hostLog(w, LogCritical, fmt.Sprintf("worker %d: wasm VM failed: %v", w.index, ferr))
+		}
+		return 499, nil, nil, true
+	}
+	s.reqBody = b
+	return 0, nil, nil, false
+}
+
 // finish runs proxy_on_log, proxy_on_done and proxy_on_delete and forgets
 // the stream. w.mu must be held; it stays held.
 func (w *worker) finish(s *stream) error {
-	defer delete(w.streams, s.id)
+	defer w.endStream(s)
 	if _, err := w.callStream(s, phaseLog, "proxy_on_log", uint64(s.id)); err != nil {
 		return err
 	}

@@ -44,8 +44,12 @@ type worker struct {
 	metricIDs    map[uint32]*metric
 	nextMetricID [3]uint32
 
-	tickPeriod atomic.Uint32 // milliseconds; 0 = no ticks
-	tickSetAt  atomic.Int64  // unix nanoseconds of the last period change
+	// roots are the VM's root contexts, oldest first, the last the one new
+	// streams are created under (roots.go); curRoot is the root of the
+	// running callback (the stream's, or the root called), which
+	// proxy_set_tick_period_milliseconds and callouts act for.
+	roots   atomic.Pointer[[]*rootCtx]
+	curRoot uint32
 
 	callouts calloutState
 	warned   map[string]bool // unimplemented functions already logged
@@ -89,7 +93,7 @@ func (w *worker) start() error {
 	w.nextID = rootContextID + 1
 	w.failed = nil
 	w.rootProps = nil
-	w.tickPeriod.Store(0)
+	w.resetRoots()
 
 	mod, err := h.rt.InstantiateModule(w.ctx, h.compiled, cfg)
 	if err != nil {
@@ -168,6 +172,7 @@ func (w *worker) call(name string, args ...uint64) (uint64, error) {
 	if f == nil {
 		return 0, nil
 	}
+	w.observeGuest(name, args)
 	res, err := f.Call(w.ctx, args...)
 	if err != nil {
 		w.failed = fmt.Errorf("%s: %w", name, err)
@@ -183,6 +188,7 @@ func (w *worker) call(name string, args ...uint64) (uint64, error) {
 func (w *worker) callStream(s *stream, p phase, name string, args ...uint64) (uint64, error) {
 	w.cur = s
 	w.curID.Store(s.id)
+	w.curRoot = s.root
 	s.phase = p
 	defer func() {
 		w.cur = nil
@@ -191,12 +197,13 @@ func (w *worker) callStream(s *stream, p phase, name string, args ...uint64) (ui
 	return w.call(name, args...)
 }
 
-// callRoot calls a root-context callback (tick, callout reports): no stream
-// is current unless the guest makes one effective, and none stays current
-// afterwards.
+// callRoot calls a root-context callback (tick, callout reports) on the
+// root context args[0]: no stream is current unless the guest makes one
+// effective, and none stays current afterwards.
 func (w *worker) callRoot(name string, args ...uint64) (uint64, error) {
 	w.cur = nil
 	w.curID.Store(0)
+	w.curRoot = uint32(args[0])
 	defer func() {
 		w.cur = nil
 		w.curID.Store(0)
@@ -239,18 +246,11 @@ func (w *worker) allocate(ctx context.Context, n uint32) (uint32, bool) {
 	return ptr, true
 }
 
-func (w *worker) tick() error {
-	if err := w.acquire(); err != nil {
-		return err
-	}
-	defer w.mu.Unlock()
-	_, err := w.callRoot("proxy_on_tick", rootContextID)
-	return err
-}
-
-// newStream registers s as a new stream context.
+// newStream registers s as a new stream context, under the current root
+// context.
 func (w *worker) newStream(s *stream) {
 	s.id = w.nextID
 	w.nextID++
+	s.root = w.currentRoot().id
 	w.streams[s.id] = s
 }
