@@ -26,9 +26,11 @@ import (
 //     through a JSON pointer scanner of bounded memory; the cost is the
 //     number found, or default_cost.
 //   - proxy_on_done or proxy_on_delete (the stream was reset, the client
-//     left, or the host never delivered the end of the body): the cost is
-//     the last number found so far, or default_cost; a request that never
-//     got a response keeps its admission cost.
+//     left, or the host never delivered the end of the body): a response_*
+//     cost is the last number found so far, or default_cost when none was
+//     (also when no response arrived at all: nothing was reported); a
+//     count_statuses or reset_on_statuses rule whose request never got a
+//     response keeps its admission cost (there is no status to judge).
 //
 // The difference between the cost and what admission took is refunded or
 // charged (sharedstate.Updater.Settle); a charge may take the bucket into
