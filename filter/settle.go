@@ -99,7 +99,11 @@ func (s *Stream) track(g *group) {
 		req := g.reqs[i]
 		req.Key, req.Alt, req.Owner, req.Stored = strings.Clone(req.Key), strings.Clone(req.Alt), strings.Clone(req.Owner), strings.Clone(req.Stored)
 		st := s.settleOf()
-		st.charges = append(st.charges, charge{r: r, req: req, pre: req.Cost})
+		pre := req.Cost
+		if pre == admitPositive {
+			pre = 0 // pre_charge 0: admission took nothing a balance shows
+		}
+		st.charges = append(st.charges, charge{r: r, req: req, pre: pre})
 	}
 }
 

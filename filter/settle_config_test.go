@@ -49,6 +49,8 @@ func TestParseSettleConfigErrors(t *testing.T) {
 			`algorithm_config.pre_charge: applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`},
 		{"pre_charge over burst", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","pre_charge":4}}`,
 			`algorithm_config.pre_charge: must be from 0 to 3, got 4`},
+		{"no debt and no pre_charge", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","max_debt":0}}`,
+			`algorithm_config.max_debt: 0 needs pre_charge > 0: with neither a debt nor an admission cost, the balance is back above zero an instant after every charge and every request is admitted`},
 		{"response cost on a window", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":3,"window_seconds":1,"cost_source":"response_json:/u"}}`,
 			`algorithm_config.cost_source: a cost known after the response needs a token_bucket, whose balance may go into debt; fixed windows have none`},
 		{"too many pointers", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/a+/b+/c+/d+/e"}}`,
