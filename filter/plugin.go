@@ -320,8 +320,8 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		return Continue
 	}
 	now := p.time()
-	if len(p.rc.shadow.reqs) > 0 {
-		p.observe(&req, now)
+	if len(p.rc.shadow.reqs) > 0 && p.observe(&req, now) {
+		s.trackShadow()
 	}
 	if len(p.rc.inflight.reqs) > 0 {
 		// Counted first, released when the stream ends whatever decides.
@@ -553,8 +553,9 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 }
 
 // observe runs the shadow buckets: what enforcing them would have done is
-// counted and logged, and the request is never touched.
-func (p *Plugin) observe(req *request, now float64) {
+// counted and logged, and the request is never touched. It reports whether
+// the shadow buckets took their cost (they would have admitted it).
+func (p *Plugin) observe(req *request, now float64) bool {
 	g := &p.rc.shadow
 	out := p.take(g, now)
 	switch {
@@ -567,6 +568,7 @@ func (p *Plugin) observe(req *request, now float64) {
 		for _, r := range g.rules {
 			r.metrics.allowed.inc(p.host, 1)
 		}
+		return true
 	default:
 		i := worst(g.res)
 		for j, r := range g.rules {
@@ -576,6 +578,7 @@ func (p *Plugin) observe(req *request, now float64) {
 		}
 		p.logDescribe("tokengate: event=shadow_rejected ", g, i, 0)
 	}
+	return false
 }
 
 // decide runs the enforce buckets and answers the request.

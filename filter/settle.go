@@ -12,7 +12,8 @@ import (
 //
 // A rule with count_statuses, reset_on_statuses or a response_* cost takes
 // its admission cost as any rule does (the cost, or pre_charge), and the
-// stream remembers the bucket it took from (a charge). When the response
+// stream remembers the bucket it took from (a charge), shadow rules
+// included: they settle as they would if enforced. When the response
 // says more, the charge is settled exactly once, by whichever of these
 // comes first:
 //
@@ -89,8 +90,7 @@ func (s *Stream) settleOf() *settleState {
 }
 
 // track remembers, for an admitted request, the buckets of g whose rules
-// settle after the response. Shadow rules never call it: they settle
-// nothing.
+// settle after the response.
 func (s *Stream) track(g *group) {
 	for i, r := range g.rules {
 		if r.Settle == nil {
@@ -107,8 +107,27 @@ func (s *Stream) track(g *group) {
 	}
 }
 
-// dropCharges forgets the charges of a request whose admission was undone
-// (a cluster rule rejected it and the local buckets were refunded).
+// trackShadow tracks the shadow buckets that took their cost, so that they
+// settle as they would if enforced: a shadow rule predicts what enforcing
+// it would do, and a count_statuses rule that never refunded successes
+// would predict 429s for every key past burst requests, successful or
+// not. Shadow settlements are counted like enforced ones (settle_*).
+func (s *Stream) trackShadow() {
+	g := &s.p.rc.shadow
+	for _, r := range g.rules {
+		if r.Settle != nil {
+			s.track(g)
+			return
+		}
+	}
+}
+
+// dropCharges forgets the charges of a request the upstream will never
+// answer: its admission was undone (a cluster rule rejected it and the
+// local buckets were refunded), or the filter answered it itself (a local
+// reply: a rejection, a 503). Enforced buckets took nothing by then; shadow
+// buckets keep their admission cost, as a shadow rule without settlement
+// does whatever the enforced rules decide.
 func (s *Stream) dropCharges() {
 	if s.settle != nil {
 		s.settle.charges = s.settle.charges[:0]
