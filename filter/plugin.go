@@ -44,6 +44,9 @@ type Plugin struct {
 	calls []*pendingCall
 	// lease is the lease-mode state of this worker (lease.go).
 	lease leaseState
+	// settleCalls are the tokens of the settlement calls in flight
+	// (cluster_settle.go).
+	settleCalls []uint32
 	// delays are the requests held for their reservation (delay.go).
 	delays delayQueue
 
@@ -171,6 +174,8 @@ func NewPlugin(h Host) *Plugin {
 		localState:     define(h, MetricLocalState),
 		rlsErrors:      define(h, MetricRLSErrors),
 		leaseCalls:     define(h, MetricLeaseCalls),
+		settleCalls:    define(h, MetricRLSSettleCalls),
+		settleErrors:   define(h, MetricRLSSettleErrors),
 	}
 	return p
 }

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/filter/rlswire"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -38,7 +39,9 @@ import (
 // debt, down to -max_debt. The response itself is never paused or
 // buffered: every callback returns Continue.
 //
-// Requests in flight (concurrency.go) are released on the same paths.
+// Requests in flight (concurrency.go) are released on the same paths, and
+// the settlements of cluster-scope rules are sent to the rate-limit service
+// from there (cluster_settle.go).
 
 // bodyReader is implemented by hosts that can read the response body chunk
 // of the running proxy_on_response_body (filter/abi, over
@@ -57,7 +60,12 @@ const bodyWindow = 8 << 10
 // settleState is what a stream settles when it ends.
 type settleState struct {
 	charges []charge
-	leases  []lease
+	// awaiting are the cluster charges of a request the rate-limit
+	// service has not admitted yet, and remote the settlements queued for
+	// it (cluster_settle.go).
+	awaiting []charge
+	remote   []rlswire.Descriptor
+	leases   []lease
 	// status is the response's :status, 0 before proxy_on_response_headers.
 	status int
 	ended  bool
@@ -79,6 +87,9 @@ type charge struct {
 	last []float64
 	have []bool
 	sse  sseReader
+	// cluster is set for a cluster-scope rule, settled in the rate-limit
+	// service (cluster_settle.go) rather than in shared data.
+	cluster *clusterCharge
 }
 
 // settleOf returns the stream's settle state, creating it.
@@ -131,6 +142,7 @@ func (s *Stream) trackShadow() {
 func (s *Stream) dropCharges() {
 	if s.settle != nil {
 		s.settle.charges = s.settle.charges[:0]
+		s.settle.awaiting = s.settle.awaiting[:0]
 	}
 }
 
@@ -268,6 +280,7 @@ func (s *Stream) finish() {
 		}
 	}
 	s.releaseAll()
+	s.sendClusterSettles()
 }
 
 // result is the cost a scanned body reported: the sum of the numbers found
@@ -333,6 +346,10 @@ func (s *Stream) apply(c *charge, op sharedstate.SettleOp, amount float64) {
 		return
 	}
 	c.done, c.scanning = true, false
+	if c.cluster != nil {
+		s.queueClusterSettle(c, op, amount)
+		return
+	}
 	p := s.p
 	now := p.Clock()
 	n, err := p.upd.Settle(&c.req, op, amount, now)
