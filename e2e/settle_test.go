@@ -244,8 +244,10 @@ func TestDebt(t *testing.T) {
 			if r.status != 429 || ra < 3 || ra > 4 {
 				t.Fatalf("got %d Retry-After %q, want 429 with 3..4", r.status, r.header.Get("Retry-After"))
 			}
-			// The debt stops at -max_debt: a huge report costs 10 more, not 100.
-			clk.Advance(3 * time.Second)
+			// The debt stops at -max_debt: a huge report costs 10 more, not
+			// 100. (3 s repay the debt exactly; admission needs a positive
+			// balance, so a millisecond more.)
+			clk.Advance(3*time.Second + time.Millisecond)
 			if r := mustDo(t, c, srv, "/?tokens=100", nil); r.status != 200 {
 				t.Fatalf("repaid: got %d, want 200", r.status)
 			}
@@ -257,6 +259,10 @@ func TestDebt(t *testing.T) {
 				t.Fatalf("-2 after 4 s: got %d, want 429", r.status)
 			}
 			clk.Advance(time.Second)
+			if r := mustDo(t, c, srv, "/?tokens=1", nil); r.status != 429 {
+				t.Fatalf("at exactly 0: got %d, want 429 (admitted only above zero)", r.status)
+			}
+			clk.Advance(time.Millisecond)
 			if r := mustDo(t, c, srv, "/?tokens=1", nil); r.status != 200 {
 				t.Fatalf("repaid again: got %d, want 200", r.status)
 			}
