@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -206,4 +207,67 @@ func TestClusterSettleFailureCounted(t *testing.T) {
 	if got := redisTokens(t, redis, "tb:{llm:k1}"); got != "99.000000" {
 		t.Errorf("tokens: %q, want 99 (the admission's hit only)", got)
 	}
+}
+
+// envoyRLSettleConfig is envoyproxy/ratelimit's domain for the rules of
+// TestClusterSettleAgainstEnvoyRatelimit: hour windows, per key.
+const envoyRLSettleConfig = `domain: tokengate
+descriptors:
+  - key: tokengate_rule
+    value: llm
+    descriptors:
+      - key: key
+        rate_limit: {unit: hour, requests_per_unit: 50}
+  - key: tokengate_rule
+    value: login
+    descriptors:
+      - key: key
+        rate_limit: {unit: hour, requests_per_unit: 3}
+`
+
+// TestClusterSettleAgainstEnvoyRatelimit: what docs/rls.md says of
+// envoyproxy/ratelimit as the service of settling rules. Extra hits are
+// counted (a response reporting 10 costs 10 of the window's 50, one
+// reporting 45 then exhausts it), and refunds are impossible: the refund
+// descriptors match no limit and change nothing, so every success of a
+// count_statuses rule counts, and the settlement calls do not fail.
+func TestClusterSettleAgainstEnvoyRatelimit(t *testing.T) {
+	redis := redistest.Start(t)
+	rl := startEnvoyRatelimit(t, redis.Addr, envoyRLSettleConfig, false)
+	cfg := strings.Replace(clusterSettleConfig, `"on_error":"deny"`, `"on_error":"deny","domain":"tokengate"`, 1)
+	h, srv := startSettleFleetHost(t, cfg, rlsBootstrap(rl.GRPC), settleUpstream())
+	c := srv.Client()
+	n := uint64(0) // requests, each with one admission call
+	for attempt := 0; attempt < 2; attempt++ {
+		t0 := time.Now()
+		key := "k" + strconv.FormatInt(t0.UnixNano(), 36)
+		var codes []int
+		for _, q := range []struct{ path, auth string }{
+			{"/llm?tokens=10", ""}, {"/llm?tokens=45", ""}, {"/llm?tokens=1", ""}, // 10, then 55 of 50
+			{"/login", "good"}, {"/login", "good"}, {"/login", "good"}, {"/login", "good"}, // never refunded
+		} {
+			r := mustDo(t, c, srv, q.path, map[string]string{"x-api-key": key, "Authorization": q.auth})
+			codes = append(codes, r.status)
+			n++
+			waitStreamsEnded(t, h, n)
+			// Every call answered (one admission per request, and the
+			// settlements sent at the streams' ends) before the next
+			// request is decided.
+			waitFor(t, func() bool {
+				settles, _ := h.Metric("tokengate.rls_settle_calls")
+				return h.GuestCalls()["proxy_on_http_call_response"] == n+settles
+			})
+		}
+		if !sameHour(t0, time.Now()) {
+			continue // the fixed window rolled over mid-test: try again
+		}
+		if want := []int{200, 200, 429, 200, 200, 200, 429}; !slices.Equal(codes, want) {
+			t.Fatalf("codes %v, want %v", codes, want)
+		}
+		if v, _ := h.Metric("tokengate.rls_settle_errors"); v != 0 {
+			t.Errorf("rls_settle_errors: got %d, want 0 (the service answers OK, applying nothing)", v)
+		}
+		return
+	}
+	t.Fatal("two window edges in a row")
 }
