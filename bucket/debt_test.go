@@ -62,3 +62,26 @@ func TestDebt(t *testing.T) {
 		t.Errorf("window: got %v, want 0", s.Tokens)
 	}
 }
+
+// TestTakeSmallestCost pins what the filter's "admit while the balance is
+// positive" (a response_* rule with pre_charge 0) relies on: a cost of
+// math.SmallestNonzeroFloat64 is admitted exactly when the tokens are above
+// zero, leaves any balance a stored value can hold unchanged, and in debt
+// says how long until the balance is back above zero.
+func TestTakeSmallestCost(t *testing.T) {
+	const tiny = math.SmallestNonzeroFloat64
+	l := Limit{Rate: 2, Burst: 10, MaxDebt: 10}
+	for _, tc := range []struct {
+		tokens  float64
+		allowed bool
+		retry   float64
+	}{
+		{10, true, 0}, {0.000001, true, 0}, {1e-300, true, 0},
+		{0, false, tiny / 2}, {-6, false, 3},
+	} {
+		s, res := l.Take(State{Tokens: tc.tokens, Last: t0}, t0, tiny)
+		if res.Allowed != tc.allowed || math.Abs(res.RetryAfter-tc.retry) > 1e-9 || (tc.allowed && tc.tokens > 1e-300 && s.Tokens != tc.tokens) {
+			t.Errorf("tokens %v: got %+v, tokens after %v; want allowed %v, retry %v, tokens unchanged", tc.tokens, res, s.Tokens, tc.allowed, tc.retry)
+		}
+	}
+}

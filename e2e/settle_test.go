@@ -23,8 +23,9 @@ import (
 // it answers:
 //
 //	?tokens=N          {"usage":{"total_tokens":N}} (JSON), written one byte
-//	                   at a time, each flushed, so a streaming host hands
-//	                   the filter one byte per proxy_on_response_body
+//	                   at a time, each flushed (the proxy in front may
+//	                   merge them: TestResponseCostAtEveryBoundary splits
+//	                   bodies exactly, with an in-process upstream)
 //	?sse=N             server-sent events, OpenAI's shape: chunks with
 //	                   "usage":null, then one with total_tokens N, then
 //	                   [DONE]; sse=none has no usage at all
@@ -108,12 +109,32 @@ const costConfig = `{"rules":[{"name":"llm","limit_keys":["ip:address"],"algorit
 func settleHost(t *testing.T, cfg string, up *httptest.Server, stream, kong bool, clk *wasmhost.FakeClock) (*wasmhost.Host, *httptest.Server, *wasmhost.MemData) {
 	t.Helper()
 	u, _ := url.Parse(up.URL)
+	return settleHostWith(t, cfg, wasmhost.ProxyTo(u), stream, kong, clk)
+}
+
+// settleHostWith is settleHost with an in-process upstream: with streamed
+// responses each of its writes reaches the guest as one
+// proxy_on_response_body, unmerged (a proxied upstream's writes may be
+// merged by the transports in between).
+func settleHostWith(t *testing.T, cfg string, up http.Handler, stream, kong bool, clk *wasmhost.FakeClock) (*wasmhost.Host, *httptest.Server, *wasmhost.MemData) {
+	t.Helper()
 	ms := wasmhost.NewSharedData(kong)
 	opts := hostOpts(cfg, kong, 2, clk, ms)
-	opts.Upstream = wasmhost.ProxyTo(u)
+	opts.Upstream = up
 	opts.StreamResponses = stream
 	h, srv := startHost(t, opts)
 	return h, srv, ms
+}
+
+// waitStreamsEnded waits until the host has deleted n stream contexts
+// (proxy_on_delete), after which no callback of those streams can settle
+// anything more.
+func waitStreamsEnded(t *testing.T, h *wasmhost.Host, n uint64) {
+	t.Helper()
+	waitFor(t, func() bool { return h.GuestCalls()["proxy_on_delete"] >= n })
+	if got := h.GuestCalls()["proxy_on_delete"]; got != n {
+		t.Fatalf("proxy_on_delete ran %d times, want %d", got, n)
+	}
 }
 
 func tokensOf(t *testing.T, ms *wasmhost.MemData, rule string) float64 {
@@ -126,7 +147,7 @@ func tokensOf(t *testing.T, ms *wasmhost.MemData, rule string) float64 {
 }
 
 // TestResponseCost charges what the upstream reports, through the module:
-// a JSON usage object delivered one byte per proxy_on_response_body, SSE
+// a JSON usage object written a byte at a time, SSE
 // with and without usage, a compressed body, a response header, and the
 // same buffered (one body callback), under both shared-data semantics.
 func TestResponseCost(t *testing.T) {
@@ -223,8 +244,10 @@ func TestDebt(t *testing.T) {
 			if r.status != 429 || ra < 3 || ra > 4 {
 				t.Fatalf("got %d Retry-After %q, want 429 with 3..4", r.status, r.header.Get("Retry-After"))
 			}
-			// The debt stops at -max_debt: a huge report costs 10 more, not 100.
-			clk.Advance(3 * time.Second)
+			// The debt stops at -max_debt: a huge report costs 10 more, not
+			// 100. (3 s repay the debt exactly; admission needs a positive
+			// balance, so a millisecond more.)
+			clk.Advance(3*time.Second + time.Millisecond)
 			if r := mustDo(t, c, srv, "/?tokens=100", nil); r.status != 200 {
 				t.Fatalf("repaid: got %d, want 200", r.status)
 			}
@@ -236,6 +259,10 @@ func TestDebt(t *testing.T) {
 				t.Fatalf("-2 after 4 s: got %d, want 429", r.status)
 			}
 			clk.Advance(time.Second)
+			if r := mustDo(t, c, srv, "/?tokens=1", nil); r.status != 429 {
+				t.Fatalf("at exactly 0: got %d, want 429 (admitted only above zero)", r.status)
+			}
+			clk.Advance(time.Millisecond)
 			if r := mustDo(t, c, srv, "/?tokens=1", nil); r.status != 200 {
 				t.Fatalf("repaid again: got %d, want 200", r.status)
 			}
@@ -260,6 +287,11 @@ func TestAbortedStreamSettlesOnce(t *testing.T) {
 		t.Fatal("the aborted stream ended cleanly")
 	}
 	waitFor(t, func() bool { return metric(t, h, "llm", "settle_charged") == 1 })
+	// Once the host has deleted the stream nothing can settle it again.
+	waitStreamsEnded(t, h, 1)
+	if got := metric(t, h, "llm", "settle_charged") + metric(t, h, "llm", "settle_refunded"); got != 1 {
+		t.Errorf("settlements: got %d, want 1", got)
+	}
 	if got := tokensOf(t, ms, "llm"); got != 70 {
 		t.Errorf("tokens: got %v, want 70", got)
 	}
@@ -284,9 +316,9 @@ func TestAbortedStreamSettlesOnce(t *testing.T) {
 	cancel()
 	resp.Body.Close()
 	waitFor(t, func() bool { return metric(t, h2, "llm", "settle_charged") == 1 })
-	time.Sleep(50 * time.Millisecond) // a second settlement would show now
-	if got := metric(t, h2, "llm", "settle_charged"); got != 1 {
-		t.Errorf("settle_charged: got %d, want 1", got)
+	waitStreamsEnded(t, h2, 1) // a second settlement would show now
+	if got := metric(t, h2, "llm", "settle_charged") + metric(t, h2, "llm", "settle_refunded"); got != 1 {
+		t.Errorf("settlements: got %d, want 1", got)
 	}
 	if got := tokensOf(t, ms2, "llm"); got != 88 {
 		t.Errorf("tokens: got %v, want 88", got)
@@ -521,6 +553,11 @@ func TestConcurrencyHammer(t *testing.T) {
 					}
 					return inflight.Load() == 0
 				})
+				// The check above holds vacuously if the counts live
+				// elsewhere: the slot of 127.0.0.1 must be there, at 0.
+				if snap := ms.Snapshot("cc:cc:"); len(snap) != 1 || !strings.HasSuffix(snap[0].Value, ":127.0.0.1") {
+					t.Fatalf("leave=%v: concurrency keys %v, want the one of 127.0.0.1", leave, snap)
+				}
 				if r := mustDo(t, srv.Client(), srv, "/?ms=1", nil); r.status != 200 {
 					t.Errorf("leave=%v: after the hammer: got %d, want 200", leave, r.status)
 				}

@@ -95,6 +95,7 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 			pc.leaseKeys[i] = string(sharedstate.AppendLeaseKey(nil, r.Name, vals))
 		}
 	}
+	s.trackCluster(g, ds)
 	body := rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
 	headers := [][2]string{
 		{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
@@ -126,6 +127,9 @@ func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrail
 	if lc := p.takeLeaseCall(token); lc != nil {
 		p.leaseAnswer(lc, numHeaders, bodySize)
 		return
+	}
+	if p.settleAnswer(token, numHeaders, bodySize) {
+		return // a settlement's answer (cluster_settle.go)
 	}
 	pc := p.takeCall(token)
 	if pc == nil {
@@ -211,6 +215,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 		return
 	}
 	if worst < 0 {
+		s.admitCluster(pc, resp)
 		s.rlsHeaders = resp.Headers
 		s.resume()
 		return
@@ -246,6 +251,7 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 	case OnErrorLocal:
 		act = s.clusterLocally(pc)
 	}
+	s.dropAwaiting() // the service took nothing (on_error: local settles in shared data)
 	if resumed && act == Continue {
 		s.resume()
 	}
@@ -276,6 +282,7 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 		for _, r := range rules {
 			r.metrics.allowed.inc(p.host, 1)
 		}
+		s.settleClusterLocally(rules, enforce)
 		return Continue
 	}
 	w := worst(out.Results)

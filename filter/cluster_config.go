@@ -113,10 +113,15 @@ func checkClusterRules(cfg *Config) error {
 		if r.Cluster && cfg.Settings.RLS == nil {
 			return errAt("settings.rls", "is required: rule "+strconv.Quote(r.Name)+` has "scope": "cluster"`)
 		}
-		if r.Cluster && (r.Settle != nil || r.InFlight != nil) {
-			return errAt("", "rule "+strconv.Quote(r.Name)+`: "scope": "cluster" cannot settle after the response `+
-				`(count_statuses, reset_on_statuses, response_* costs) or count requests in flight: the rate-limit service `+
-				`takes hits at admission only; use "scope": "local" for such a rule`)
+		if r.Cluster && r.InFlight != nil {
+			return errAt("", "rule "+strconv.Quote(r.Name)+`: "scope": "cluster" cannot count requests in flight: `+
+				`a count in the service would need a release call per request and would leak what a dead proxy held; `+
+				`use "scope": "local" for a concurrency rule (docs/rls.md)`)
+		}
+		if r.Lease != nil && r.Settle != nil {
+			return errAt("", "rule "+strconv.Quote(r.Name)+`: "mode": "lease" cannot settle after the response `+
+				`(count_statuses, reset_on_statuses, response_* costs): a refund into an allowance would race with the `+
+				`service's accounting of it; use "mode": "exact", which settles in the service (docs/rls.md)`)
 		}
 		if r.Cluster && r.Limit.Window > 0 {
 			return errAt("", "rule "+strconv.Quote(r.Name)+`: "scope": "cluster" decides token buckets only, not fixed windows`)

@@ -6,6 +6,16 @@ import (
 	"strings"
 )
 
+// admitPositive is the admission cost of a response_* rule with
+// pre_charge 0: the smallest positive float64, so that bucket.Limit.Take
+// admits exactly while the balance is above zero (tokens >= 5e-324 is
+// tokens > 0), not at zero or in debt, and takes nothing a stored balance
+// could show (x - 5e-324 rounds back to x for every balance above 2^-1022;
+// the codec keeps 6 decimals). The bucket package stays as it is: its Take
+// is the hot path and its Limit must not grow (BENCHMARKS.md, row 1).
+// The settlement counts admission as having taken 0 (Stream.track).
+const admitPositive = math.SmallestNonzeroFloat64
+
 // maxCostLen bounds the cost header or parameter the filter parses.
 const maxCostLen = 32
 
@@ -17,7 +27,10 @@ func (c *CostSource) cost(req *request) float64 {
 	case CostFixed:
 		return c.Fixed
 	case CostResponse:
-		return c.PreCharge
+		if c.PreCharge > 0 {
+			return c.PreCharge
+		}
+		return admitPositive
 	case CostHeader:
 		raw, ok = req.header(c.Name)
 	case CostQuery:

@@ -501,7 +501,7 @@ func TestMetricNames(t *testing.T) {
 	h := filtertest.New()
 	newPlugin(t, h, perIP)
 	want := []string{
-		"tokengate.config_rejected", "tokengate.corrupt_state", "tokengate.lease_calls", "tokengate.local_state", "tokengate.panics", "tokengate.rls_errors",
+		"tokengate.config_rejected", "tokengate.corrupt_state", "tokengate.lease_calls", "tokengate.local_state", "tokengate.panics", "tokengate.rls_errors", "tokengate.rls_settle_calls", "tokengate.rls_settle_errors",
 		"tokengate.rule.global-rps.allowed", "tokengate.rule.global-rps.cas_retries", "tokengate.rule.global-rps.contention",
 		"tokengate.rule.global-rps.descriptor_missing", "tokengate.rule.global-rps.fail_open",
 		"tokengate.rule.global-rps.rejected", "tokengate.rule.global-rps.shadow_rejected",

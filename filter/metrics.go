@@ -84,6 +84,12 @@ const (
 	// MetricLeaseCalls counts lease requests and releases sent to the
 	// rate-limit service by lease-mode rules (docs/lease.md).
 	MetricLeaseCalls = "tokengate.lease_calls"
+	// MetricRLSSettleCalls counts the calls that carried cluster-scope
+	// settlements to the rate-limit service (one per stream that had any),
+	// and MetricRLSSettleErrors those that failed or were never sent (no
+	// callouts, too many in flight): their settlements are lost.
+	MetricRLSSettleCalls  = "tokengate.rls_settle_calls"
+	MetricRLSSettleErrors = "tokengate.rls_settle_errors"
 )
 
 // RuleMetricName returns the name of one of a rule's counters.
@@ -99,6 +105,7 @@ type ruleMetrics struct {
 
 type pluginMetrics struct {
 	panics, configRejected, corrupt, seedErrors, localState, rlsErrors, leaseCalls counter
+	settleCalls, settleErrors                                                      counter
 }
 
 // counter is a defined metric; the zero value is a no-op.

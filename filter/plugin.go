@@ -44,6 +44,9 @@ type Plugin struct {
 	calls []*pendingCall
 	// lease is the lease-mode state of this worker (lease.go).
 	lease leaseState
+	// settleCalls are the tokens of the settlement calls in flight
+	// (cluster_settle.go).
+	settleCalls []uint32
 	// delays are the requests held for their reservation (delay.go);
 	// noTicks is set once the host refuses a tick period.
 	delays  delayQueue
@@ -175,6 +178,8 @@ func NewPlugin(h Host) *Plugin {
 		localState:     define(h, MetricLocalState),
 		rlsErrors:      define(h, MetricRLSErrors),
 		leaseCalls:     define(h, MetricLeaseCalls),
+		settleCalls:    define(h, MetricRLSSettleCalls),
+		settleErrors:   define(h, MetricRLSSettleErrors),
 	}
 	return p
 }
@@ -324,8 +329,8 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		return Continue
 	}
 	now := p.time()
-	if len(p.rc.shadow.reqs) > 0 {
-		p.observe(&req, now)
+	if len(p.rc.shadow.reqs) > 0 && p.observe(&req, now) {
+		s.trackShadow()
 	}
 	if len(p.rc.inflight.reqs) > 0 {
 		// Counted first, released when the stream ends whatever decides.
@@ -557,8 +562,9 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 }
 
 // observe runs the shadow buckets: what enforcing them would have done is
-// counted and logged, and the request is never touched.
-func (p *Plugin) observe(req *request, now float64) {
+// counted and logged, and the request is never touched. It reports whether
+// the shadow buckets took their cost (they would have admitted it).
+func (p *Plugin) observe(req *request, now float64) bool {
 	g := &p.rc.shadow
 	out := p.take(g, now)
 	switch {
@@ -571,6 +577,7 @@ func (p *Plugin) observe(req *request, now float64) {
 		for _, r := range g.rules {
 			r.metrics.allowed.inc(p.host, 1)
 		}
+		return true
 	default:
 		i := worst(g.res)
 		for j, r := range g.rules {
@@ -580,6 +587,7 @@ func (p *Plugin) observe(req *request, now float64) {
 		}
 		p.logDescribe("tokengate: event=shadow_rejected ", g, i, 0)
 	}
+	return false
 }
 
 // decide runs the enforce buckets and answers the request.

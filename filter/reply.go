@@ -148,6 +148,7 @@ func (s *Stream) reply(req *request, status uint32, grpcCode int32, details stri
 
 // replyAs is reply for a request already known to be gRPC or not.
 func (s *Stream) replyAs(isGRPC bool, status uint32, grpcCode int32, details string, body []byte, headers [][2]string) [][2]string {
+	s.dropCharges() // the upstream never answers this request: nothing to settle
 	grpc := NoGRPCStatus
 	if isGRPC {
 		grpc = grpcCode

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/filter/rlswire"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -12,7 +13,8 @@ import (
 //
 // A rule with count_statuses, reset_on_statuses or a response_* cost takes
 // its admission cost as any rule does (the cost, or pre_charge), and the
-// stream remembers the bucket it took from (a charge). When the response
+// stream remembers the bucket it took from (a charge), shadow rules
+// included: they settle as they would if enforced. When the response
 // says more, the charge is settled exactly once, by whichever of these
 // comes first:
 //
@@ -26,16 +28,20 @@ import (
 //     through a JSON pointer scanner of bounded memory; the cost is the
 //     number found, or default_cost.
 //   - proxy_on_done or proxy_on_delete (the stream was reset, the client
-//     left, or the host never delivered the end of the body): the cost is
-//     the last number found so far, or default_cost; a request that never
-//     got a response keeps its admission cost.
+//     left, or the host never delivered the end of the body): a response_*
+//     cost is the last number found so far, or default_cost when none was
+//     (also when no response arrived at all: nothing was reported); a
+//     count_statuses or reset_on_statuses rule whose request never got a
+//     response keeps its admission cost (there is no status to judge).
 //
 // The difference between the cost and what admission took is refunded or
 // charged (sharedstate.Updater.Settle); a charge may take the bucket into
 // debt, down to -max_debt. The response itself is never paused or
 // buffered: every callback returns Continue.
 //
-// Requests in flight (concurrency.go) are released on the same paths.
+// Requests in flight (concurrency.go) are released on the same paths, and
+// the settlements of cluster-scope rules are sent to the rate-limit service
+// from there (cluster_settle.go).
 
 // bodyReader is implemented by hosts that can read the response body chunk
 // of the running proxy_on_response_body (filter/abi, over
@@ -54,7 +60,12 @@ const bodyWindow = 8 << 10
 // settleState is what a stream settles when it ends.
 type settleState struct {
 	charges []charge
-	leases  []lease
+	// awaiting are the cluster charges of a request the rate-limit
+	// service has not admitted yet, and remote the settlements queued for
+	// it (cluster_settle.go).
+	awaiting []charge
+	remote   []rlswire.Descriptor
+	leases   []lease
 	// status is the response's :status, 0 before proxy_on_response_headers.
 	status int
 	ended  bool
@@ -76,6 +87,9 @@ type charge struct {
 	last []float64
 	have []bool
 	sse  sseReader
+	// cluster is set for a cluster-scope rule, settled in the rate-limit
+	// service (cluster_settle.go) rather than in shared data.
+	cluster *clusterCharge
 }
 
 // settleOf returns the stream's settle state, creating it.
@@ -87,8 +101,7 @@ func (s *Stream) settleOf() *settleState {
 }
 
 // track remembers, for an admitted request, the buckets of g whose rules
-// settle after the response. Shadow rules never call it: they settle
-// nothing.
+// settle after the response.
 func (s *Stream) track(g *group) {
 	for i, r := range g.rules {
 		if r.Settle == nil {
@@ -97,15 +110,39 @@ func (s *Stream) track(g *group) {
 		req := g.reqs[i]
 		req.Key, req.Alt, req.Owner, req.Stored = strings.Clone(req.Key), strings.Clone(req.Alt), strings.Clone(req.Owner), strings.Clone(req.Stored)
 		st := s.settleOf()
-		st.charges = append(st.charges, charge{r: r, req: req, pre: req.Cost})
+		pre := req.Cost
+		if pre == admitPositive {
+			pre = 0 // pre_charge 0: admission took nothing a balance shows
+		}
+		st.charges = append(st.charges, charge{r: r, req: req, pre: pre})
 	}
 }
 
-// dropCharges forgets the charges of a request whose admission was undone
-// (a cluster rule rejected it and the local buckets were refunded).
+// trackShadow tracks the shadow buckets that took their cost, so that they
+// settle as they would if enforced: a shadow rule predicts what enforcing
+// it would do, and a count_statuses rule that never refunded successes
+// would predict 429s for every key past burst requests, successful or
+// not. Shadow settlements are counted like enforced ones (settle_*).
+func (s *Stream) trackShadow() {
+	g := &s.p.rc.shadow
+	for _, r := range g.rules {
+		if r.Settle != nil {
+			s.track(g)
+			return
+		}
+	}
+}
+
+// dropCharges forgets the charges of a request the upstream will never
+// answer: its admission was undone (a cluster rule rejected it and the
+// local buckets were refunded), or the filter answered it itself (a local
+// reply: a rejection, a 503). Enforced buckets took nothing by then; shadow
+// buckets keep their admission cost, as a shadow rule without settlement
+// does whatever the enforced rules decide.
 func (s *Stream) dropCharges() {
 	if s.settle != nil {
 		s.settle.charges = s.settle.charges[:0]
+		s.settle.awaiting = s.settle.awaiting[:0]
 	}
 }
 
@@ -244,6 +281,7 @@ func (s *Stream) finish() {
 		}
 	}
 	s.releaseAll()
+	s.sendClusterSettles()
 }
 
 // result is the cost a scanned body reported: the sum of the numbers found
@@ -309,6 +347,10 @@ func (s *Stream) apply(c *charge, op sharedstate.SettleOp, amount float64) {
 		return
 	}
 	c.done, c.scanning = true, false
+	if c.cluster != nil {
+		s.queueClusterSettle(c, op, amount)
+		return
+	}
 	p := s.p
 	now := p.Clock()
 	n, err := p.upd.Settle(&c.req, op, amount, now)

@@ -229,6 +229,13 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 		}
 		r.Limit.MaxDebt = n
 	}
+	if r.Limit.MaxDebt == 0 && r.Settle.PreCharge == 0 {
+		// Admission then needs only a positive balance, and no settlement
+		// can take it below zero: the refill makes it positive again an
+		// instant after every charge, so the limit would limit nothing.
+		return errAt(path+".max_debt", "0 needs pre_charge > 0: with neither a debt nor an admission cost, "+
+			"the balance is back above zero an instant after every charge and every request is admitted")
+	}
 	r.Cost.Kind, r.Cost.PreCharge = CostResponse, r.Settle.PreCharge
 	return nil
 }

@@ -49,6 +49,8 @@ func TestParseSettleConfigErrors(t *testing.T) {
 			`algorithm_config.pre_charge: applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`},
 		{"pre_charge over burst", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","pre_charge":4}}`,
 			`algorithm_config.pre_charge: must be from 0 to 3, got 4`},
+		{"no debt and no pre_charge", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","max_debt":0}}`,
+			`algorithm_config.max_debt: 0 needs pre_charge > 0: with neither a debt nor an admission cost, the balance is back above zero an instant after every charge and every request is admitted`},
 		{"response cost on a window", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":3,"window_seconds":1,"cost_source":"response_json:/u"}}`,
 			`algorithm_config.cost_source: a cost known after the response needs a token_bucket, whose balance may go into debt; fixed windows have none`},
 		{"too many pointers", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/a+/b+/c+/d+/e"}}`,
@@ -59,10 +61,10 @@ func TestParseSettleConfigErrors(t *testing.T) {
 			`algorithm_config.max_reserved: cannot be combined with count_statuses, reset_on_statuses or a response_* cost_source: a reservation holds requests against a debt the bucket already carries; settle in a rule of its own`},
 		{"lease too short", `{"name":"a","algorithm":"concurrency","algorithm_config":{"max_in_flight":1,"lease_seconds":0.5}}`,
 			`algorithm_config.lease_seconds: must be >= 1, got 0.5`},
-		{"cluster settles", `{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":3,"count_statuses":[401]}}]` + rls,
-			`rule "a": "scope": "cluster" cannot settle after the response (count_statuses, reset_on_statuses, response_* costs) or count requests in flight: the rate-limit service takes hits at admission only; use "scope": "local" for such a rule`},
+		{"lease settles", `{"rules":[{"name":"a","scope":"cluster","mode":"lease","algorithm_config":{"rps":1,"burst":30,"count_statuses":[401]}}]` + rls,
+			`rule "a": "mode": "lease" cannot settle after the response (count_statuses, reset_on_statuses, response_* costs): a refund into an allowance would race with the service's accounting of it; use "mode": "exact", which settles in the service (docs/rls.md)`},
 		{"cluster concurrency", `{"rules":[{"name":"a","scope":"cluster","algorithm":"concurrency","algorithm_config":{"max_in_flight":1}}]` + rls,
-			`rule "a": "scope": "cluster" cannot settle after the response (count_statuses, reset_on_statuses, response_* costs) or count requests in flight: the rate-limit service takes hits at admission only; use "scope": "local" for such a rule`},
+			`rule "a": "scope": "cluster" cannot count requests in flight: a count in the service would need a release call per request and would leak what a dead proxy held; use "scope": "local" for a concurrency rule (docs/rls.md)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

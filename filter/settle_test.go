@@ -74,6 +74,67 @@ func TestSettleExactlyOnce(t *testing.T) {
 	}
 }
 
+// TestResponseCostNeedsAPositiveBalance: with pre_charge 0 a request is
+// admitted only while the balance is above zero: burst 10 and responses
+// that report 100 each admit one request, then 429 until the debt is
+// repaid; at exactly 0 too. With max_debt 0 a pre_charge keeps the limit
+// working (max_debt 0 alone is refused: TestParseSettleConfigErrors).
+func TestResponseCostNeedsAPositiveBalance(t *testing.T) {
+	const cfg = `{"name":"llm","algorithm_config":{"rps":1,"burst":10,"cost_source":"response_header:x-usage"%s}}`
+	report := func(f *fixture) filter.Action {
+		st, res := f.start()
+		if res.RequestAction == filter.Continue {
+			st.headers("200", true, [2]string{"x-usage", "100"})
+		}
+		st.end()
+		return res.RequestAction
+	}
+	f := newFixture(t, strings.Replace(cfg, "%s", "", 1))
+	if report(f) != filter.Continue {
+		t.Fatal("first request rejected")
+	}
+	if tok, _ := f.state("tb:llm:"); tok != -10 {
+		t.Fatalf("after 100 reported: %v tokens, want -10 (max_debt = burst)", tok)
+	}
+	for i := 0; i < 5; i++ {
+		if report(f) == filter.Continue {
+			t.Fatalf("request %d in debt admitted", i+2)
+		}
+		f.now += 1
+	}
+	// 5 s later the balance is -5; 5 more bring it to exactly 0: still no.
+	f.now += 5
+	if tok, _ := f.state("tb:llm:"); tok != -10 {
+		t.Fatalf("rejections took tokens: %v, want -10", tok)
+	}
+	if res := f.get(); res.RequestAction == filter.Continue || res.Response.Local == nil || res.Response.Local.Status != 429 {
+		t.Fatalf("at a balance of 0: got %v %+v, want 429", res.RequestAction, res.Response.Local)
+	}
+	f.now += 0.001
+	if report(f) != filter.Continue {
+		t.Fatal("a positive balance (0.001) rejected")
+	}
+
+	// max_debt 0 with a pre_charge: admission takes 5, a report of 100
+	// empties the bucket (the rest is forgiven), and the next request needs
+	// 5 again.
+	f = newFixture(t, strings.Replace(cfg, "%s", `,"max_debt":0,"pre_charge":5`, 1))
+	if report(f) != filter.Continue {
+		t.Fatal("first request rejected")
+	}
+	if tok, _ := f.state("tb:llm:"); tok != 0 {
+		t.Fatalf("after 100 reported: %v tokens, want 0", tok)
+	}
+	f.now += 4.9
+	if report(f) == filter.Continue {
+		t.Fatal("4.9 tokens admitted a pre_charge of 5")
+	}
+	f.now += 0.1
+	if report(f) != filter.Continue {
+		t.Fatal("5 tokens rejected a pre_charge of 5")
+	}
+}
+
 func TestSettleWithoutResponse(t *testing.T) {
 	f := newFixture(t, `{"rules":[{"name":"login","match":{"header:x-r":"login"},"algorithm_config":{"rps":1,"burst":5,"count_statuses":[401]}},`+
 		`{"name":"llm","match":{"header:x-r":"llm"},"algorithm_config":{"rps":1,"burst":100,"cost_source":"response_sse:/u","default_cost":7}}]}`)

@@ -68,6 +68,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if resp, ok, err := s.shouldLease(ctx, req); ok {
 		return resp, err // a lease request or release (lease.go)
 	}
+	if resp, ok, err := s.shouldSettle(ctx, req); ok {
+		return resp, err // settlements after the response (settle.go)
+	}
 	items := make([]item, 0, len(req.Descriptors))
 	var entries []Entry
 	for i, d := range req.Descriptors {
@@ -94,7 +97,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		if cost == 0 {
 			cost = 1
 		}
-		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost)}
+		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt}
 		if lease {
 			op.Lease, op.TTL = true, r.Lease.TTL
 		}
@@ -138,7 +141,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		l := it.rule.Limit
 		st.CurrentLimit = currentLimit(it.rule)
-		st.LimitRemaining = uint32(min(math.Floor(it.out.Tokens), math.MaxUint32))
+		st.LimitRemaining = remaining(it.out.Tokens)
 		if it.out.Allowed {
 			it.full = l.ResetAfter(it.out.Tokens)
 			st.DurationUntilReset = duration(it.full)

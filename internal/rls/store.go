@@ -33,6 +33,9 @@ type Op struct {
 	// lease.lua), whose grants last TTL seconds.
 	Lease bool
 	TTL   float64
+	// MaxDebt is how far below zero a settlement may take the bucket
+	// (settle.go): the rule's max_debt, 0 for a rule that never settles.
+	MaxDebt float64
 }
 
 // Outcome is what the script decided for one Op.
@@ -201,8 +204,11 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 
 func (op Op) args() []string {
 	a := []string{num(op.Rate), num(op.Burst), num(op.Cost)}
-	if op.Now != "" {
+	if op.Now != "" || op.MaxDebt > 0 {
 		a = append(a, op.Now)
+	}
+	if op.MaxDebt > 0 {
+		a = append(a, num(op.MaxDebt))
 	}
 	return a
 }

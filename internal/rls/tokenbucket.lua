@@ -6,8 +6,11 @@
 -- ARGV[3]  cost: > 0 takes that many tokens if the bucket holds them;
 --          < 0 gives -cost back (a refund), capped at burst; 0 only reads
 -- ARGV[4]  optional: the time as "<seconds>.<6 digits>", for tests only;
---          otherwise the time is Redis TIME, so that every server replica
---          reads the same clock
+--          otherwise (absent or empty) the time is Redis TIME, so that
+--          every server replica reads the same clock
+-- ARGV[5]  optional: max_debt (>= 0, default 0), how far below zero a
+--          settlement (settle.lua) may have taken the tokens of a rule
+--          whose cost the response reports; a bucket in debt admits nothing
 --
 -- The value is "tokens:last_refill", both with exactly 6 decimals, tokens
 -- floored (sharedstate's codec); the arithmetic is bucket.Limit's
@@ -22,6 +25,8 @@ local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 
+local maxdebt = tonumber(ARGV[5]) or 0
+
 local nowstr = ARGV[4]
 if nowstr == nil or nowstr == '' then
   local t = redis.call('TIME')
@@ -32,7 +37,7 @@ local now = tonumber(nowstr)
 local tokens, last = burst, now
 local v = redis.call('GET', KEYS[1])
 if v then
-  local a, b = string.match(v, '^(%d+%.?%d*):(%d+%.?%d*)$')
+  local a, b = string.match(v, '^(%-?%d+%.?%d*):(%d+%.?%d*)$')
   tokens, last = tonumber(a), tonumber(b)
   if tokens == nil or last == nil or last <= 0 then
     tokens, last = burst, now
@@ -42,8 +47,8 @@ end
 -- Refill (bucket.Limit.Refill).
 if tokens > burst then
   tokens = burst
-elseif tokens < 0 then
-  tokens = 0
+elseif tokens < -maxdebt then
+  tokens = -maxdebt
 end
 if now < last then
   -- The clock went back: within MaxClockSkew (1 s) keep last, beyond it
@@ -82,22 +87,38 @@ else
   allowed = 0
 end
 
--- Floor to 6 decimals (sharedstate's floorMicro; whole tokens from 2^53
--- microtokens on).
+-- Store with 6 decimals as sharedstate.AppendState does: tokens floored
+-- (floorMicro; whole tokens from 2^53 microtokens on), a debt rounded up
+-- to the microtoken, so that storing never admits more than the bucket
+-- holds.
 local micro = 1e6
-local stored
-if tokens * micro >= 9007199254740992 then
-  stored = math.floor(tokens)
-else
-  local n = math.floor(tokens * micro)
-  if (n + 1) / micro <= tokens then
+local function floormicro(x)
+  local n = math.floor(x * micro)
+  if (n + 1) / micro <= x then
     n = n + 1
-  elseif n > 0 and n / micro > tokens then
+  elseif n > 0 and n / micro > x then
     n = n - 1
   end
-  stored = n / micro
+  return n / micro
+end
+local stored
+if tokens < 0 and tokens > -9007199254740992 / micro then
+  local d = floormicro(-tokens)
+  if d < -tokens then
+    d = (math.floor(d * micro + 0.5) + 1) / micro
+  end
+  stored = -d
+elseif not (tokens > 0) then
+  stored = 0
+elseif tokens * micro >= 9007199254740992 then
+  stored = math.floor(tokens)
+else
+  stored = floormicro(tokens)
 end
 local tokstr = string.format('%.6f', stored)
+if stored == 0 then
+  tokstr = '0.000000'
+end
 
 if allowed == 1 and cost ~= 0 then
   local ttl = math.ceil((burst - stored) / rate * 1000) + 1000

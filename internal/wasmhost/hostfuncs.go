@@ -225,7 +225,8 @@ func (h *Host) setBufferBytes(_ context.Context, w *worker, mem api.Memory, p []
 // headerMap returns the map of type t the running callback may use, as
 // Envoy exposes them: request headers during proxy_on_request_headers (and
 // later if it returned Pause), response headers during
-// proxy_on_response_headers, both during proxy_on_log.
+// proxy_on_response_headers, response trailers during
+// proxy_on_response_trailers, all of them during proxy_on_log.
 func (w *worker) headerMap(t MapType) (*headerMap, Status) {
 	if t > MapHTTPCallResponseTrailer {
 		return nil, StatusBadArgument
@@ -250,6 +251,10 @@ func (w *worker) headerMap(t MapType) (*headerMap, Status) {
 	case MapResponseHeaders:
 		if s.phase == phaseResponseHeaders || s.phase == phaseLog {
 			return &s.resp, StatusOK
+		}
+	case MapResponseTrailers:
+		if s.phase == phaseResponseTrailers || s.phase == phaseLog && len(s.respTrailers.h) > 0 {
+			return &s.respTrailers, StatusOK
 		}
 	}
 	if s.phase == phaseLog {

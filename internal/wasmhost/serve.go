@@ -28,6 +28,7 @@ const (
 	phaseRequestBody
 	phaseResponseHeaders
 	phaseResponseBody
+	phaseResponseTrailers
 	phaseLog
 	phaseDone
 )
@@ -40,6 +41,8 @@ type stream struct {
 
 	req, resp         headerMap
 	reqBody, respBody []byte
+	// respTrailers are the upstream's response trailers (trailers.go).
+	respTrailers headerMap
 	// reqHeld: on_request_headers returned Pause, so Envoy still holds the
 	// request headers (readable and writable) in later callbacks.
 	reqHeld bool
@@ -139,14 +142,28 @@ func (h *Host) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		}
 		out[textproto.CanonicalMIMEHeaderKey(hd.Name)] = append(out[textproto.CanonicalMIMEHeaderKey(hd.Name)], hd.Value)
 	}
-	if !s.head {
+	trailers := s.respTrailers.h
+	switch {
+	case !s.head && len(trailers) > 0:
+		// Chunked, so that the trailers can follow the body.
+	case !s.head:
 		out.Set("Content-Length", strconv.Itoa(len(respBody)))
-	} else if v, ok := (&headerMap{h: headers}).get("content-length"); ok {
-		out.Set("Content-Length", v)
+	default:
+		if v, ok := (&headerMap{h: headers}).get("content-length"); ok {
+			out.Set("Content-Length", v)
+		}
 	}
 	rw.WriteHeader(status)
 	if !s.head {
 		_, _ = rw.Write(respBody)
+		if len(trailers) > 0 {
+			// Chunked for sure: a short body would otherwise get a
+			// Content-Length from net/http, and the trailers dropped.
+			if f, ok := rw.(http.Flusher); ok {
+				f.Flush()
+			}
+			writeTrailers(rw, trailers)
+		}
 	}
 }
 
@@ -223,14 +240,21 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 	}
 	if !s.reset {
 		first := s.local
-		eos := len(s.respBody) == 0
+		trailers := len(s.respTrailers.h) > 0
+		eos := len(s.respBody) == 0 && !trailers
 		if _, err := w.callStream(s, phaseResponseHeaders, "proxy_on_response_headers",
 			uint64(s.id), uint64(len(s.resp.h)), boolArg(eos)); err != nil {
 			return w.abandon(s, failed, err)
 		}
-		if !eos && s.local == first && !s.reset {
+		if len(s.respBody) > 0 && s.local == first && !s.reset {
 			if _, err := w.callStream(s, phaseResponseBody, "proxy_on_response_body",
-				uint64(s.id), uint64(len(s.respBody)), 1); err != nil {
+				uint64(s.id), uint64(len(s.respBody)), boolArg(!trailers)); err != nil {
+				return w.abandon(s, failed, err)
+			}
+		}
+		if trailers && s.local == first && !s.reset {
+			// Trailers end the response (trailers.go).
+			if err := w.responseTrailers(s); err != nil {
 				return w.abandon(s, failed, err)
 			}
 		}
@@ -238,6 +262,7 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 			// A local reply sent while processing the upstream response
 			// replaces it; the response callbacks do not run again.
 			s.resp.h, s.respBody = buildLocalReply(s.local, s.grpc, s.head)
+			s.respTrailers.h = nil
 		}
 	}
 	if err := w.finish(s); err != nil {
@@ -481,7 +506,7 @@ func (h *Host) forward(s *stream, r *http.Request) ([]Header, []byte) {
 			if p := recover(); p != nil {
 				h.hostLog(nil, LogError, fmt.Sprintf("upstream panicked: %v", p))
 				rec.status, rec.body = http.StatusBadGateway, *bytes.NewBufferString("tokengate-local: upstream failed\n")
-				rec.header = http.Header{"Content-Type": {"text/plain"}}
+				rec.header, rec.sent = http.Header{"Content-Type": {"text/plain"}}, nil
 			}
 		}()
 		h.upstream.ServeHTTP(rec, out)
@@ -489,18 +514,25 @@ func (h *Host) forward(s *stream, r *http.Request) ([]Header, []byte) {
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 	}
+	// The headers as they were when the upstream wrote them; what it set
+	// afterwards under a declared name or http.TrailerPrefix is trailers.
+	sent := rec.sent
+	if sent == nil {
+		sent = rec.header
+	}
+	s.respTrailers.h = trailersOf(rec.header, declaredTrailers(sent))
 	hs := []Header{{":status", strconv.Itoa(rec.status)}}
-	names := make([]string, 0, len(rec.header))
-	for name := range rec.header {
+	names := make([]string, 0, len(sent))
+	for name := range sent {
 		names = append(names, name)
 	}
 	sort.Strings(names)
 	for _, name := range names {
 		lname := strings.ToLower(name)
-		if isHopByHop(lname) || lname == "content-length" {
+		if isHopByHop(lname) || lname == "content-length" || strings.HasPrefix(name, http.TrailerPrefix) {
 			continue
 		}
-		for _, v := range rec.header[name] {
+		for _, v := range sent[name] {
 			hs = append(hs, Header{lname, v})
 		}
 	}
@@ -516,6 +548,9 @@ func errorResponse(status int, msg string) ([]Header, []byte) {
 // recorder captures the upstream's response.
 type recorder struct {
 	header http.Header
+	// sent is a copy of header when the status was written: the response
+	// headers, as opposed to trailers set after the body.
+	sent   http.Header
 	status int
 	body   bytes.Buffer
 }
@@ -527,13 +562,14 @@ func (r *recorder) Header() http.Header { return r.header }
 func (r *recorder) WriteHeader(code int) {
 	if r.status == 0 {
 		r.status = code
+		r.sent = r.header.Clone()
 	}
 }
 
 // Write implements http.ResponseWriter.
 func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
-		r.status = http.StatusOK
+		r.WriteHeader(http.StatusOK)
 	}
 	return r.body.Write(p)
 }

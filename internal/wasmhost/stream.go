@@ -21,7 +21,8 @@ import (
 // then proxy_on_response_body once for every piece the upstream writes
 // (end_of_stream 0), each written and flushed to the client before the
 // next, and a last proxy_on_response_body(0, end_of_stream 1) when the
-// upstream finishes. proxy_get_buffer_bytes(RESPONSE_BODY) sees the
+// upstream finishes, or proxy_on_response_trailers when it ends with
+// trailers (trailers.go). proxy_get_buffer_bytes(RESPONSE_BODY) sees the
 // current piece only. If the client goes away, or the upstream aborts
 // after its headers, the stream ends without end_of_stream: proxy_on_log,
 // proxy_on_done and proxy_on_delete run, and an aborted upstream resets
@@ -45,6 +46,9 @@ type streamWriter struct {
 	gone        bool // the client went away
 	headSent    bool // the status and headers went to the client
 	failed      error
+	// declared are the trailer names the upstream announced in its
+	// "Trailer" header (trailers.go).
+	declared []string
 }
 
 var errClientGone = errors.New("tokengate-local: the client went away")
@@ -57,6 +61,7 @@ func (sw *streamWriter) WriteHeader(code int) {
 	}
 	sw.wroteHeader = true
 	s, w := sw.s, sw.w
+	sw.declared = declaredTrailers(sw.header)
 	hs := []Header{{":status", strconv.Itoa(code)}}
 	names := make([]string, 0, len(sw.header))
 	for name := range sw.header {
@@ -180,6 +185,25 @@ func (sw *streamWriter) body(p []byte, eos bool) error {
 	return nil
 }
 
+// trailers runs proxy_on_response_trailers on the upstream's trailers,
+// which end the stream instead of an end_of_stream body callback.
+func (sw *streamWriter) trailers(ts []Header) error {
+	s, w := sw.s, sw.w
+	if err := w.acquire(); err != nil {
+		sw.failed = err
+		return err
+	}
+	s.respTrailers.h = ts
+	if err := w.responseTrailers(s); err != nil {
+		delete(w.streams, s.id)
+		w.mu.Unlock()
+		sw.failed = err
+		return err
+	}
+	w.mu.Unlock()
+	return nil
+}
+
 // streamUpstream sends the request to the upstream and streams its
 // response to the client through the filter; run has released w.mu.
 func (h *Host) streamUpstream(w *worker, s *stream, r *http.Request) {
@@ -225,7 +249,16 @@ func (h *Host) streamUpstream(w *worker, s *stream, r *http.Request) {
 	}
 	ended := !aborted && !sw.gone && sw.ctx.Err() == nil
 	if ended && !sw.replaced {
-		if err := sw.body(nil, true); err != nil {
+		if ts := trailersOf(sw.header, sw.declared); len(ts) > 0 {
+			// Trailers end the stream: no end_of_stream body callback,
+			// as in Envoy (trailers.go).
+			if err := sw.trailers(ts); err != nil {
+				panic(http.ErrAbortHandler)
+			}
+			if !s.head {
+				writeTrailers(sw.rw, s.respTrailers.h)
+			}
+		} else if err := sw.body(nil, true); err != nil {
 			panic(http.ErrAbortHandler)
 		}
 	}

@@ -54,8 +54,9 @@ type worker struct {
 	callouts calloutState
 	warned   map[string]bool // unimplemented functions already logged
 
-	calls     []uint64 // host calls by importNames index; see Host.HostCalls
-	hostNanos int64    // time in host functions, with Options.TimeHostCalls
+	calls      []uint64          // host calls by importNames index; see Host.HostCalls
+	guestCalls map[string]uint64 // guest exports called, by name; see Host.GuestCalls
+	hostNanos  int64             // time in host functions, with Options.TimeHostCalls
 
 	starting  bool
 	startErrs []string // error-level lines logged while starting
@@ -173,6 +174,10 @@ func (w *worker) call(name string, args ...uint64) (uint64, error) {
 		return 0, nil
 	}
 	w.observeGuest(name, args)
+	if w.guestCalls == nil {
+		w.guestCalls = make(map[string]uint64)
+	}
+	w.guestCalls[name]++
 	res, err := f.Call(w.ctx, args...)
 	if err != nil {
 		w.failed = fmt.Errorf("%s: %w", name, err)

@@ -176,6 +176,7 @@ var (
 	dones    int
 
 	requests, logged, gauge, hist uint32
+	bodyEOS                       uint32 // counter: body callbacks with end_of_stream
 	pluginConfig                  string
 	contexts                      = map[uint32]*httpContext{}
 )
@@ -220,7 +221,7 @@ func onConfigure(root, size uint32) uint32 {
 		t    uint32
 		name string
 		id   *uint32
-	}{{0, "test.requests", &requests}, {0, "test.logged", &logged}, {1, "test.gauge", &gauge}, {2, "test.hist", &hist}} {
+	}{{0, "test.requests", &requests}, {0, "test.logged", &logged}, {1, "test.gauge", &gauge}, {2, "test.hist", &hist}, {0, "test.body_eos", &bodyEOS}} {
 		if st := proxyDefineMetric(m.t, ptr(m.name), uint32(len(m.name)), unsafe.Pointer(m.id)); st != 0 {
 			logf(4, "define "+m.name+": "+itoa(st))
 			return 0
@@ -484,7 +485,24 @@ func onResponseHeaders(id, n, eos uint32) uint32 {
 }
 
 //go:wasmexport proxy_on_response_body
-func onResponseBody(id, size, eos uint32) uint32 { allocs = nil; return 0 }
+func onResponseBody(id, size, eos uint32) uint32 {
+	allocs = nil
+	if eos != 0 {
+		proxyIncrementMetric(bodyEOS, 1)
+	}
+	return 0
+}
+
+// onResponseTrailers reads the upstream's x-usage trailer and adds
+// x-trailer-seen: "<value>/<num_trailers>/<status of the read>".
+//
+//go:wasmexport proxy_on_response_trailers
+func onResponseTrailers(id, n uint32) uint32 {
+	allocs = nil
+	v, st := header(3, "x-usage")
+	addHeader(3, "x-trailer-seen", v+"/"+itoa(n)+"/"+itoa(st))
+	return 0
+}
 
 //go:wasmexport proxy_on_log
 func onLog(id uint32) {

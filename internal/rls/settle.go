@@ -1,0 +1,230 @@
+package rls
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/rueidis"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokengate/tokengate/filter"
+)
+
+// Settling after the response (docs/rls.md): a cluster-scope rule with
+// count_statuses, reset_on_statuses or a response_* cost took its
+// admission cost here; when the stream ends, the filter sends one more
+// ShouldRateLimit with the stream's settlements, and settle.lua applies
+// each to its bucket atomically: an extra charge (which may take the
+// bucket into debt, down to -max_debt), a refund (capped at burst), or a
+// reset (the key is deleted: a full bucket).
+
+//go:embed settle.lua
+var settleLua string
+
+var settleSHA = func() string {
+	sum := sha1.Sum([]byte(settleLua))
+	return hex.EncodeToString(sum[:])
+}()
+
+// SettleKind is what a settlement does to a bucket.
+type SettleKind string
+
+// Settlement kinds, as settle.lua names them.
+const (
+	SettleCharge SettleKind = "charge"
+	SettleRefund SettleKind = "refund"
+	SettleReset  SettleKind = "reset"
+)
+
+// SettleOp is one settlement of one bucket.
+type SettleOp struct {
+	Key                  string
+	Rate, Burst, MaxDebt float64
+	Kind                 SettleKind
+	// Amount is the tokens charged or refunded (> 0; unused by a reset).
+	Amount float64
+	// Now replaces Redis TIME when not empty (tests).
+	Now string
+}
+
+func (op SettleOp) args() []string {
+	a := []string{num(op.Rate), num(op.Burst), num(op.MaxDebt), string(op.Kind), num(op.Amount)}
+	if op.Now != "" {
+		a = append(a, op.Now)
+	}
+	return a
+}
+
+// Settler applies settlements; *Store is the Redis one.
+type Settler interface {
+	Settle(ctx context.Context, ops []SettleOp) []Outcome
+}
+
+// Settle runs settle.lua for every op in one pipeline (as Run does, NOSCRIPT
+// answered by EVAL) and returns their outcomes in order: Allowed is always
+// true, Tokens the bucket's tokens after.
+func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
+	out := make([]Outcome, len(ops))
+	cp := s.client.Load()
+	if cp == nil {
+		for i := range out {
+			out[i].Err = ErrNotConnected
+		}
+		return out
+	}
+	c := *cp
+	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
+	defer cancel()
+	start := time.Now()
+	cmds := make(rueidis.Commands, len(ops))
+	for i, op := range ops {
+		cmds[i] = c.B().Evalsha().Sha1(settleSHA).Numkeys(1).Key(op.Key).Arg(op.args()...).Build()
+	}
+	var retry []int
+	for i, r := range c.DoMulti(ctx, cmds...) {
+		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
+			retry = append(retry, i)
+			continue
+		}
+		out[i] = outcome(r)
+	}
+	if len(retry) > 0 {
+		cmds = cmds[:0]
+		for _, i := range retry {
+			cmds = append(cmds, c.B().Eval().Script(settleLua).Numkeys(1).Key(ops[i].Key).Arg(ops[i].args()...).Build())
+		}
+		for j, r := range c.DoMulti(ctx, cmds...) {
+			out[retry[j]] = outcome(r)
+		}
+	}
+	if s.opt.Observe != nil {
+		var err error
+		for _, o := range out {
+			if o.Err != nil {
+				err = o.Err
+				break
+			}
+		}
+		s.opt.Observe(time.Since(start), err)
+	}
+	return out
+}
+
+// isSettleCall reports whether a call is a settlement: it carries the
+// filter's settle header (gRPC metadata), or a descriptor with a
+// tokengate_settle entry.
+func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		for _, v := range md.Get(filter.SettleHeader) {
+			if v == "1" {
+				return true
+			}
+		}
+	}
+	for _, d := range req.GetDescriptors() {
+		for _, e := range d.GetEntries() {
+			if e.GetKey() == filter.DescriptorSettleKey {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// settleRule returns the rule and bucket key of one settlement descriptor,
+// and what to do: [tokengate_rule, key] alone is an extra charge of its
+// hits; with [tokengate_settle=refund, tokengate_amount=N] a refund of N;
+// with [tokengate_settle=reset] a reset. The rule must be a cluster-scope
+// rule that settles (exact mode).
+func (c *Config) settleRule(d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (SettleOp, *filter.Rule, error) {
+	es := d.GetEntries()
+	var op SettleOp
+	if len(es) < 2 || es[0].GetKey() != filter.DescriptorRuleKey || es[1].GetKey() != filter.DescriptorKeyKey {
+		return op, nil, fmt.Errorf("a settlement descriptor starts with %s and %s", filter.DescriptorRuleKey, filter.DescriptorKeyKey)
+	}
+	r := c.cluster[es[0].GetValue()]
+	if r == nil || r.Settle == nil || r.Lease != nil {
+		return op, nil, fmt.Errorf("no cluster-scope rule %q that settles after the response", es[0].GetValue())
+	}
+	op = SettleOp{Key: BucketKey(r.Name, cleanComposite(es[1].GetValue())), Rate: r.Limit.Rate, Burst: r.Limit.Burst, MaxDebt: r.Limit.MaxDebt}
+	rest := es[2:]
+	switch {
+	case len(rest) == 0:
+		hits := uint64(reqHits)
+		if h := d.GetHitsAddend().GetValue(); h > 0 {
+			hits = h
+		}
+		op.Kind, op.Amount = SettleCharge, float64(max(hits, 1))
+	case len(rest) == 1 && rest[0].GetKey() == filter.DescriptorSettleKey && rest[0].GetValue() == string(SettleReset):
+		op.Kind = SettleReset
+	case len(rest) == 2 && rest[0].GetKey() == filter.DescriptorSettleKey && rest[0].GetValue() == string(SettleRefund) &&
+		rest[1].GetKey() == filter.DescriptorAmountKey:
+		n, err := strconv.ParseFloat(rest[1].GetValue(), 64)
+		if err != nil || !(n > 0) || math.IsInf(n, 0) {
+			return op, nil, fmt.Errorf("refund amount %q: must be a number > 0", rest[1].GetValue())
+		}
+		op.Kind, op.Amount = SettleRefund, n
+	default:
+		return op, nil, fmt.Errorf("settlement descriptor of rule %q: unknown entries", r.Name)
+	}
+	return op, r, nil
+}
+
+// shouldSettle answers a settlement call (isSettleCall); ok is false for
+// any other call. Every descriptor must be a settlement of a rule that
+// settles (INVALID_ARGUMENT otherwise, and nothing is applied); a Redis
+// failure answers UNAVAILABLE. The statuses are OK, with the tokens left.
+func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, ok bool, err error) {
+	if !isSettleCall(ctx, req) {
+		return nil, false, nil
+	}
+	ds := req.GetDescriptors()
+	ops := make([]SettleOp, len(ds))
+	rules := make([]*filter.Rule, len(ds))
+	for i, d := range ds {
+		op, r, err := s.cfg.settleRule(d, req.GetHitsAddend())
+		if err != nil {
+			s.metrics.request(reqInvalid)
+			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: "+err.Error())
+		}
+		ops[i], rules[i] = op, r
+	}
+	st, ok2 := s.store.(Settler)
+	if !ok2 {
+		return nil, true, status.Error(codes.Unimplemented, "this store does not settle")
+	}
+	out := st.Settle(ctx, ops)
+	resp = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	for i, o := range out {
+		if o.Err != nil {
+			s.metrics.request(reqUnavailable)
+			return nil, true, status.Error(codes.Unavailable, "tokengate-rls: redis: "+o.Err.Error())
+		}
+		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
+			Code:           rlsv3.RateLimitResponse_OK,
+			CurrentLimit:   currentLimit(rules[i]),
+			LimitRemaining: remaining(o.Tokens),
+		})
+	}
+	s.metrics.request(reqOK)
+	return resp, true, nil
+}
+
+// remaining is a bucket's whole tokens left as limit_remaining: 0 while
+// it is empty or in debt.
+func remaining(tokens float64) uint32 {
+	if !(tokens > 0) {
+		return 0
+	}
+	return uint32(min(math.Floor(tokens), math.MaxUint32))
+}
