@@ -202,9 +202,19 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 			}
 		}
 	} else if resp.OverallCode == rlswire.CodeOverLimit {
-		worst = 0
-		for _, r := range pc.rules {
+		// No status per rule: the overall code is the enforced rules'
+		// (servers leave shadow rules out of it). Shadow rules count a
+		// would-be rejection and never reject; without an enforced rule
+		// the request passes.
+		for i, r := range pc.rules {
+			if r.shadow {
+				r.metrics.shadowRejected.inc(p.host, 1)
+				continue
+			}
 			r.metrics.rejected.inc(p.host, 1)
+			if worst < 0 {
+				worst = i
+			}
 		}
 	} else if resp.OverallCode != rlswire.CodeOK {
 		s.clusterFailed(pc, "overall code "+strconv.Itoa(resp.OverallCode), true)
@@ -238,8 +248,22 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 			r.metrics.failOpen.inc(p.host, 1)
 		}
 	case OnErrorDeny:
+		// Only an enforced rule fails closed; shadow rules fail open, as
+		// a local shadow rule does on a store error (observe). The 503
+		// names and counts the first enforced rule.
+		denier := -1
+		for i, r := range pc.rules {
+			if r.shadow {
+				r.metrics.failOpen.inc(p.host, 1)
+			} else if denier < 0 {
+				denier = i
+			}
+		}
+		if denier < 0 {
+			break
+		}
 		s.refundLocal(pc)
-		r := pc.rules[0]
+		r := pc.rules[denier]
 		r.metrics.storeDenied.inc(p.host, 1)
 		s.sendUnavailable(pc, r)
 		act = Pause
@@ -257,15 +281,37 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 func (s *Stream) clusterLocally(pc *pendingCall) Action {
 	p := s.p
 	res := make([]bucket.Result, len(pc.buckets))
-	enforce := pc.buckets[:0:0]
-	var rules []*Rule
+	var enforce, shadow []sharedstate.Request
+	var rules, shadows []*Rule
 	for i, r := range pc.rules {
-		if !r.shadow {
+		if r.shadow {
+			shadow = append(shadow, pc.buckets[i])
+			shadows = append(shadows, r)
+		} else {
 			enforce = append(enforce, pc.buckets[i])
 			rules = append(rules, r)
 		}
 	}
-	out := p.upd.TakeAll(enforce, pc.now, res)
+	if len(shadow) > 0 {
+		// Shadow rules observe in shared data too (their keys carry the
+		// shadow prefix), as local shadow rules do: counted, never
+		// rejecting, failing open.
+		out := p.upd.TakeAll(shadow, pc.now, res[:len(shadow)])
+		for i, r := range shadows {
+			switch {
+			case out.Err != nil:
+				r.metrics.failOpen.inc(p.host, 1)
+			case out.Allowed:
+				r.metrics.allowed.inc(p.host, 1)
+			case !out.Results[i].Allowed:
+				r.metrics.shadowRejected.inc(p.host, 1)
+			}
+		}
+	}
+	if len(enforce) == 0 {
+		return Continue
+	}
+	out := p.upd.TakeAll(enforce, pc.now, res[:len(enforce)])
 	switch {
 	case out.Err != nil:
 		for _, r := range rules {

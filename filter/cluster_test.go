@@ -278,3 +278,140 @@ func findHeader(hs [][2]string, name string) (string, bool) {
 	}
 	return "", false
 }
+
+// shadowClusterCfg has a shadow policy whose cluster rule comes first (so
+// it is the first rule of the call) and, with ENFORCED set, an enforced
+// policy with a cluster rule of its own.
+func shadowClusterCfg(onError string, enforced bool) string {
+	pols := `{"id":"trial","spec":{"mode":"shadow","rules":[{"name":"trial","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":0.001,"burst":2}}]}}`
+	if enforced {
+		pols += `,{"id":"main","spec":{"rules":[{"name":"main","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":0.001,"burst":5}}]}}`
+	}
+	return `{"bundle_version":1,"policies":[` + pols + `],"settings":{"rls":{"cluster":"rls","timeout_ms":25,"on_error":"` + onError + `"}}}`
+}
+
+// TestClusterShadowNeverRejects: a shadow cluster rule observes; whatever
+// the service answers or fails to, only an enforced rule rejects, and the
+// counts land on the rule they belong to.
+func TestClusterShadowNeverRejects(t *testing.T) {
+	req := filtertest.Get("/", "192.0.2.1:5000")
+	failures := []struct {
+		name    string
+		failing func(f *fixture) filtertest.Result
+	}{
+		{"timeout", func(f *fixture) filtertest.Result {
+			_, res := f.h.Start(f.p, req)
+			if res.RequestAction != filter.Pause {
+				t.Fatalf("action %v, want the request paused for the call", res.RequestAction)
+			}
+			resp := f.h.Deliver(f.p, f.h.Calls[0].Token, filtertest.CallResponse{})
+			res.Response = resp
+			if resp.Local == nil && len(f.h.Continued) != 1 {
+				t.Fatalf("neither answered nor resumed: continued %v", f.h.Continued)
+			}
+			return res
+		}},
+		{"dispatch refused", func(f *fixture) filtertest.Result {
+			f.h.CallError = errors.New("no such cluster")
+			_, res := f.h.Start(f.p, req)
+			return res
+		}},
+		{"HTTP 500", func(f *fixture) filtertest.Result {
+			_, res := f.h.Start(f.p, req)
+			res.Response = f.h.Deliver(f.p, f.h.Calls[0].Token, filtertest.CallResponse{Headers: [][2]string{{":status", "500"}}})
+			return res
+		}},
+	}
+	for _, fl := range failures {
+		t.Run("shadow only, on_error deny, "+fl.name, func(t *testing.T) {
+			f := newFixture(t, shadowClusterCfg("deny", false))
+			res := fl.failing(f)
+			if res.Local != nil {
+				t.Fatalf("a shadow rule rejected: %d %q", res.Local.Status, res.Local.Body)
+			}
+			if got := f.counter("trial", filter.CounterFailOpen); got != 1 {
+				t.Errorf("trial fail_open = %d, want 1", got)
+			}
+			if got := f.counter("trial", filter.CounterStoreDenied); got != 0 {
+				t.Errorf("trial store_denied = %d, want 0", got)
+			}
+		})
+		t.Run("shadow and enforced, on_error deny, "+fl.name, func(t *testing.T) {
+			f := newFixture(t, shadowClusterCfg("deny", true))
+			res := fl.failing(f)
+			if res.Local == nil || res.Local.Status != 503 {
+				t.Fatalf("reply %+v, want the enforced rule's 503", res.Local)
+			}
+			if v, _ := findHeader(res.Local.Headers, "x-tokengate-rule"); v != "main" {
+				t.Errorf("503 names rule %q, want main (the enforced one)", v)
+			}
+			if got := f.counter("main", filter.CounterStoreDenied); got != 1 {
+				t.Errorf("main store_denied = %d, want 1", got)
+			}
+			if got := f.counter("trial", filter.CounterStoreDenied); got != 0 {
+				t.Errorf("trial store_denied = %d, want 0", got)
+			}
+			if got := f.counter("trial", filter.CounterFailOpen); got != 1 {
+				t.Errorf("trial fail_open = %d, want 1", got)
+			}
+		})
+	}
+
+	t.Run("overall OVER_LIMIT without statuses, shadow only: passes", func(t *testing.T) {
+		f := newFixture(t, shadowClusterCfg("deny", false))
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(2, nil)))
+		if resp.Local != nil || len(f.h.Continued) != 1 {
+			t.Fatalf("reply %+v, continued %v; want the request resumed", resp.Local, f.h.Continued)
+		}
+		if got := f.counter("trial", filter.CounterShadowRejected); got != 1 {
+			t.Errorf("trial shadow_rejected = %d, want 1", got)
+		}
+		if got := f.counter("trial", filter.CounterRejected); got != 0 {
+			t.Errorf("trial rejected = %d, want 0", got)
+		}
+	})
+
+	t.Run("overall OVER_LIMIT without statuses, with an enforced rule: its 429", func(t *testing.T) {
+		f := newFixture(t, shadowClusterCfg("deny", true))
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(2, nil)))
+		if resp.Local == nil || resp.Local.Status != 429 {
+			t.Fatalf("reply %+v, want a 429", resp.Local)
+		}
+		if v, _ := findHeader(resp.Local.Headers, "x-tokengate-rule"); v != "main" {
+			t.Errorf("429 names rule %q, want main", v)
+		}
+		if got := f.counter("main", filter.CounterRejected); got != 1 {
+			t.Errorf("main rejected = %d, want 1", got)
+		}
+		if got := f.counter("trial", filter.CounterRejected); got != 0 {
+			t.Errorf("trial rejected = %d, want 0", got)
+		}
+	})
+
+	t.Run("shadow status OVER_LIMIT, enforced OK: passes", func(t *testing.T) {
+		f := newFixture(t, shadowClusterCfg("deny", true))
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(1, []rlsStatus{{2, 0, 9}, {1, 4, 1}})))
+		if resp.Local != nil || len(f.h.Continued) != 1 {
+			t.Fatalf("reply %+v, continued %v; want the request resumed", resp.Local, f.h.Continued)
+		}
+		if a, b := f.counter("trial", filter.CounterShadowRejected), f.counter("main", filter.CounterAllowed); a != 1 || b != 1 {
+			t.Errorf("trial shadow_rejected %d, main allowed %d; want 1 and 1", a, b)
+		}
+	})
+
+	t.Run("on_error local, shadow only: observed in shared data, never rejects", func(t *testing.T) {
+		f := newFixture(t, shadowClusterCfg("local", false))
+		f.h.CallError = errors.New("no such cluster")
+		for i := range 4 {
+			if _, res := f.h.Start(f.p, req); res.Local != nil {
+				t.Fatalf("request %d: %d from a shadow rule", i, res.Local.Status)
+			}
+		}
+		if a, r := f.counter("trial", filter.CounterAllowed), f.counter("trial", filter.CounterShadowRejected); a != 2 || r != 2 {
+			t.Errorf("trial allowed %d, shadow_rejected %d; want 2 and 2 (burst 2)", a, r)
+		}
+	})
+}
