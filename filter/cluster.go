@@ -65,6 +65,9 @@ type pendingCall struct {
 func (s *Stream) askCluster(req *request, now float64) Action {
 	p := s.p
 	g := &p.rc.cluster
+	if s.costOverBurst(req, now, g) {
+		return Pause
+	}
 	pc := &pendingCall{s: s, now: now, idHash: req.identityHash()}
 	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
 		pc.grpc = true
@@ -390,6 +393,52 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlswire.Statu
 		body = set.RejectionBody
 	}
 	s.replyAs(pc.grpc, set.RejectionStatus, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
+}
+
+// costOverBurst answers a request that costs more than the burst of an
+// enforced rule of g (cluster or lease rules) and reports whether it did:
+// no bucket of the rule can ever hold that cost, so it is answered here, as
+// a local rule answers it (413), without asking the service, and the local
+// buckets that admitted the request are refunded. Shadow rules are left to
+// the service, which counts them as would-be rejections.
+func (s *Stream) costOverBurst(req *request, now float64, g *group) bool {
+	for i, r := range g.rules {
+		if !r.shadow && g.reqs[i].Cost > r.Limit.Burst {
+			pc := &pendingCall{s: s, now: now, local: s.p.rc.enforce.reqs}
+			if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
+				pc.grpc = true
+			}
+			s.refundLocal(pc)
+			s.sendCostExceedsBurst(pc, r)
+			return true
+		}
+	}
+	return false
+}
+
+// sendCostExceedsBurst answers a request that costs more than cluster rule
+// r's bucket can ever hold as sendRejection answers it for a local rule:
+// 413 (gRPC OUT_OF_RANGE), reason cost_exceeds_burst, no Retry-After. The
+// RateLimit header that states what remains is left out (the service was
+// not asked, so this proxy does not know); RateLimit-Policy is sent.
+func (s *Stream) sendCostExceedsBurst(pc *pendingCall, r *Rule) {
+	p := s.p
+	set := &p.cfg.Settings
+	r.metrics.rejected.inc(p.host, 1)
+	var headers [][2]string
+	if set.RateLimitHeaders {
+		headers = append(headers, [2]string{"ratelimit-policy", r.planOf().policy})
+	}
+	body := `{"error":"rate_limited","reason":"` + ReasonCostExceedsBurst + `"}` + "\n"
+	if set.RuleHeaders {
+		headers = append(headers, [2]string{"x-tokengate-reason", ReasonCostExceedsBurst}, [2]string{"x-tokengate-rule", r.Name})
+		body = `{"error":"rate_limited","reason":"` + ReasonCostExceedsBurst + `","rule":"` + r.Name + `"}` + "\n"
+	}
+	b := []byte(body)
+	if set.RejectionBody != nil {
+		b = set.RejectionBody
+	}
+	s.replyAs(pc.grpc, statusCostExceedsBurst, grpcOutOfRange, "tokengate_rate_limited", b, headers)
 }
 
 // sendUnavailable is the 503 of on_error: deny.

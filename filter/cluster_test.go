@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -414,4 +415,75 @@ func TestClusterShadowNeverRejects(t *testing.T) {
 			t.Errorf("trial allowed %d, shadow_rejected %d; want 2 and 2 (burst 2)", a, r)
 		}
 	})
+}
+
+// TestClusterCostExceedsBurst: a request that costs more than a cluster
+// rule's burst gets what a local rule gives it (413, cost_exceeds_burst, no
+// Retry-After) without a call to the service, and the local buckets that
+// admitted it are refunded.
+func TestClusterCostExceedsBurst(t *testing.T) {
+	for _, tc := range []struct{ name, cfg, rule string }{
+		{"exact", strings.Replace(clusterCfg, "ON_ERROR", "deny", 1), "global-ip"},
+		{"lease", `{"rules":[
+			{"name":"local-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":3}},
+			{"name":"lease-ip","scope":"cluster","mode":"lease","limit_keys":["ip:address"],"algorithm_config":{"rps":5,"burst":10,"cost_source":"header:x-cost"}}],
+			"settings":{"rls":{"cluster":"rls","timeout_ms":50,"on_error":"deny"}}}`, "lease-ip"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.cfg)
+			local := newFixture(t, `{"rules":[{"name":"l","limit_keys":["ip:address"],"algorithm_config":{"rps":5,"burst":10,"cost_source":"header:x-cost"}}]}`)
+			req := filtertest.Get("/", "192.0.2.1:5000", "x-cost", "11")
+			_, res := f.h.Start(f.p, req)
+			_, want := local.h.Start(local.p, req)
+			if len(f.h.Calls) != 0 {
+				t.Errorf("%d calls: the service was asked about a cost no bucket can hold", len(f.h.Calls))
+			}
+			if res.Local == nil || want.Local == nil || res.Local.Status != want.Local.Status || res.Local.Status != 413 {
+				t.Fatalf("reply %+v, a local rule's %+v; want both 413", res.Local, want.Local)
+			}
+			for _, h := range []string{"x-tokengate-reason", "retry-after", "content-type"} {
+				got, _ := findHeader(res.Local.Headers, h)
+				exp, _ := findHeader(want.Local.Headers, h)
+				if got != exp {
+					t.Errorf("%s %q, a local rule's %q", h, got, exp)
+				}
+			}
+			if v, _ := findHeader(res.Local.Headers, "x-tokengate-rule"); v != tc.rule {
+				t.Errorf("x-tokengate-rule %q, want %s", v, tc.rule)
+			}
+			if got, exp := string(res.Local.Body), strings.Replace(string(want.Local.Body), `"l"`, `"`+tc.rule+`"`, 1); got != exp {
+				t.Errorf("body %q, want %q (a local rule's)", got, exp)
+			}
+			if got := localTokens(t, f); got != "3.000000" {
+				t.Errorf("local bucket %s, want 3: refunded", got)
+			}
+			if got := f.counter(tc.rule, filter.CounterRejected); got != 1 {
+				t.Errorf("%s rejected = %d, want 1", tc.rule, got)
+			}
+			// A cost equal to the burst is the service's to decide.
+			f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000", "x-cost", "10"))
+			if len(f.h.Calls) != 1 {
+				t.Errorf("%d calls for a cost equal to the burst, want 1", len(f.h.Calls))
+			}
+		})
+	}
+}
+
+// TestClusterRetryAfterCapped: a service's duration_until_reset at the
+// header cap (tokengate-rls's answer for a cost its bucket can never hold)
+// plus the filter's jitter stays within the cap.
+func TestClusterRetryAfterCapped(t *testing.T) {
+	f := clusterFixture(t, "allow")
+	for i := range 20 { // different identities, different jitters
+		ip := "192.0.2." + strconv.Itoa(i+1) + ":1"
+		f.h.Start(f.p, filtertest.Get("/", ip, "x-cost", "1"))
+		resp := f.h.Deliver(f.p, f.h.Calls[len(f.h.Calls)-1].Token, grpcOK(rlsResponse(2, []rlsStatus{{2, 0, 1 << 30}})))
+		if resp.Local == nil {
+			t.Fatal("not rejected")
+		}
+		v, _ := findHeader(resp.Local.Headers, "retry-after")
+		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 1<<29 || n > 1<<30 {
+			t.Errorf("%s: retry-after %q, want at most 2^30", ip, v)
+		}
+	}
 }

@@ -100,6 +100,9 @@ const (
 func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	p := s.p
 	g := &p.rc.lease
+	if s.costOverBurst(req, now, g) {
+		return Pause
+	}
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
 		cost := lr.Cost
