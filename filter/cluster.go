@@ -37,6 +37,7 @@ const (
 	DescriptorRuleKey = "tokengate_rule"
 	DescriptorKeyKey  = "key"
 	rlsPath           = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	rlsJSONPath       = "/json"
 )
 
 // pendingCall is a request paused while the rate-limit service decides its
@@ -98,12 +99,7 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 			pc.leaseKeys[i] = string(sharedstate.AppendLeaseKey(nil, r.Name, vals))
 		}
 	}
-	body := rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
-	headers := [][2]string{
-		{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
-		{"content-type", "application/grpc"}, {"te", "trailers"},
-	}
-	token, err := caller.HTTPCall(rls.Cluster, headers, body, rls.TimeoutMs)
+	token, err := callRLS(caller, rls, ds)
 	if err != nil {
 		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
 	}
@@ -111,6 +107,26 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 	p.calls = append(p.calls, pc)
 	s.call = token
 	return Pause
+}
+
+// callRLS sends a RateLimitRequest with descriptors ds to the service, in
+// settings.rls.protocol: unary gRPC (HTTP/2 cluster) or JSON over HTTP/1.1
+// to the service's /json, as envoyproxy/ratelimit and tokengate-rls serve it.
+func callRLS(caller Caller, rls *RLSSettings, ds []rlswire.Descriptor) (uint32, error) {
+	if rls.Protocol == RLSProtocolJSON {
+		body := rlswire.AppendRequestJSON(nil, rls.Domain, ds, 0)
+		headers := [][2]string{
+			{":method", "POST"}, {":path", rlsJSONPath}, {":authority", rls.Authority},
+			{"content-type", "application/json"},
+		}
+		return caller.HTTPCall(rls.Cluster, headers, body, rls.TimeoutMs)
+	}
+	body := rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
+	headers := [][2]string{
+		{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
+		{"content-type", "application/grpc"}, {"te", "trailers"},
+	}
+	return caller.HTTPCall(rls.Cluster, headers, body, rls.TimeoutMs)
 }
 
 func cloneReqs(reqs []sharedstate.Request) []sharedstate.Request {
@@ -147,14 +163,33 @@ func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrail
 	pc.s.clusterAnswer(pc, &resp)
 }
 
-// readRLS reads the call response: HTTP 200, gRPC status 0 (in the trailers,
-// or in the headers of a trailers-only answer), one uncompressed message.
+// readRLS reads the call response. gRPC: HTTP 200, gRPC status 0 (in the
+// trailers, or in the headers of a trailers-only answer), one uncompressed
+// message. JSON: HTTP 200 (OK) or 429 (OVER_LIMIT) with the response in
+// the body, as envoyproxy/ratelimit's /json answers; any other status (its
+// 400 for a failed decision or a bad request, 500 for UNKNOWN; tokengate-rls's
+// 503 when Redis fails) is an error.
 func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, string) {
 	var none rlswire.Response
 	if numHeaders == 0 {
 		return none, "no response (timeout or connection failure)"
 	}
-	if st, _ := c.CallResponseHeader(":status"); st != "200" {
+	st, _ := c.CallResponseHeader(":status")
+	if p.cfg.Settings.RLS.Protocol == RLSProtocolJSON {
+		if st != "200" && st != "429" {
+			return none, "HTTP status " + st
+		}
+		b, ok := c.CallResponseBody(bodySize)
+		if !ok {
+			return none, "unreadable body"
+		}
+		resp, err := rlswire.ParseResponseJSON(b)
+		if err != nil {
+			return none, err.Error()
+		}
+		return resp, ""
+	}
+	if st != "200" {
 		return none, "HTTP status " + st
 	}
 	gs, ok := c.CallResponseTrailer("grpc-status")

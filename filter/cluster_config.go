@@ -10,9 +10,13 @@ import (
 // RLSSettings name the rate-limit service (Envoy's RLS v3 API) that decides
 // cluster-scope rules, and what to do when it cannot answer.
 type RLSSettings struct {
-	// Cluster is the Envoy cluster the call goes to (an HTTP/2 cluster:
-	// the call is unary gRPC carried by proxy_http_call).
+	// Cluster is the Envoy cluster the call goes to: an HTTP/2 cluster for
+	// Protocol gRPC (unary gRPC carried by proxy_http_call), any HTTP
+	// cluster for JSON.
 	Cluster string
+	// Protocol is how the call is carried: RLSProtocolGRPC (the default)
+	// or RLSProtocolJSON, JSON over HTTP/1.1 to the service's /json.
+	Protocol RLSProtocol
 	// Authority is the call's :authority; the cluster name by default.
 	Authority string
 	// Domain is RateLimitRequest.domain ("tokengate" by default).
@@ -28,6 +32,21 @@ type RLSSettings struct {
 	// period of every worker when one exists (default 100).
 	LeaseTickMs uint32
 }
+
+// RLSProtocol is settings.rls.protocol.
+type RLSProtocol int
+
+// How the RLS call is carried over proxy_http_call.
+const (
+	// RLSProtocolGRPC is unary gRPC (RateLimitService/ShouldRateLimit,
+	// protobuf) on an HTTP/2 cluster.
+	RLSProtocolGRPC RLSProtocol = iota
+	// RLSProtocolJSON is POST /json with the RateLimitRequest in protobuf's
+	// JSON form, answered 200 (OK) or 429 (OVER_LIMIT) with the
+	// RateLimitResponse: envoyproxy/ratelimit's HTTP endpoint, which
+	// tokengate-rls serves on its admin listener.
+	RLSProtocolJSON
+)
 
 // RLSOnError is settings.rls.on_error.
 type RLSOnError int
@@ -101,8 +120,10 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 	}
 	switch p := v.Get("protocol"); {
 	case !p.Exists(), p.Type == ljson.String && p.Str == "grpc":
+	case p.Type == ljson.String && p.Str == "json":
+		s.Protocol = RLSProtocolJSON
 	default:
-		return nil, errAt(join(path, "protocol"), `must be "grpc" (unary gRPC over proxy_http_call), got `+short(p.Raw))
+		return nil, errAt(join(path, "protocol"), `must be "grpc" (unary gRPC on an HTTP/2 cluster) or "json" (JSON over HTTP/1.1 to /json), got `+short(p.Raw))
 	}
 	return s, nil
 }

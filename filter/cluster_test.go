@@ -487,3 +487,143 @@ func TestClusterRetryAfterCapped(t *testing.T) {
 		}
 	}
 }
+
+// jsonFixture is clusterFixture with settings.rls.protocol "json".
+func jsonFixture(t *testing.T, onError string) *fixture {
+	return newFixture(t, strings.Replace(strings.Replace(clusterCfg, "ON_ERROR", onError, 1), `"timeout_ms":25`, `"timeout_ms":25,"protocol":"json"`, 1))
+}
+
+// jsonAnswer is an HTTP answer of a service's /json: status and a body
+// written by hand, not by the filter's encoder.
+func jsonAnswer(status, body string) filtertest.CallResponse {
+	return filtertest.CallResponse{Headers: [][2]string{{":status", status}, {"content-type", "application/json"}}, Body: []byte(body)}
+}
+
+// TestClusterJSON: with settings.rls.protocol "json" the call is a POST of
+// the RateLimitRequest in protobuf's JSON form to /json, and the answer is
+// read as envoyproxy/ratelimit's /json gives it: 200 with OK, 429 with
+// OVER_LIMIT, any other status an error for on_error.
+func TestClusterJSON(t *testing.T) {
+	req := filtertest.Get("/", "192.0.2.1:5000", "x-cost", "2.5")
+
+	t.Run("configuration", func(t *testing.T) {
+		for cfg, want := range map[string]string{
+			`{"cluster":"rls","protocol":"json"}`: "",
+			`{"cluster":"rls","protocol":"grpc"}`: "",
+			`{"cluster":"rls","protocol":"http"}`: `settings.rls.protocol: must be "grpc" (unary gRPC on an HTTP/2 cluster) or "json" (JSON over HTTP/1.1 to /json), got "http"`,
+			`{"cluster":"rls","protocol":1}`:      `settings.rls.protocol: must be "grpc"`,
+		} {
+			c, err := filter.ParseConfig([]byte(`{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":1}}],"settings":{"rls":` + cfg + `}}`))
+			switch {
+			case want == "" && err != nil:
+				t.Errorf("%s: %v", cfg, err)
+			case want == "" && (c.Settings.RLS.Protocol == filter.RLSProtocolJSON) != strings.Contains(cfg, "json"):
+				t.Errorf("%s: protocol %v", cfg, c.Settings.RLS.Protocol)
+			case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+				t.Errorf("%s: error %v, want %q", cfg, err, want)
+			}
+		}
+	})
+
+	t.Run("the call", func(t *testing.T) {
+		f := jsonFixture(t, "allow")
+		f.h.Start(f.p, req)
+		if len(f.h.Calls) != 1 {
+			t.Fatalf("%d calls", len(f.h.Calls))
+		}
+		c := f.h.Calls[0]
+		want := map[string]string{":method": "POST", ":path": "/json", ":authority": "rls", "content-type": "application/json"}
+		for _, kv := range c.Headers {
+			if w, ok := want[kv[0]]; ok && w != kv[1] {
+				t.Errorf("header %s = %q, want %q", kv[0], kv[1], w)
+			}
+			if kv[0] == "te" {
+				t.Errorf("te: %s on an HTTP/1.1 JSON call", kv[1])
+			}
+			delete(want, kv[0])
+		}
+		if len(want) != 0 || c.Cluster != "rls" || c.TimeoutMs != 25 {
+			t.Errorf("call %+v; missing headers %v", c, want)
+		}
+		const body = `{"domain":"edge","descriptors":[{"entries":[{"key":"tokengate_rule","value":"global-ip"},{"key":"key","value":"192.0.2.1"}],"hitsAddend":"3"}]}`
+		if string(c.Body) != body {
+			t.Errorf("body\n%s\nwant\n%s", c.Body, body)
+		}
+	})
+
+	t.Run("200 OK: resumed with the service's headers", func(t *testing.T) {
+		f := jsonFixture(t, "deny")
+		s, _ := f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, jsonAnswer("200", `{
+		  "overallCode": "OK",
+		  "statuses": [{"code": "OK", "currentLimit": {"requestsPerUnit": 10, "unit": "SECOND"}, "limitRemaining": 7, "durationUntilReset": "1s"}],
+		  "responseHeadersToAdd": [{"key": "RateLimit", "value": "\"global-ip\";r=7;t=1"}]}`))
+		if resp.Local != nil || len(f.h.Continued) != 1 {
+			t.Fatalf("reply %+v, continued %v; want resumed", resp.Local, f.h.Continued)
+		}
+		f.h.Response = filtertest.Response{}
+		s.OnResponseHeaders(0, false)
+		if v, _ := findHeader(f.h.Response.Headers, "ratelimit"); !strings.HasPrefix(v, `"global-ip";r=7;t=1, `) {
+			t.Errorf("ratelimit %q, want the service's item first (then the local rule's)", v)
+		}
+		if got := f.counter("global-ip", filter.CounterAllowed); got != 1 {
+			t.Errorf("allowed = %d", got)
+		}
+	})
+
+	t.Run("429 OVER_LIMIT: 429, local refunded", func(t *testing.T) {
+		f := jsonFixture(t, "deny")
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, jsonAnswer("429",
+			`{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","limitRemaining":0,"durationUntilReset":"2.500s"}]}`))
+		if resp.Local == nil || resp.Local.Status != 429 {
+			t.Fatalf("reply %+v, want 429", resp.Local)
+		}
+		if v, _ := findHeader(resp.Local.Headers, "retry-after"); v < "3" || len(v) != 1 {
+			t.Errorf("retry-after %q, want 3 or 4 (2.5 s rounded up, plus jitter)", v)
+		}
+		if got := localTokens(t, f); got != "3.000000" {
+			t.Errorf("local bucket %s, want 3 (refunded)", got)
+		}
+	})
+
+	for _, tc := range []struct{ name, status, body string }{
+		{"400 (envoyproxy/ratelimit's failed decision)", "400", "Bad Request\n"},
+		{"500 (UNKNOWN)", "500", `{"overallCode":"UNKNOWN"}`},
+		{"503 (tokengate-rls without Redis)", "503", "redis: timeout\n"},
+		{"200 with a body that is not JSON", "200", "OK"},
+		{"200 with an unknown code", "200", `{"overallCode":"MAYBE"}`},
+		{"no response", "", ""},
+	} {
+		t.Run(tc.name+": on_error deny", func(t *testing.T) {
+			f := jsonFixture(t, "deny")
+			f.h.Start(f.p, req)
+			var ans filtertest.CallResponse
+			if tc.status != "" {
+				ans = jsonAnswer(tc.status, tc.body)
+			}
+			resp := f.h.Deliver(f.p, f.h.Calls[0].Token, ans)
+			if resp.Local == nil || resp.Local.Status != 503 {
+				t.Fatalf("reply %+v, want on_error deny's 503", resp.Local)
+			}
+			if n, _ := f.h.Counter(filter.MetricRLSErrors); n != 1 {
+				t.Errorf("rls_errors = %d", n)
+			}
+		})
+	}
+
+	t.Run("lease calls go as JSON too", func(t *testing.T) {
+		f := newFixture(t, strings.Replace(leaseCfg, `"timeout_ms":50`, `"timeout_ms":50,"protocol":"json"`, 1))
+		f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:1"))
+		if len(f.h.Calls) != 1 {
+			t.Fatalf("%d calls", len(f.h.Calls))
+		}
+		if p, _ := findHeader(f.h.Calls[0].Headers, ":path"); p != "/json" || !bytes.Contains(f.h.Calls[0].Body, []byte(`{"key":"tokengate_mode","value":"lease"}`)) {
+			t.Errorf("cold lease call %s %s, want a JSON exact take", p, f.h.Calls[0].Body)
+		}
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, jsonAnswer("200", `{"overallCode":"OK","statuses":[{"code":"OK"}]}`))
+		if resp.Local != nil || len(f.h.Continued) != 1 {
+			t.Fatalf("reply %+v, continued %v; want resumed", resp.Local, f.h.Continued)
+		}
+	})
+}
