@@ -171,6 +171,9 @@ type Host struct {
 	modSeq  atomic.Uint64
 
 	metrics *registry
+	// strayContinues counts proxy_continue_stream calls on a stream that is
+	// gone or already continued (StrayContinues).
+	strayContinues atomic.Uint64
 
 	logMu   sync.Mutex
 	logs    []LogEntry // ring of at most opts.MaxLogs
@@ -342,6 +345,14 @@ func (h *Host) Metric(name string) (uint64, bool) {
 	}
 	return m.value.Load(), true
 }
+
+// StrayContinues returns how many proxy_continue_stream calls found no
+// stream to continue (none effective: the guest's
+// proxy_set_effective_context failed, as for a stream that is gone, or was
+// not called) or a request already continued. Envoy has no such stream to
+// resume, or resumes one twice; a correct filter makes none, and tests
+// assert zero.
+func (h *Host) StrayContinues() uint64 { return h.strayContinues.Load() }
 
 // Metrics returns a snapshot of every metric, sorted by name.
 func (h *Host) Metrics() []Metric { return h.metrics.snapshot() }
