@@ -46,8 +46,30 @@ func rlsBootstrap(addr string) string {
 `
 }
 
+// rlsBootstrapHTTP1 is rlsBootstrap without protocol options: an HTTP/1.1
+// cluster "ratelimit", for settings.rls.protocol "json".
+func rlsBootstrapHTTP1(addr string) string {
+	host, port, _ := strings.Cut(addr, ":")
+	return `static_resources:
+  clusters:
+  - name: ratelimit
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: ratelimit
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {address: ` + host + `, port_value: ` + port + `}
+`
+}
+
 // startClusterHost runs the real module with cfg and the clusters of the
-// bootstrap, through envoyconf as tokengate-local does with -envoy.
+// bootstrap, through envoyconf as tokengate-local does with -envoy. When
+// the test ends, after the host is closed (every callout reported or
+// dropped), it checks that the filter never continued a stream that was
+// gone or already continued (wasmhost.Host.StrayContinues).
 func startClusterHost(t testing.TB, cfg, bootstrap string, workers int) (*wasmhost.Host, *httptest.Server) {
 	t.Helper()
 	cls, err := envoyconf.Clusters([]byte(bootstrap))
@@ -58,10 +80,17 @@ func startClusterHost(t testing.TB, cfg, bootstrap string, workers int) (*wasmho
 	for name, c := range cls {
 		clusters[name] = wasmhost.Cluster{Address: c.Address, HTTP2: c.HTTP2}
 	}
-	if _, ok := clusters["ratelimit"]; !ok || !clusters["ratelimit"].HTTP2 {
-		t.Fatalf("bootstrap: no HTTP/2 cluster ratelimit in %v", clusters)
+	if _, ok := clusters["ratelimit"]; !ok {
+		t.Fatalf("bootstrap: no cluster ratelimit in %v", clusters)
 	}
-	return startHost(t, wasmhost.Options{PluginConfig: []byte(cfg), Clusters: clusters, Workers: workers})
+	var h *wasmhost.Host
+	t.Cleanup(func() { // registered before startHost's, so it runs after the host is closed
+		if h != nil && h.StrayContinues() != 0 {
+			t.Errorf("the filter called proxy_continue_stream %d times on a stream gone or already continued", h.StrayContinues())
+		}
+	})
+	h, srv := startHost(t, wasmhost.Options{PluginConfig: []byte(cfg), Clusters: clusters, Workers: workers})
+	return h, srv
 }
 
 // envoyRatelimit returns the envoyproxy/ratelimit binary (tools/ratelimit.sh
