@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -191,6 +193,7 @@ type rlsProc struct {
 	cmd         *exec.Cmd
 	out         *syncBuffer
 	done        chan struct{}
+	waitErr     error // the exit status, once done is closed
 }
 
 // startTokengateRLS runs tokengate-rls with the plugin configuration cfg on
@@ -210,9 +213,9 @@ func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rl
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	go func() { p.waitErr = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
-		p.Stop()
+		_ = p.Stop() // a test that cares checks Stop's result itself
 		if t.Failed() {
 			t.Logf("tokengate-rls output:\n%s", p.out.String())
 		}
@@ -237,21 +240,26 @@ func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rl
 	}
 }
 
-// Stop ends the process (SIGTERM, then SIGKILL after 5 s); idempotent.
-func (p *rlsProc) Stop() {
+// Stop ends the process (SIGTERM, then SIGKILL after a bound) and returns
+// its exit status: nil for a clean exit 0, an error for anything else
+// (killed, non-zero); idempotent. The bound is the service's -drain (5 s)
+// plus slack: a process that has not exited by then does not shut down.
+func (p *rlsProc) Stop() error {
 	select {
 	case <-p.done:
-		return
+		return p.waitErr
 	default:
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGCONT) // in case a test froze it
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(15 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
+		return fmt.Errorf("tokengate-rls did not exit within 15 s of SIGTERM (killed: %v)", p.waitErr)
 	}
+	return p.waitErr
 }
 
 // Freeze stops the process with SIGSTOP: its sockets accept connections
@@ -271,4 +279,47 @@ func freeAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// tryGet sends GET url with headers and returns the status, or an error:
+// for goroutines, which must not call t.Fatal.
+func tryGet(url string, headers map[string]string) (int, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// debugSleep runs DEBUG SLEEP secs on the Redis at addr on a connection of
+// its own and returns when Redis answers (redistest's client gives up
+// after 5 s).
+func debugSleep(addr string, secs int) error {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	n := strconv.Itoa(secs)
+	if _, err := fmt.Fprintf(c, "*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$%d\r\n%s\r\n", len(n), n); err != nil {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Duration(secs)*time.Second + 30*time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+OK\r\n" {
+		return fmt.Errorf("DEBUG SLEEP: %q", line)
+	}
+	return nil
 }
