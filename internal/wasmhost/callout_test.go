@@ -148,6 +148,9 @@ func TestClientLeavesWhilePaused(t *testing.T) {
 			if n := h.StrayContinues(); n != 0 {
 				t.Errorf("%d stray continues", n)
 			}
+			if s, c := h.InFlight(); s != 0 || c != 0 {
+				t.Errorf("in flight after the answers: %d streams, %d callouts; want none (the one the client left ended)", s, c)
+			}
 			return
 		}
 		if time.Now().After(deadline) {

@@ -354,6 +354,23 @@ func (h *Host) Metric(name string) (uint64, bool) {
 // assert zero.
 func (h *Host) StrayContinues() uint64 { return h.strayContinues.Load() }
 
+// InFlight returns the streams the workers hold (from
+// proxy_on_context_create to proxy_on_delete) and the callouts not yet
+// reported. A callout leaves the count in the same locked section that
+// reports it to the guest, so once it is 0 every report has run.
+func (h *Host) InFlight() (streams, callouts int) {
+	for _, w := range h.workers {
+		if w == nil {
+			continue
+		}
+		w.mu.Lock()
+		streams += len(w.streams)
+		callouts += len(w.callouts.pending)
+		w.mu.Unlock()
+	}
+	return streams, callouts
+}
+
 // Metrics returns a snapshot of every metric, sorted by name.
 func (h *Host) Metrics() []Metric { return h.metrics.snapshot() }
 
