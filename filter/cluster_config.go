@@ -21,7 +21,9 @@ type RLSSettings struct {
 	Authority string
 	// Domain is RateLimitRequest.domain ("tokengate" by default).
 	Domain string
-	// TimeoutMs bounds the call (default 20, at most 10000).
+	// TimeoutMs bounds the call (default 60, at most 10000): above twice
+	// tokengate-rls's -redis-timeout (25 ms) plus the network, since a
+	// decision may take two Redis round trips (docs/rls.md#timeouts).
 	TimeoutMs uint32
 	// OnError is what a request gets when the service fails, times out or
 	// answers something unusable: OnErrorAllow (the default) lets it
@@ -59,7 +61,7 @@ const (
 )
 
 const (
-	defaultRLSTimeoutMs = 20
+	defaultRLSTimeoutMs = 60
 	maxRLSTimeoutMs     = 10000
 )
 
