@@ -70,8 +70,12 @@ const maxJSONBody = 1 << 20
 //	/metrics  Prometheus text (Metrics.WriteTo)
 //	/ready    200 when Redis answered the last PING, 503 before and otherwise
 //	/json     POST a RateLimitRequest in protobuf's JSON form, get the
-//	          RateLimitResponse: 200 (OK), 429 (OVER_LIMIT), 400 (invalid
-//	          request), 503 (Redis failed), as envoyproxy/ratelimit's /json
+//	          RateLimitResponse: 200 (OK) and 429 (OVER_LIMIT) with the
+//	          response, as envoyproxy/ratelimit's /json (server_impl.go);
+//	          400 (invalid request); 503 (Redis failed), where
+//	          envoyproxy/ratelimit answers 400 for any failed decision.
+//	          The filter's settings.rls.protocol "json" reads 200 and 429
+//	          and takes any other status as an error, so both agree.
 func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
