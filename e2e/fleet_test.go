@@ -514,7 +514,9 @@ func TestFleetFaults(t *testing.T) {
 		// UNAVAILABLE, and every request must be answered before Redis
 		// wakes up.
 		slept := make(chan error, 1)
-		go func() { slept <- debugSleep(redis.Addr, 4) }()
+		written := make(chan struct{})
+		go func() { slept <- debugSleep(redis.Addr, 4, written) }()
+		<-written
 		asleep := func() bool {
 			select {
 			case err := <-slept:
@@ -524,7 +526,8 @@ func TestFleetFaults(t *testing.T) {
 				return true
 			}
 		}
-		// Wait until Redis sleeps: a probe on the deny proxy answers 503.
+		// The command is sent; Redis sleeps once a probe on the deny
+		// proxy answers 503.
 		for {
 			code, err := tryGet(proxies["deny"]+"/", map[string]string{"x-api-key": "slow-probe"})
 			if err != nil {

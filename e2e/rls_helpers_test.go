@@ -302,8 +302,16 @@ func tryGet(url string, headers map[string]string) (int, error) {
 
 // debugSleep runs DEBUG SLEEP secs on the Redis at addr on a connection of
 // its own and returns when Redis answers (redistest's client gives up
-// after 5 s).
-func debugSleep(addr string, secs int) error {
+// after 5 s). written, if not nil, is closed once the command is sent.
+func debugSleep(addr string, secs int, written chan<- struct{}) error {
+	sent := false
+	if written != nil {
+		defer func() {
+			if !sent {
+				close(written) // failed: do not leave the caller waiting
+			}
+		}()
+	}
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		return err
@@ -312,6 +320,10 @@ func debugSleep(addr string, secs int) error {
 	n := strconv.Itoa(secs)
 	if _, err := fmt.Fprintf(c, "*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$%d\r\n%s\r\n", len(n), n); err != nil {
 		return err
+	}
+	if written != nil {
+		sent = true
+		close(written)
 	}
 	_ = c.SetReadDeadline(time.Now().Add(time.Duration(secs)*time.Second + 30*time.Second))
 	line, err := bufio.NewReader(c).ReadString('\n')
