@@ -146,7 +146,7 @@ else
 		# with its rule's rate raised out of the way; the local twin is the
 		# same file without "scope": "cluster".
 		sed -e "s/port_value: 8081 }/port_value: $RLS_PORT }/" -e 's/"rps": 2, "burst": 6/"rps": 1000000, "burst": 1000000/' \
-			-e 's/"timeout_ms": 50/"timeout_ms": 1000/' examples/cluster/envoy.yaml >"$OUT/http-c.yaml"
+			-e 's/"timeout_ms": [0-9]*/"timeout_ms": 1000/' examples/cluster/envoy.yaml >"$OUT/http-c.yaml"
 		grep -v '"scope": "cluster"' "$OUT/http-c.yaml" >"$OUT/http-l.yaml"
 		# Lease mode (docs/lease.md): the same cluster rule admitting from
 		# leased tokens; the service's request count around each round

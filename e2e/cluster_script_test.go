@@ -161,7 +161,7 @@ func testMakeCluster(t *testing.T, mode string) {
 	if mode == "lease" {
 		lower = 6 - 2*(len(ports)-1)
 	}
-	// A call that timed out (timeout_ms 50 on a loaded machine) is decided
+	// A call that timed out (timeout_ms 60 on a loaded machine) is decided
 	// by on_error "local" in that proxy alone, by design: each such request
 	// may be one more.
 	fallbacks := 0

@@ -89,11 +89,23 @@ func redisTokens(t *testing.T, redis *redistest.Server, key string) string {
 // service. Successes of a count_statuses rule are refunded in the service
 // (three failures still exhaust it, a success after them gets 429), and a
 // reset_on_statuses success deletes the key. One settlement call per
-// stream, none failed; the response was never held for it.
+// stream, none failed; the response was never held for it. It runs over
+// both protocols: gRPC on an HTTP/2 cluster, and JSON over HTTP/1.1 to the
+// service's /json, where the settlement's mark travels as an HTTP header.
 func TestClusterSettle(t *testing.T) {
+	t.Run("grpc", func(t *testing.T) { testClusterSettle(t, "grpc") })
+	t.Run("json", func(t *testing.T) { testClusterSettle(t, "json") })
+}
+
+func testClusterSettle(t *testing.T, protocol string) {
 	redis := redistest.Start(t)
-	rls := startTokengateRLS(t, clusterSettleConfig, redis.Addr)
-	h, srv := startSettleFleetHost(t, clusterSettleConfig, rlsBootstrap(rls.Addr), settleUpstream())
+	cfg := strings.Replace(clusterSettleConfig, `"cluster":"ratelimit"`, `"cluster":"ratelimit","protocol":"`+protocol+`"`, 1)
+	rls := startTokengateRLS(t, cfg, redis.Addr)
+	bootstrap := rlsBootstrap(rls.Addr)
+	if protocol == "json" {
+		bootstrap = rlsBootstrapHTTP1(rls.Admin)
+	}
+	h, srv := startSettleFleetHost(t, cfg, bootstrap, settleUpstream())
 	c := srv.Client()
 	n := uint64(0) // streams ended
 	calls := uint64(0)

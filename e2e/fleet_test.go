@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
 // The fleet tests run the built module in three local hosts (three
@@ -24,6 +27,7 @@ import (
 type fleet struct {
 	redis   *redistest.Server
 	rls     *rlsProc
+	hosts   []*wasmhost.Host
 	proxies []*httptest.Server
 }
 
@@ -37,11 +41,32 @@ func startFleet(t *testing.T, cfg string, n int) *fleet {
 	f := &fleet{redis: redistest.Start(t)}
 	f.rls = startTokengateRLS(t, cfg, f.redis.Addr, "-redis-timeout", "1s")
 	for range n {
-		_, srv := startClusterHost(t, cfg, rlsBootstrap(f.rls.Addr), 2)
+		h, srv := startClusterHost(t, cfg, rlsBootstrap(f.rls.Addr), 2)
+		f.hosts = append(f.hosts, h)
 		f.proxies = append(f.proxies, srv)
 	}
 	return f
 }
+
+// sum adds up a rule's counter over the proxies.
+func (f *fleet) sum(t testing.TB, rule, counter string) uint64 {
+	t.Helper()
+	var n uint64
+	for _, h := range f.hosts {
+		n += metric(t, h, rule, counter)
+	}
+	return n
+}
+
+// The fault tests bound how long a request may wait on a failing service
+// by the call's timeout_ms plus callSlack. The slack is generous on
+// purpose: the property is that no request hangs on the service (without a
+// timeout it would wait for the fault to end, or for the host's 60 s pause
+// timeout), not how fast this machine answers; two cores shared with other
+// work can stall a process for a second. Where a fault has an end the test
+// controls (a frozen service, DEBUG SLEEP), the tests also check that the
+// answer came while the fault lasted, which no clock decides.
+const callSlack = 4 * time.Second
 
 // fleetRule is a configuration with one rule of the given scope, keyed by
 // x-api-key, decided by the service of cluster "ratelimit".
@@ -185,8 +210,15 @@ func TestFleetOnRedisCluster(t *testing.T) {
 	rls := startTokengateRLS(t, cfg, strings.Join(rc.Addrs(), ","), "-redis-cluster", "-redis-timeout", "1s")
 	f := &fleet{rls: rls}
 	for range 3 {
-		_, srv := startClusterHost(t, cfg, rlsBootstrap(rls.Addr), 2)
+		h, srv := startClusterHost(t, cfg, rlsBootstrap(rls.Addr), 2)
+		f.hosts = append(f.hosts, h)
 		f.proxies = append(f.proxies, srv)
+	}
+	// One proxy of each other on_error flavour, for the killed master.
+	flavours := map[string]string{"deny": f.proxies[0].URL}
+	for _, oe := range []string{"allow", "local"} {
+		_, srv := startClusterHost(t, strings.Replace(cfg, `"on_error":"deny"`, `"on_error":"`+oe+`"`, 1), rlsBootstrap(rls.Addr), 2)
+		flavours[oe] = srv.URL
 	}
 	// 30 keys of rule a, each with a fresh b: exactly 3 pass per a-key.
 	nodes := map[int]bool{}
@@ -221,8 +253,9 @@ func TestFleetOnRedisCluster(t *testing.T) {
 	}
 
 	// A master killed: requests whose buckets live there follow on_error
-	// (deny: 503) without waiting past the timeout; the others' buckets
-	// keep deciding.
+	// without waiting past the timeout (plus callSlack); the others'
+	// buckets keep deciding, and the failed requests take nothing from
+	// them.
 	dead := rc.NodeFor("tb:{a:x}")
 	rc.Nodes[dead].Kill()
 	// key returns a value of rule whose bucket is (or is not) on the dead
@@ -235,22 +268,64 @@ func TestFleetOnRedisCluster(t *testing.T) {
 			}
 		}
 	}
-	for _, tc := range []struct {
-		name   string
-		h      map[string]string
-		status int
+	// Each case sends the same request twice to each flavour (fresh keys
+	// per flavour). On the dead master: deny answers 503; allow admits;
+	// local decides both rules in the proxy's shared data, where b's burst
+	// of 1 admits the first only.
+	failing := map[string][]int{"deny": {503, 503}, "allow": {200, 200}, "local": {200, 429}}
+	for ci, tc := range []struct {
+		name       string
+		aDead      bool
+		bDead      bool
+		liveAnswer bool
 	}{
-		{"both buckets on live masters", ab(key("a", false, "p"), key("b", false, "p")), 200},
-		{"a on the dead master", ab(key("a", true, "q"), key("b", false, "q")), 503},
-		{"b on the dead master", ab(key("a", false, "r"), key("b", true, "r")), 503},
+		{"both buckets on live masters", false, false, true},
+		{"a on the dead master", true, false, false},
+		{"b on the dead master", false, true, false},
 	} {
-		t0 := time.Now()
-		codes, _ := f.codesOf(t, tc.h)
-		if codes[0] != tc.status {
-			t.Errorf("master killed, %s: %d, want %d", tc.name, codes[0], tc.status)
-		}
-		if d := time.Since(t0); d > 3*time.Second {
-			t.Errorf("master killed, %s: took %v (timeout_ms 1000)", tc.name, d)
+		for _, oe := range []string{"deny", "allow", "local"} {
+			p := strconv.Itoa(ci) + oe // fresh keys for each case and flavour
+			h := ab(key("a", tc.aDead, "a"+p), key("b", tc.bDead, "b"+p))
+			want := failing[oe]
+			if tc.liveAnswer {
+				want = []int{200, 429} // the service decides: b's burst is 1
+			}
+			var codes []int
+			for range 2 {
+				t0 := time.Now()
+				resp, _ := getURL(t, flavours[oe]+"/", h)
+				codes = append(codes, resp.StatusCode)
+				if d := time.Since(t0); d > time.Second+callSlack {
+					t.Errorf("master killed, %s, on_error %s: a request took %v (timeout_ms 1000 + %v slack)", tc.name, oe, d, callSlack)
+				}
+			}
+			if !slices.Equal(codes, want) {
+				t.Errorf("master killed, %s, on_error %s: %v, want %v", tc.name, oe, codes, want)
+			}
+			if tc.liveAnswer || (tc.aDead && tc.bDead) {
+				continue
+			}
+			// Nothing over-admitted, nothing taken by the failed requests:
+			// the live bucket still admits its whole burst through the
+			// service (fresh keys of the other rule, on live masters).
+			live, burst := "a", 3
+			if tc.aDead {
+				live, burst = "b", 1
+			}
+			liveKey := h["x-"+live]
+			var got []int
+			for i := range burst + 1 {
+				other := key("a", false, "fresh-a"+p+strconv.Itoa(i))
+				hh := ab(other, liveKey)
+				if live == "a" {
+					hh = ab(liveKey, key("b", false, "fresh-b"+p+strconv.Itoa(i)))
+				}
+				resp, _ := getURL(t, flavours["deny"]+"/", hh)
+				got = append(got, resp.StatusCode)
+			}
+			if want := append(slices.Repeat([]int{200}, burst), 429); !slices.Equal(got, want) {
+				t.Errorf("master killed, %s, on_error %s: the live bucket %s=%s then admits %v, want %v (its burst, untouched)", tc.name, oe, live, liveKey, got, want)
+			}
 		}
 	}
 }
@@ -344,19 +419,35 @@ func TestFleetShadow(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, want) {
 		t.Errorf("the service's metrics lack %s:\n%s", want, body)
 	}
+	// The service gone, on_error deny: a shadow rule still never rejects;
+	// each failure counts as fail_open, none as store_denied.
+	f.rls.Stop()
+	for i := range 3 {
+		resp, _ := getURL(t, f.proxies[i].URL+"/", map[string]string{"x-api-key": "shadowed"})
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("service down, request %d: %d, want 200 (a shadow rule fails open whatever on_error says)", i, resp.StatusCode)
+		}
+	}
+	if n := f.sum(t, "trial", "fail_open"); n != 3 {
+		t.Errorf("fail_open %d, want 3", n)
+	}
+	if n := f.sum(t, "trial", "store_denied"); n != 0 {
+		t.Errorf("store_denied %d, want 0", n)
+	}
 }
 
-// TestFleetFaults: the service down, frozen (slower than timeout_ms) and
-// its Redis down. Each request follows on_error, none waits much past the
-// timeout, and nothing is admitted past the limit.
+// TestFleetFaults: the service down, frozen (slower than timeout_ms), its
+// Redis down and its Redis slow (DEBUG SLEEP, longer than the service's
+// Redis timeout). Each request follows on_error, none waits past the
+// timeout (plus callSlack, and before a fault the test ends is over), and
+// nothing is admitted past the limit: deny admits none, local exactly its
+// shared-data burst.
 func TestFleetFaults(t *testing.T) {
 	// Long enough that a loaded machine does not turn the healthy phase
 	// into errors (the service's Redis timeout below it); every fault
 	// below answers at once or costs one timeout.
 	const timeoutMs = 300
-	// Generous: the bound is that a request does not hang on the service,
-	// not how fast this machine is.
-	const patience = 3 * time.Second
+	bound := timeoutMs*time.Millisecond + callSlack
 	cfg := func(onError string) string { return fleetRule("f", "cluster", 0.001, 2, onError, timeoutMs) }
 	redis := redistest.Start(t)
 	rls := startTokengateRLS(t, cfg("deny"), redis.Addr, "-redis-timeout", "250ms")
@@ -365,9 +456,11 @@ func TestFleetFaults(t *testing.T) {
 		_, srv := startClusterHost(t, cfg(oe), rlsBootstrap(rls.Addr), 2)
 		proxies[oe] = srv.URL
 	}
-	// check sends n requests with a fresh key to each on_error flavour and
-	// compares the statuses.
-	check := func(t *testing.T, fault string, n int) {
+	// check sends n requests with a fresh key to each on_error flavour, the
+	// flavours side by side, and compares the statuses. lasting, if not
+	// nil, reports whether the fault still lasts: every answer must come
+	// while it does.
+	check := func(t *testing.T, fault string, n int, lasting func() bool) {
 		t.Helper()
 		want := map[string][]int{
 			"allow": slices.Repeat([]int{200}, n),
@@ -375,20 +468,33 @@ func TestFleetFaults(t *testing.T) {
 			// Decided in this proxy's shared data: burst 2.
 			"local": append([]int{200, 200}, slices.Repeat([]int{429}, n-2)...),
 		}
+		var wg sync.WaitGroup
 		for _, oe := range []string{"allow", "deny", "local"} {
-			var codes []int
-			for range n {
-				t0 := time.Now()
-				resp, _ := getURL(t, proxies[oe]+"/", map[string]string{"x-api-key": fault})
-				if d := time.Since(t0); d > patience {
-					t.Errorf("%s, on_error %s: a request took %v (timeout_ms %d)", fault, oe, d, timeoutMs)
+			wg.Add(1)
+			go func() { // reports with t.Errorf only
+				defer wg.Done()
+				var codes []int
+				for range n {
+					t0 := time.Now()
+					code, err := tryGet(proxies[oe]+"/", map[string]string{"x-api-key": fault})
+					if err != nil {
+						t.Errorf("%s, on_error %s: %v", fault, oe, err)
+						return
+					}
+					if d := time.Since(t0); d > bound {
+						t.Errorf("%s, on_error %s: a request took %v (timeout_ms %d + %v slack)", fault, oe, d, timeoutMs, callSlack)
+					}
+					if lasting != nil && !lasting() {
+						t.Errorf("%s, on_error %s: an answer came only after the fault ended: the request waited on it", fault, oe)
+					}
+					codes = append(codes, code)
 				}
-				codes = append(codes, resp.StatusCode)
-			}
-			if !slices.Equal(codes, want[oe]) {
-				t.Errorf("%s, on_error %s: %v, want %v", fault, oe, codes, want[oe])
-			}
+				if !slices.Equal(codes, want[oe]) {
+					t.Errorf("%s, on_error %s: %v, want %v", fault, oe, codes, want[oe])
+				}
+			}()
 		}
+		wg.Wait()
 	}
 	// Healthy first: the service decides (burst 2 for the key, whatever
 	// the flavour).
@@ -402,18 +508,159 @@ func TestFleetFaults(t *testing.T) {
 			t.Fatalf("healthy, on_error %s: %v, want %v", oe, codes, want)
 		}
 	}
+	t.Run("redis slow", func(t *testing.T) {
+		// DEBUG SLEEP blocks Redis for 4 s, far past the service's 250 ms
+		// Redis timeout and the filter's 300 ms: the service answers
+		// UNAVAILABLE, and every request must be answered before Redis
+		// wakes up.
+		slept := make(chan error, 1)
+		written := make(chan struct{})
+		go func() { slept <- debugSleep(redis.Addr, 4, written) }()
+		<-written
+		asleep := func() bool {
+			select {
+			case err := <-slept:
+				slept <- err
+				return false
+			default:
+				return true
+			}
+		}
+		// The command is sent; Redis sleeps once a probe on the deny
+		// proxy answers 503.
+		for {
+			code, err := tryGet(proxies["deny"]+"/", map[string]string{"x-api-key": "slow-probe"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code == http.StatusServiceUnavailable {
+				break
+			}
+			if !asleep() {
+				t.Fatalf("DEBUG SLEEP ended (%v) before a request failed", <-slept)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		check(t, "redis-slow", 4, asleep)
+		if err := <-slept; err != nil {
+			t.Errorf("DEBUG SLEEP: %v", err)
+		}
+	})
 	t.Run("redis down", func(t *testing.T) {
 		redis.Kill()
 		defer redis.Restart()
-		check(t, "redis-down", 4)
+		check(t, "redis-down", 4, nil)
 	})
 	t.Run("service frozen", func(t *testing.T) {
 		rls.Freeze()
-		defer rls.Thaw()
-		check(t, "frozen", 3)
+		frozen := atomic.Bool{}
+		frozen.Store(true)
+		defer func() { frozen.Store(false); rls.Thaw() }()
+		check(t, "frozen", 3, frozen.Load)
 	})
 	t.Run("service down", func(t *testing.T) {
 		rls.Stop()
-		check(t, "down", 4)
+		check(t, "down", 4, nil)
 	})
+}
+
+// TestFleetClientLeavesWhilePaused: a client leaves while its request is
+// paused for the service's answer (the service frozen), then the answer
+// arrives: an admission, an OVER_LIMIT, or the call's timeout. The built
+// module forgets the call when the stream ends: nothing is continued or
+// answered on the gone stream (wasmhost counts stray continues), no rule
+// counts a decision for it, no error is counted, and the proxy goes on
+// deciding. The service did decide the gone request: its token is spent.
+func TestFleetClientLeavesWhilePaused(t *testing.T) {
+	cfg := fleetRule("left", "cluster", 0.001, 2, "allow", 2000)
+	redis := redistest.Start(t)
+	rls := startTokengateRLS(t, cfg, redis.Addr, "-redis-timeout", "1s")
+	h, srv := startClusterHost(t, cfg, rlsBootstrap(rls.Addr), 1)
+	waitInFlight := func(t *testing.T, streams, callouts int) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			s, c := h.InFlight()
+			if s == streams && c == callouts {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("in flight: %d streams, %d callouts; want %d and %d", s, c, streams, callouts)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	// leave sends a request that the client abandons while the service
+	// is frozen, and waits until the host has ended its stream with the
+	// call still pending.
+	leave := func(t *testing.T, key string) {
+		t.Helper()
+		rls.Freeze()
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/", nil)
+		req.Header.Set("x-api-key", key)
+		done := make(chan error, 1)
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				err = fmt.Errorf("answered %d while the service was frozen", resp.StatusCode)
+			}
+			done <- err
+		}()
+		waitInFlight(t, 1, 1) // paused on the call
+		cancel()
+		if err := <-done; err == nil || !strings.Contains(err.Error(), "context canceled") {
+			t.Fatalf("the client's request: %v, want it cancelled", err)
+		}
+		waitInFlight(t, 0, 1) // the stream ended; the call has not reported
+	}
+	counters := func() [4]uint64 {
+		rlsErrors, _ := h.Metric("tokengate.rls_errors")
+		return [4]uint64{metric(t, h, "left", "allowed"), metric(t, h, "left", "rejected"), metric(t, h, "left", "fail_open"), rlsErrors}
+	}
+	send := func(key string) int {
+		resp, _ := getURL(t, srv.URL+"/", map[string]string{"x-api-key": key})
+		return resp.StatusCode
+	}
+
+	t.Run("admitted after the client left", func(t *testing.T) {
+		leave(t, "k1")
+		rls.Thaw()
+		waitInFlight(t, 0, 0) // the answer was reported to the filter
+		if got := counters(); got != [4]uint64{} {
+			t.Errorf("allowed, rejected, fail_open, rls_errors = %v after an answer for a gone stream, want none", got)
+		}
+		// The service took the gone request's token: one of burst 2 left.
+		if codes := []int{send("k1"), send("k1")}; !slices.Equal(codes, []int{200, 429}) {
+			t.Errorf("k1 after: %v, want [200 429]", codes)
+		}
+	})
+	t.Run("OVER_LIMIT after the client left", func(t *testing.T) {
+		before := counters()
+		leave(t, "k1") // k1 is spent: the service answers OVER_LIMIT
+		rls.Thaw()
+		waitInFlight(t, 0, 0)
+		if got := counters(); got != before {
+			t.Errorf("counters %v -> %v for a rejection of a gone stream, want unchanged", before, got)
+		}
+		if code := send("k2"); code != http.StatusOK {
+			t.Errorf("a new key after: %d", code)
+		}
+	})
+	t.Run("timeout after the client left", func(t *testing.T) {
+		before := counters()
+		leave(t, "k3")
+		waitInFlight(t, 0, 0) // still frozen: the call's 2 s timeout reports
+		rls.Thaw()
+		if got := counters(); got != before {
+			t.Errorf("counters %v -> %v for a failed call of a gone stream, want unchanged (no rls_error, no fail_open)", before, got)
+		}
+	})
+	if n := h.StrayContinues(); n != 0 {
+		t.Errorf("%d stray continues", n)
+	}
+	if s, c := h.InFlight(); s != 0 || c != 0 {
+		t.Errorf("left in flight: %d streams, %d callouts", s, c)
+	}
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,8 +48,30 @@ func rlsBootstrap(addr string) string {
 `
 }
 
+// rlsBootstrapHTTP1 is rlsBootstrap without protocol options: an HTTP/1.1
+// cluster "ratelimit", for settings.rls.protocol "json".
+func rlsBootstrapHTTP1(addr string) string {
+	host, port, _ := strings.Cut(addr, ":")
+	return `static_resources:
+  clusters:
+  - name: ratelimit
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: ratelimit
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {address: ` + host + `, port_value: ` + port + `}
+`
+}
+
 // startClusterHost runs the real module with cfg and the clusters of the
-// bootstrap, through envoyconf as tokengate-local does with -envoy.
+// bootstrap, through envoyconf as tokengate-local does with -envoy. When
+// the test ends, after the host is closed (every callout reported or
+// dropped), it checks that the filter never continued a stream that was
+// gone or already continued (wasmhost.Host.StrayContinues).
 func startClusterHost(t testing.TB, cfg, bootstrap string, workers int) (*wasmhost.Host, *httptest.Server) {
 	t.Helper()
 	cls, err := envoyconf.Clusters([]byte(bootstrap))
@@ -58,10 +82,17 @@ func startClusterHost(t testing.TB, cfg, bootstrap string, workers int) (*wasmho
 	for name, c := range cls {
 		clusters[name] = wasmhost.Cluster{Address: c.Address, HTTP2: c.HTTP2}
 	}
-	if _, ok := clusters["ratelimit"]; !ok || !clusters["ratelimit"].HTTP2 {
-		t.Fatalf("bootstrap: no HTTP/2 cluster ratelimit in %v", clusters)
+	if _, ok := clusters["ratelimit"]; !ok {
+		t.Fatalf("bootstrap: no cluster ratelimit in %v", clusters)
 	}
-	return startHost(t, wasmhost.Options{PluginConfig: []byte(cfg), Clusters: clusters, Workers: workers})
+	var h *wasmhost.Host
+	t.Cleanup(func() { // registered before startHost's, so it runs after the host is closed
+		if h != nil && h.StrayContinues() != 0 {
+			t.Errorf("the filter called proxy_continue_stream %d times on a stream gone or already continued", h.StrayContinues())
+		}
+	})
+	h, srv := startHost(t, wasmhost.Options{PluginConfig: []byte(cfg), Clusters: clusters, Workers: workers})
+	return h, srv
 }
 
 // envoyRatelimit returns the envoyproxy/ratelimit binary (tools/ratelimit.sh
@@ -162,6 +193,7 @@ type rlsProc struct {
 	cmd         *exec.Cmd
 	out         *syncBuffer
 	done        chan struct{}
+	waitErr     error // the exit status, once done is closed
 }
 
 // startTokengateRLS runs tokengate-rls with the plugin configuration cfg on
@@ -181,9 +213,9 @@ func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rl
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	go func() { p.waitErr = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
-		p.Stop()
+		_ = p.Stop() // a test that cares checks Stop's result itself
 		if t.Failed() {
 			t.Logf("tokengate-rls output:\n%s", p.out.String())
 		}
@@ -208,21 +240,26 @@ func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rl
 	}
 }
 
-// Stop ends the process (SIGTERM, then SIGKILL after 5 s); idempotent.
-func (p *rlsProc) Stop() {
+// Stop ends the process (SIGTERM, then SIGKILL after a bound) and returns
+// its exit status: nil for a clean exit 0, an error for anything else
+// (killed, non-zero); idempotent. The bound is the service's -drain (5 s)
+// plus slack: a process that has not exited by then does not shut down.
+func (p *rlsProc) Stop() error {
 	select {
 	case <-p.done:
-		return
+		return p.waitErr
 	default:
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGCONT) // in case a test froze it
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(15 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
+		return fmt.Errorf("tokengate-rls did not exit within 15 s of SIGTERM (killed: %v)", p.waitErr)
 	}
+	return p.waitErr
 }
 
 // Freeze stops the process with SIGSTOP: its sockets accept connections
@@ -242,4 +279,59 @@ func freeAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// tryGet sends GET url with headers and returns the status, or an error:
+// for goroutines, which must not call t.Fatal.
+func tryGet(url string, headers map[string]string) (int, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// debugSleep runs DEBUG SLEEP secs on the Redis at addr on a connection of
+// its own and returns when Redis answers (redistest's client gives up
+// after 5 s). written, if not nil, is closed once the command is sent.
+func debugSleep(addr string, secs int, written chan<- struct{}) error {
+	sent := false
+	if written != nil {
+		defer func() {
+			if !sent {
+				close(written) // failed: do not leave the caller waiting
+			}
+		}()
+	}
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	n := strconv.Itoa(secs)
+	if _, err := fmt.Fprintf(c, "*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$%d\r\n%s\r\n", len(n), n); err != nil {
+		return err
+	}
+	if written != nil {
+		sent = true
+		close(written)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Duration(secs)*time.Second + 30*time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+OK\r\n" {
+		return fmt.Errorf("DEBUG SLEEP: %q", line)
+	}
+	return nil
 }

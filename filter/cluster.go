@@ -37,6 +37,7 @@ const (
 	DescriptorRuleKey = "tokengate_rule"
 	DescriptorKeyKey  = "key"
 	rlsPath           = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	rlsJSONPath       = "/json"
 )
 
 // pendingCall is a request paused while the rate-limit service decides its
@@ -65,6 +66,9 @@ type pendingCall struct {
 func (s *Stream) askCluster(req *request, now float64) Action {
 	p := s.p
 	g := &p.rc.cluster
+	if s.costOverBurst(req, now, g) {
+		return Pause
+	}
 	pc := &pendingCall{s: s, now: now, idHash: req.identityHash()}
 	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
 		pc.grpc = true
@@ -96,12 +100,7 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 		}
 	}
 	s.trackCluster(g, ds)
-	body := rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
-	headers := [][2]string{
-		{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
-		{"content-type", "application/grpc"}, {"te", "trailers"},
-	}
-	token, err := caller.HTTPCall(rls.Cluster, headers, body, rls.TimeoutMs)
+	token, err := callRLS(caller, rls, ds)
 	if err != nil {
 		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
 	}
@@ -109,6 +108,35 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 	p.calls = append(p.calls, pc)
 	s.call = token
 	return Pause
+}
+
+// callRLS sends a RateLimitRequest with descriptors ds to the service, in
+// settings.rls.protocol: unary gRPC (HTTP/2 cluster) or JSON over HTTP/1.1
+// to the service's /json, as envoyproxy/ratelimit and tokengate-rls serve it.
+func callRLS(caller Caller, rls *RLSSettings, ds []rlswire.Descriptor) (uint32, error) {
+	return callRLSWith(caller, rls, ds, rls.TimeoutMs, nil)
+}
+
+// callRLSWith is callRLS with its own timeout and extra request headers
+// (a settlement's mark): either protocol carries them as HTTP headers,
+// which gRPC delivers to the service as metadata.
+func callRLSWith(caller Caller, rls *RLSSettings, ds []rlswire.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
+	var body []byte
+	var headers [][2]string
+	if rls.Protocol == RLSProtocolJSON {
+		body = rlswire.AppendRequestJSON(nil, rls.Domain, ds, 0)
+		headers = [][2]string{
+			{":method", "POST"}, {":path", rlsJSONPath}, {":authority", rls.Authority},
+			{"content-type", "application/json"},
+		}
+	} else {
+		body = rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
+		headers = [][2]string{
+			{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
+			{"content-type", "application/grpc"}, {"te", "trailers"},
+		}
+	}
+	return caller.HTTPCall(rls.Cluster, append(headers, extra...), body, timeoutMs)
 }
 
 func cloneReqs(reqs []sharedstate.Request) []sharedstate.Request {
@@ -148,14 +176,33 @@ func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrail
 	pc.s.clusterAnswer(pc, &resp)
 }
 
-// readRLS reads the call response: HTTP 200, gRPC status 0 (in the trailers,
-// or in the headers of a trailers-only answer), one uncompressed message.
+// readRLS reads the call response. gRPC: HTTP 200, gRPC status 0 (in the
+// trailers, or in the headers of a trailers-only answer), one uncompressed
+// message. JSON: HTTP 200 (OK) or 429 (OVER_LIMIT) with the response in
+// the body, as envoyproxy/ratelimit's /json answers; any other status (its
+// 400 for a failed decision or a bad request, 500 for UNKNOWN; tokengate-rls's
+// 503 when Redis fails) is an error.
 func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, string) {
 	var none rlswire.Response
 	if numHeaders == 0 {
 		return none, "no response (timeout or connection failure)"
 	}
-	if st, _ := c.CallResponseHeader(":status"); st != "200" {
+	st, _ := c.CallResponseHeader(":status")
+	if p.cfg.Settings.RLS.Protocol == RLSProtocolJSON {
+		if st != "200" && st != "429" {
+			return none, "HTTP status " + st
+		}
+		b, ok := c.CallResponseBody(bodySize)
+		if !ok {
+			return none, "unreadable body"
+		}
+		resp, err := rlswire.ParseResponseJSON(b)
+		if err != nil {
+			return none, err.Error()
+		}
+		return resp, ""
+	}
+	if st != "200" {
 		return none, "HTTP status " + st
 	}
 	gs, ok := c.CallResponseTrailer("grpc-status")
@@ -206,9 +253,19 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 			}
 		}
 	} else if resp.OverallCode == rlswire.CodeOverLimit {
-		worst = 0
-		for _, r := range pc.rules {
+		// No status per rule: the overall code is the enforced rules'
+		// (servers leave shadow rules out of it). Shadow rules count a
+		// would-be rejection and never reject; without an enforced rule
+		// the request passes.
+		for i, r := range pc.rules {
+			if r.shadow {
+				r.metrics.shadowRejected.inc(p.host, 1)
+				continue
+			}
 			r.metrics.rejected.inc(p.host, 1)
+			if worst < 0 {
+				worst = i
+			}
 		}
 	} else if resp.OverallCode != rlswire.CodeOK {
 		s.clusterFailed(pc, "overall code "+strconv.Itoa(resp.OverallCode), true)
@@ -243,8 +300,22 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 			r.metrics.failOpen.inc(p.host, 1)
 		}
 	case OnErrorDeny:
+		// Only an enforced rule fails closed; shadow rules fail open, as
+		// a local shadow rule does on a store error (observe). The 503
+		// names and counts the first enforced rule.
+		denier := -1
+		for i, r := range pc.rules {
+			if r.shadow {
+				r.metrics.failOpen.inc(p.host, 1)
+			} else if denier < 0 {
+				denier = i
+			}
+		}
+		if denier < 0 {
+			break
+		}
 		s.refundLocal(pc)
-		r := pc.rules[0]
+		r := pc.rules[denier]
 		r.metrics.storeDenied.inc(p.host, 1)
 		s.sendUnavailable(pc, r)
 		act = Pause
@@ -263,15 +334,37 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 func (s *Stream) clusterLocally(pc *pendingCall) Action {
 	p := s.p
 	res := make([]bucket.Result, len(pc.buckets))
-	enforce := pc.buckets[:0:0]
-	var rules []*Rule
+	var enforce, shadow []sharedstate.Request
+	var rules, shadows []*Rule
 	for i, r := range pc.rules {
-		if !r.shadow {
+		if r.shadow {
+			shadow = append(shadow, pc.buckets[i])
+			shadows = append(shadows, r)
+		} else {
 			enforce = append(enforce, pc.buckets[i])
 			rules = append(rules, r)
 		}
 	}
-	out := p.upd.TakeAll(enforce, pc.now, res)
+	if len(shadow) > 0 {
+		// Shadow rules observe in shared data too (their keys carry the
+		// shadow prefix), as local shadow rules do: counted, never
+		// rejecting, failing open.
+		out := p.upd.TakeAll(shadow, pc.now, res[:len(shadow)])
+		for i, r := range shadows {
+			switch {
+			case out.Err != nil:
+				r.metrics.failOpen.inc(p.host, 1)
+			case out.Allowed:
+				r.metrics.allowed.inc(p.host, 1)
+			case !out.Results[i].Allowed:
+				r.metrics.shadowRejected.inc(p.host, 1)
+			}
+		}
+	}
+	if len(enforce) == 0 {
+		return Continue
+	}
+	out := p.upd.TakeAll(enforce, pc.now, res[:len(enforce)])
 	switch {
 	case out.Err != nil:
 		for _, r := range rules {
@@ -351,6 +444,52 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlswire.Statu
 		body = set.RejectionBody
 	}
 	s.replyAs(pc.grpc, set.RejectionStatus, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
+}
+
+// costOverBurst answers a request that costs more than the burst of an
+// enforced rule of g (cluster or lease rules) and reports whether it did:
+// no bucket of the rule can ever hold that cost, so it is answered here, as
+// a local rule answers it (413), without asking the service, and the local
+// buckets that admitted the request are refunded. Shadow rules are left to
+// the service, which counts them as would-be rejections.
+func (s *Stream) costOverBurst(req *request, now float64, g *group) bool {
+	for i, r := range g.rules {
+		if !r.shadow && g.reqs[i].Cost > r.Limit.Burst {
+			pc := &pendingCall{s: s, now: now, local: s.p.rc.enforce.reqs}
+			if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
+				pc.grpc = true
+			}
+			s.refundLocal(pc)
+			s.sendCostExceedsBurst(pc, r)
+			return true
+		}
+	}
+	return false
+}
+
+// sendCostExceedsBurst answers a request that costs more than cluster rule
+// r's bucket can ever hold as sendRejection answers it for a local rule:
+// 413 (gRPC OUT_OF_RANGE), reason cost_exceeds_burst, no Retry-After. The
+// RateLimit header that states what remains is left out (the service was
+// not asked, so this proxy does not know); RateLimit-Policy is sent.
+func (s *Stream) sendCostExceedsBurst(pc *pendingCall, r *Rule) {
+	p := s.p
+	set := &p.cfg.Settings
+	r.metrics.rejected.inc(p.host, 1)
+	var headers [][2]string
+	if set.RateLimitHeaders {
+		headers = append(headers, [2]string{"ratelimit-policy", r.planOf().policy})
+	}
+	body := `{"error":"rate_limited","reason":"` + ReasonCostExceedsBurst + `"}` + "\n"
+	if set.RuleHeaders {
+		headers = append(headers, [2]string{"x-tokengate-reason", ReasonCostExceedsBurst}, [2]string{"x-tokengate-rule", r.Name})
+		body = `{"error":"rate_limited","reason":"` + ReasonCostExceedsBurst + `","rule":"` + r.Name + `"}` + "\n"
+	}
+	b := []byte(body)
+	if set.RejectionBody != nil {
+		b = set.RejectionBody
+	}
+	s.replyAs(pc.grpc, statusCostExceedsBurst, grpcOutOfRange, "tokengate_rate_limited", b, headers)
 }
 
 // sendUnavailable is the 503 of on_error: deny.

@@ -10,14 +10,20 @@ import (
 // RLSSettings name the rate-limit service (Envoy's RLS v3 API) that decides
 // cluster-scope rules, and what to do when it cannot answer.
 type RLSSettings struct {
-	// Cluster is the Envoy cluster the call goes to (an HTTP/2 cluster:
-	// the call is unary gRPC carried by proxy_http_call).
+	// Cluster is the Envoy cluster the call goes to: an HTTP/2 cluster for
+	// Protocol gRPC (unary gRPC carried by proxy_http_call), any HTTP
+	// cluster for JSON.
 	Cluster string
+	// Protocol is how the call is carried: RLSProtocolGRPC (the default)
+	// or RLSProtocolJSON, JSON over HTTP/1.1 to the service's /json.
+	Protocol RLSProtocol
 	// Authority is the call's :authority; the cluster name by default.
 	Authority string
 	// Domain is RateLimitRequest.domain ("tokengate" by default).
 	Domain string
-	// TimeoutMs bounds the call (default 20, at most 10000).
+	// TimeoutMs bounds the call (default 60, at most 10000): above twice
+	// tokengate-rls's -redis-timeout (25 ms) plus the network, since a
+	// decision may take two Redis round trips (docs/rls.md#timeouts).
 	TimeoutMs uint32
 	// OnError is what a request gets when the service fails, times out or
 	// answers something unusable: OnErrorAllow (the default) lets it
@@ -28,6 +34,21 @@ type RLSSettings struct {
 	// period of every worker when one exists (default 100).
 	LeaseTickMs uint32
 }
+
+// RLSProtocol is settings.rls.protocol.
+type RLSProtocol int
+
+// How the RLS call is carried over proxy_http_call.
+const (
+	// RLSProtocolGRPC is unary gRPC (RateLimitService/ShouldRateLimit,
+	// protobuf) on an HTTP/2 cluster.
+	RLSProtocolGRPC RLSProtocol = iota
+	// RLSProtocolJSON is POST /json with the RateLimitRequest in protobuf's
+	// JSON form, answered 200 (OK) or 429 (OVER_LIMIT) with the
+	// RateLimitResponse: envoyproxy/ratelimit's HTTP endpoint, which
+	// tokengate-rls serves on its admin listener.
+	RLSProtocolJSON
+)
 
 // RLSOnError is settings.rls.on_error.
 type RLSOnError int
@@ -40,7 +61,7 @@ const (
 )
 
 const (
-	defaultRLSTimeoutMs = 20
+	defaultRLSTimeoutMs = 60
 	maxRLSTimeoutMs     = 10000
 )
 
@@ -101,8 +122,10 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 	}
 	switch p := v.Get("protocol"); {
 	case !p.Exists(), p.Type == ljson.String && p.Str == "grpc":
+	case p.Type == ljson.String && p.Str == "json":
+		s.Protocol = RLSProtocolJSON
 	default:
-		return nil, errAt(join(path, "protocol"), `must be "grpc" (unary gRPC over proxy_http_call), got `+short(p.Raw))
+		return nil, errAt(join(path, "protocol"), `must be "grpc" (unary gRPC on an HTTP/2 cluster) or "json" (JSON over HTTP/1.1 to /json), got `+short(p.Raw))
 	}
 	return s, nil
 }

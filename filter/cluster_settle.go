@@ -184,12 +184,7 @@ func (s *Stream) sendClusterSettles() {
 		return
 	}
 	rls := p.cfg.Settings.RLS
-	body := rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
-	headers := [][2]string{
-		{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
-		{"content-type", "application/grpc"}, {"te", "trailers"}, {SettleHeader, "1"},
-	}
-	token, err := caller.HTTPCall(rls.Cluster, headers, body, max(rls.TimeoutMs, minSettleTimeoutMs))
+	token, err := callRLSWith(caller, rls, ds, max(rls.TimeoutMs, minSettleTimeoutMs), [][2]string{{SettleHeader, "1"}})
 	if err != nil {
 		fail("dispatch: " + err.Error())
 		return

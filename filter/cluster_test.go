@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -277,4 +278,352 @@ func findHeader(hs [][2]string, name string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// shadowClusterCfg has a shadow policy whose cluster rule comes first (so
+// it is the first rule of the call) and, with ENFORCED set, an enforced
+// policy with a cluster rule of its own.
+func shadowClusterCfg(onError string, enforced bool) string {
+	pols := `{"id":"trial","spec":{"mode":"shadow","rules":[{"name":"trial","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":0.001,"burst":2}}]}}`
+	if enforced {
+		pols += `,{"id":"main","spec":{"rules":[{"name":"main","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":0.001,"burst":5}}]}}`
+	}
+	return `{"bundle_version":1,"policies":[` + pols + `],"settings":{"rls":{"cluster":"rls","timeout_ms":25,"on_error":"` + onError + `"}}}`
+}
+
+// TestClusterShadowNeverRejects: a shadow cluster rule observes; whatever
+// the service answers or fails to, only an enforced rule rejects, and the
+// counts land on the rule they belong to.
+func TestClusterShadowNeverRejects(t *testing.T) {
+	req := filtertest.Get("/", "192.0.2.1:5000")
+	failures := []struct {
+		name    string
+		failing func(f *fixture) filtertest.Result
+	}{
+		{"timeout", func(f *fixture) filtertest.Result {
+			_, res := f.h.Start(f.p, req)
+			if res.RequestAction != filter.Pause {
+				t.Fatalf("action %v, want the request paused for the call", res.RequestAction)
+			}
+			resp := f.h.Deliver(f.p, f.h.Calls[0].Token, filtertest.CallResponse{})
+			res.Response = resp
+			if resp.Local == nil && len(f.h.Continued) != 1 {
+				t.Fatalf("neither answered nor resumed: continued %v", f.h.Continued)
+			}
+			return res
+		}},
+		{"dispatch refused", func(f *fixture) filtertest.Result {
+			f.h.CallError = errors.New("no such cluster")
+			_, res := f.h.Start(f.p, req)
+			return res
+		}},
+		{"HTTP 500", func(f *fixture) filtertest.Result {
+			_, res := f.h.Start(f.p, req)
+			res.Response = f.h.Deliver(f.p, f.h.Calls[0].Token, filtertest.CallResponse{Headers: [][2]string{{":status", "500"}}})
+			return res
+		}},
+	}
+	for _, fl := range failures {
+		t.Run("shadow only, on_error deny, "+fl.name, func(t *testing.T) {
+			f := newFixture(t, shadowClusterCfg("deny", false))
+			res := fl.failing(f)
+			if res.Local != nil {
+				t.Fatalf("a shadow rule rejected: %d %q", res.Local.Status, res.Local.Body)
+			}
+			if got := f.counter("trial", filter.CounterFailOpen); got != 1 {
+				t.Errorf("trial fail_open = %d, want 1", got)
+			}
+			if got := f.counter("trial", filter.CounterStoreDenied); got != 0 {
+				t.Errorf("trial store_denied = %d, want 0", got)
+			}
+		})
+		t.Run("shadow and enforced, on_error deny, "+fl.name, func(t *testing.T) {
+			f := newFixture(t, shadowClusterCfg("deny", true))
+			res := fl.failing(f)
+			if res.Local == nil || res.Local.Status != 503 {
+				t.Fatalf("reply %+v, want the enforced rule's 503", res.Local)
+			}
+			if v, _ := findHeader(res.Local.Headers, "x-tokengate-rule"); v != "main" {
+				t.Errorf("503 names rule %q, want main (the enforced one)", v)
+			}
+			if got := f.counter("main", filter.CounterStoreDenied); got != 1 {
+				t.Errorf("main store_denied = %d, want 1", got)
+			}
+			if got := f.counter("trial", filter.CounterStoreDenied); got != 0 {
+				t.Errorf("trial store_denied = %d, want 0", got)
+			}
+			if got := f.counter("trial", filter.CounterFailOpen); got != 1 {
+				t.Errorf("trial fail_open = %d, want 1", got)
+			}
+		})
+	}
+
+	t.Run("overall OVER_LIMIT without statuses, shadow only: passes", func(t *testing.T) {
+		f := newFixture(t, shadowClusterCfg("deny", false))
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(2, nil)))
+		if resp.Local != nil || len(f.h.Continued) != 1 {
+			t.Fatalf("reply %+v, continued %v; want the request resumed", resp.Local, f.h.Continued)
+		}
+		if got := f.counter("trial", filter.CounterShadowRejected); got != 1 {
+			t.Errorf("trial shadow_rejected = %d, want 1", got)
+		}
+		if got := f.counter("trial", filter.CounterRejected); got != 0 {
+			t.Errorf("trial rejected = %d, want 0", got)
+		}
+	})
+
+	t.Run("overall OVER_LIMIT without statuses, with an enforced rule: its 429", func(t *testing.T) {
+		f := newFixture(t, shadowClusterCfg("deny", true))
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(2, nil)))
+		if resp.Local == nil || resp.Local.Status != 429 {
+			t.Fatalf("reply %+v, want a 429", resp.Local)
+		}
+		if v, _ := findHeader(resp.Local.Headers, "x-tokengate-rule"); v != "main" {
+			t.Errorf("429 names rule %q, want main", v)
+		}
+		if got := f.counter("main", filter.CounterRejected); got != 1 {
+			t.Errorf("main rejected = %d, want 1", got)
+		}
+		if got := f.counter("trial", filter.CounterRejected); got != 0 {
+			t.Errorf("trial rejected = %d, want 0", got)
+		}
+	})
+
+	t.Run("shadow status OVER_LIMIT, enforced OK: passes", func(t *testing.T) {
+		f := newFixture(t, shadowClusterCfg("deny", true))
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(1, []rlsStatus{{2, 0, 9}, {1, 4, 1}})))
+		if resp.Local != nil || len(f.h.Continued) != 1 {
+			t.Fatalf("reply %+v, continued %v; want the request resumed", resp.Local, f.h.Continued)
+		}
+		if a, b := f.counter("trial", filter.CounterShadowRejected), f.counter("main", filter.CounterAllowed); a != 1 || b != 1 {
+			t.Errorf("trial shadow_rejected %d, main allowed %d; want 1 and 1", a, b)
+		}
+	})
+
+	t.Run("on_error local, shadow only: observed in shared data, never rejects", func(t *testing.T) {
+		f := newFixture(t, shadowClusterCfg("local", false))
+		f.h.CallError = errors.New("no such cluster")
+		for i := range 4 {
+			if _, res := f.h.Start(f.p, req); res.Local != nil {
+				t.Fatalf("request %d: %d from a shadow rule", i, res.Local.Status)
+			}
+		}
+		if a, r := f.counter("trial", filter.CounterAllowed), f.counter("trial", filter.CounterShadowRejected); a != 2 || r != 2 {
+			t.Errorf("trial allowed %d, shadow_rejected %d; want 2 and 2 (burst 2)", a, r)
+		}
+	})
+}
+
+// TestClusterCostExceedsBurst: a request that costs more than a cluster
+// rule's burst gets what a local rule gives it (413, cost_exceeds_burst, no
+// Retry-After) without a call to the service, and the local buckets that
+// admitted it are refunded.
+func TestClusterCostExceedsBurst(t *testing.T) {
+	for _, tc := range []struct{ name, cfg, rule string }{
+		{"exact", strings.Replace(clusterCfg, "ON_ERROR", "deny", 1), "global-ip"},
+		{"lease", `{"rules":[
+			{"name":"local-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":3}},
+			{"name":"lease-ip","scope":"cluster","mode":"lease","limit_keys":["ip:address"],"algorithm_config":{"rps":5,"burst":10,"cost_source":"header:x-cost"}}],
+			"settings":{"rls":{"cluster":"rls","timeout_ms":50,"on_error":"deny"}}}`, "lease-ip"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.cfg)
+			local := newFixture(t, `{"rules":[{"name":"l","limit_keys":["ip:address"],"algorithm_config":{"rps":5,"burst":10,"cost_source":"header:x-cost"}}]}`)
+			req := filtertest.Get("/", "192.0.2.1:5000", "x-cost", "11")
+			_, res := f.h.Start(f.p, req)
+			_, want := local.h.Start(local.p, req)
+			if len(f.h.Calls) != 0 {
+				t.Errorf("%d calls: the service was asked about a cost no bucket can hold", len(f.h.Calls))
+			}
+			if res.Local == nil || want.Local == nil || res.Local.Status != want.Local.Status || res.Local.Status != 413 {
+				t.Fatalf("reply %+v, a local rule's %+v; want both 413", res.Local, want.Local)
+			}
+			for _, h := range []string{"x-tokengate-reason", "retry-after", "content-type"} {
+				got, _ := findHeader(res.Local.Headers, h)
+				exp, _ := findHeader(want.Local.Headers, h)
+				if got != exp {
+					t.Errorf("%s %q, a local rule's %q", h, got, exp)
+				}
+			}
+			if v, _ := findHeader(res.Local.Headers, "x-tokengate-rule"); v != tc.rule {
+				t.Errorf("x-tokengate-rule %q, want %s", v, tc.rule)
+			}
+			if got, exp := string(res.Local.Body), strings.Replace(string(want.Local.Body), `"l"`, `"`+tc.rule+`"`, 1); got != exp {
+				t.Errorf("body %q, want %q (a local rule's)", got, exp)
+			}
+			if got := localTokens(t, f); got != "3.000000" {
+				t.Errorf("local bucket %s, want 3: refunded", got)
+			}
+			if got := f.counter(tc.rule, filter.CounterRejected); got != 1 {
+				t.Errorf("%s rejected = %d, want 1", tc.rule, got)
+			}
+			// A cost equal to the burst is the service's to decide.
+			f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000", "x-cost", "10"))
+			if len(f.h.Calls) != 1 {
+				t.Errorf("%d calls for a cost equal to the burst, want 1", len(f.h.Calls))
+			}
+		})
+	}
+}
+
+// TestClusterRetryAfterCapped: a service's duration_until_reset at the
+// header cap (tokengate-rls's answer for a cost its bucket can never hold)
+// plus the filter's jitter stays within the cap.
+func TestClusterRetryAfterCapped(t *testing.T) {
+	f := clusterFixture(t, "allow")
+	for i := range 20 { // different identities, different jitters
+		ip := "192.0.2." + strconv.Itoa(i+1) + ":1"
+		f.h.Start(f.p, filtertest.Get("/", ip, "x-cost", "1"))
+		resp := f.h.Deliver(f.p, f.h.Calls[len(f.h.Calls)-1].Token, grpcOK(rlsResponse(2, []rlsStatus{{2, 0, 1 << 30}})))
+		if resp.Local == nil {
+			t.Fatal("not rejected")
+		}
+		v, _ := findHeader(resp.Local.Headers, "retry-after")
+		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 1<<29 || n > 1<<30 {
+			t.Errorf("%s: retry-after %q, want at most 2^30", ip, v)
+		}
+	}
+}
+
+// jsonFixture is clusterFixture with settings.rls.protocol "json".
+func jsonFixture(t *testing.T, onError string) *fixture {
+	return newFixture(t, strings.Replace(strings.Replace(clusterCfg, "ON_ERROR", onError, 1), `"timeout_ms":25`, `"timeout_ms":25,"protocol":"json"`, 1))
+}
+
+// jsonAnswer is an HTTP answer of a service's /json: status and a body
+// written by hand, not by the filter's encoder.
+func jsonAnswer(status, body string) filtertest.CallResponse {
+	return filtertest.CallResponse{Headers: [][2]string{{":status", status}, {"content-type", "application/json"}}, Body: []byte(body)}
+}
+
+// TestClusterJSON: with settings.rls.protocol "json" the call is a POST of
+// the RateLimitRequest in protobuf's JSON form to /json, and the answer is
+// read as envoyproxy/ratelimit's /json gives it: 200 with OK, 429 with
+// OVER_LIMIT, any other status an error for on_error.
+func TestClusterJSON(t *testing.T) {
+	req := filtertest.Get("/", "192.0.2.1:5000", "x-cost", "2.5")
+
+	t.Run("configuration", func(t *testing.T) {
+		for cfg, want := range map[string]string{
+			`{"cluster":"rls","protocol":"json"}`: "",
+			`{"cluster":"rls","protocol":"grpc"}`: "",
+			`{"cluster":"rls","protocol":"http"}`: `settings.rls.protocol: must be "grpc" (unary gRPC on an HTTP/2 cluster) or "json" (JSON over HTTP/1.1 to /json), got "http"`,
+			`{"cluster":"rls","protocol":1}`:      `settings.rls.protocol: must be "grpc"`,
+		} {
+			c, err := filter.ParseConfig([]byte(`{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":1}}],"settings":{"rls":` + cfg + `}}`))
+			switch {
+			case want == "" && err != nil:
+				t.Errorf("%s: %v", cfg, err)
+			case want == "" && (c.Settings.RLS.Protocol == filter.RLSProtocolJSON) != strings.Contains(cfg, "json"):
+				t.Errorf("%s: protocol %v", cfg, c.Settings.RLS.Protocol)
+			case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+				t.Errorf("%s: error %v, want %q", cfg, err, want)
+			}
+		}
+	})
+
+	t.Run("the call", func(t *testing.T) {
+		f := jsonFixture(t, "allow")
+		f.h.Start(f.p, req)
+		if len(f.h.Calls) != 1 {
+			t.Fatalf("%d calls", len(f.h.Calls))
+		}
+		c := f.h.Calls[0]
+		want := map[string]string{":method": "POST", ":path": "/json", ":authority": "rls", "content-type": "application/json"}
+		for _, kv := range c.Headers {
+			if w, ok := want[kv[0]]; ok && w != kv[1] {
+				t.Errorf("header %s = %q, want %q", kv[0], kv[1], w)
+			}
+			if kv[0] == "te" {
+				t.Errorf("te: %s on an HTTP/1.1 JSON call", kv[1])
+			}
+			delete(want, kv[0])
+		}
+		if len(want) != 0 || c.Cluster != "rls" || c.TimeoutMs != 25 {
+			t.Errorf("call %+v; missing headers %v", c, want)
+		}
+		const body = `{"domain":"edge","descriptors":[{"entries":[{"key":"tokengate_rule","value":"global-ip"},{"key":"key","value":"192.0.2.1"}],"hitsAddend":"3"}]}`
+		if string(c.Body) != body {
+			t.Errorf("body\n%s\nwant\n%s", c.Body, body)
+		}
+	})
+
+	t.Run("200 OK: resumed with the service's headers", func(t *testing.T) {
+		f := jsonFixture(t, "deny")
+		s, _ := f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, jsonAnswer("200", `{
+		  "overallCode": "OK",
+		  "statuses": [{"code": "OK", "currentLimit": {"requestsPerUnit": 10, "unit": "SECOND"}, "limitRemaining": 7, "durationUntilReset": "1s"}],
+		  "responseHeadersToAdd": [{"key": "RateLimit", "value": "\"global-ip\";r=7;t=1"}]}`))
+		if resp.Local != nil || len(f.h.Continued) != 1 {
+			t.Fatalf("reply %+v, continued %v; want resumed", resp.Local, f.h.Continued)
+		}
+		f.h.Response = filtertest.Response{}
+		s.OnResponseHeaders(0, false)
+		if v, _ := findHeader(f.h.Response.Headers, "ratelimit"); !strings.HasPrefix(v, `"global-ip";r=7;t=1, `) {
+			t.Errorf("ratelimit %q, want the service's item first (then the local rule's)", v)
+		}
+		if got := f.counter("global-ip", filter.CounterAllowed); got != 1 {
+			t.Errorf("allowed = %d", got)
+		}
+	})
+
+	t.Run("429 OVER_LIMIT: 429, local refunded", func(t *testing.T) {
+		f := jsonFixture(t, "deny")
+		f.h.Start(f.p, req)
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, jsonAnswer("429",
+			`{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","limitRemaining":0,"durationUntilReset":"2.500s"}]}`))
+		if resp.Local == nil || resp.Local.Status != 429 {
+			t.Fatalf("reply %+v, want 429", resp.Local)
+		}
+		if v, _ := findHeader(resp.Local.Headers, "retry-after"); v < "3" || len(v) != 1 {
+			t.Errorf("retry-after %q, want 3 or 4 (2.5 s rounded up, plus jitter)", v)
+		}
+		if got := localTokens(t, f); got != "3.000000" {
+			t.Errorf("local bucket %s, want 3 (refunded)", got)
+		}
+	})
+
+	for _, tc := range []struct{ name, status, body string }{
+		{"400 (envoyproxy/ratelimit's failed decision)", "400", "Bad Request\n"},
+		{"500 (UNKNOWN)", "500", `{"overallCode":"UNKNOWN"}`},
+		{"503 (tokengate-rls without Redis)", "503", "redis: timeout\n"},
+		{"200 with a body that is not JSON", "200", "OK"},
+		{"200 with an unknown code", "200", `{"overallCode":"MAYBE"}`},
+		{"no response", "", ""},
+	} {
+		t.Run(tc.name+": on_error deny", func(t *testing.T) {
+			f := jsonFixture(t, "deny")
+			f.h.Start(f.p, req)
+			var ans filtertest.CallResponse
+			if tc.status != "" {
+				ans = jsonAnswer(tc.status, tc.body)
+			}
+			resp := f.h.Deliver(f.p, f.h.Calls[0].Token, ans)
+			if resp.Local == nil || resp.Local.Status != 503 {
+				t.Fatalf("reply %+v, want on_error deny's 503", resp.Local)
+			}
+			if n, _ := f.h.Counter(filter.MetricRLSErrors); n != 1 {
+				t.Errorf("rls_errors = %d", n)
+			}
+		})
+	}
+
+	t.Run("lease calls go as JSON too", func(t *testing.T) {
+		f := newFixture(t, strings.Replace(leaseCfg, `"timeout_ms":50`, `"timeout_ms":50,"protocol":"json"`, 1))
+		f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:1"))
+		if len(f.h.Calls) != 1 {
+			t.Fatalf("%d calls", len(f.h.Calls))
+		}
+		if p, _ := findHeader(f.h.Calls[0].Headers, ":path"); p != "/json" || !bytes.Contains(f.h.Calls[0].Body, []byte(`{"key":"tokengate_mode","value":"lease"}`)) {
+			t.Errorf("cold lease call %s %s, want a JSON exact take", p, f.h.Calls[0].Body)
+		}
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, jsonAnswer("200", `{"overallCode":"OK","statuses":[{"code":"OK"}]}`))
+		if resp.Local != nil || len(f.h.Continued) != 1 {
+			t.Fatalf("reply %+v, continued %v; want resumed", resp.Local, f.h.Continued)
+		}
+	})
 }

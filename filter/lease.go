@@ -100,6 +100,9 @@ const (
 func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	p := s.p
 	g := &p.rc.lease
+	if s.costOverBurst(req, now, g) {
+		return Pause
+	}
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
 		cost := lr.Cost
@@ -314,12 +317,7 @@ func (p *Plugin) leaseSend(b *leaseBucket, lc *leaseCall, want float64, grant ui
 	if lc.release {
 		entries = append(entries, rlswire.Entry{Key: DescriptorReleaseKey, Value: "1"})
 	}
-	body := rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, []rlswire.Descriptor{{Entries: entries}}, 0))
-	headers := [][2]string{
-		{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
-		{"content-type", "application/grpc"}, {"te", "trailers"},
-	}
-	return caller.HTTPCall(rls.Cluster, headers, body, rls.TimeoutMs)
+	return callRLS(caller, rls, []rlswire.Descriptor{{Entries: entries}})
 }
 
 type constError string

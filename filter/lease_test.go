@@ -419,7 +419,7 @@ func TestLeaseConfigErrors(t *testing.T) {
 		{"lease_max without lease", "cluster", `,"lease_max":5`, "", `rules[0].lease_max: needs "mode": "lease"`},
 		{"lease_max over burst", "cluster", `,"mode":"lease","lease_max":21`, "", `rule "r": lease_max (21) must not exceed the burst (20)`},
 		{"lease_max zero", "cluster", `,"mode":"lease","lease_max":0`, "", `rules[0].lease_max: must be an integer from 1 to 1073741824 (tokens), got 0`},
-		{"ttl too short for the tick", "cluster", `,"mode":"lease","lease_ttl_ms":200`, `,"lease_tick_ms":100`, `lease_ttl_ms (200) must exceed twice settings.rls.lease_tick_ms plus settings.rls.timeout_ms (220)`},
+		{"ttl too short for the tick", "cluster", `,"mode":"lease","lease_ttl_ms":200`, `,"lease_tick_ms":100`, `lease_ttl_ms (200) must exceed twice settings.rls.lease_tick_ms plus settings.rls.timeout_ms (260)`},
 		{"tick out of range", "cluster", `,"mode":"lease"`, `,"lease_tick_ms":5`, `settings.rls.lease_tick_ms: must be an integer from 10 to 10000, got 5`},
 	}
 	for _, tc := range tests {

@@ -44,10 +44,11 @@ func reasonOf(res bucket.Result) string {
 // retryAfterHash returns the Retry-After seconds for a bucket that needs
 // wait seconds more: ceil(wait), at least 1, plus a jitter of 0 to 50% of
 // that chosen by h, the hash of the client's identity, so that one client
-// always gets the same offset and different clients spread out.
+// always gets the same offset and different clients spread out. The sum
+// never exceeds maxHeaderSeconds, like every seconds value a header states.
 func retryAfterHash(wait float64, h uint64) int64 {
 	base := max(seconds(wait), 1)
-	return base + int64(h%uint64(base/2+1))
+	return min(base+int64(h%uint64(base/2+1)), maxHeaderSeconds)
 }
 
 // sendRejection sends the local reply of a request rejected by the buckets

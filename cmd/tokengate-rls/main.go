@@ -26,6 +26,13 @@ import (
 	"github.com/tokengate/tokengate/internal/rls"
 )
 
+// defaultRedisTimeout is -redis-timeout's default: tens of milliseconds, so
+// that a failing Redis costs a request that, never seconds. A decision
+// takes at most two round trips (the take, then the refund of a rejected
+// or failed request), so clients wait above twice this plus the network:
+// the filter's timeout_ms defaults to 60 (docs/rls.md#timeouts).
+const defaultRedisTimeout = 25 * time.Millisecond
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -43,7 +50,8 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	configPath := fs.String("config", "", "the JSON configuration `file` (the filter's format; required)")
 	redisAddrs := fs.String("redis", "127.0.0.1:6379", "Redis `address`es, comma-separated (several need -redis-cluster)")
 	cluster := fs.Bool("redis-cluster", false, "the addresses are seed nodes of a Redis Cluster")
-	timeout := fs.Duration("redis-timeout", 25*time.Millisecond, "bound on each request's Redis round trip")
+	timeout := fs.Duration("redis-timeout", defaultRedisTimeout, "bound on each of a request's Redis round trips (the take, and the refund if any); "+
+		"keep clients' timeouts above twice this plus the network")
 	listen := fs.String("listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service")
 	admin := fs.String("admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /ready and /json")
 	drain := fs.Duration("drain", 5*time.Second, "how long shutdown waits for calls in flight")

@@ -6,10 +6,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/internal/redistest"
 )
 
@@ -127,5 +130,54 @@ func TestRunFlags(t *testing.T) {
 	err := run(context.Background(), []string{"-config", cfg, "-redis", "127.0.0.1:1,127.0.0.1:2"}, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "need -redis-cluster") {
 		t.Errorf("two addresses without -redis-cluster: got %v", err)
+	}
+}
+
+// TestTimeoutsAgree: every client timeout this repository ships or
+// defaults to waits longer than a decision can take, two Redis round
+// trips of -redis-timeout (a take, then the refund of a rejected or failed
+// request) plus a margin for the network: the service's answer, not the
+// client's timeout, decides (docs/rls.md#timeouts).
+func TestTimeoutsAgree(t *testing.T) {
+	const margin = 5 * time.Millisecond
+	least := 2*defaultRedisTimeout + margin
+	root := filepath.Join("..", "..")
+	cfg, err := filter.ParseConfig([]byte(`{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":1}}],"settings":{"rls":{"cluster":"rls"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeouts := map[string]time.Duration{"the filter's default timeout_ms": time.Duration(cfg.Settings.RLS.TimeoutMs) * time.Millisecond}
+	ms := regexp.MustCompile(`"timeout_ms":\s*(\d+)`)
+	for _, f := range []string{"deploy/rls/tokengate.json", "examples/cluster/cluster.json", "examples/cluster/envoy.yaml", "docs/rls.md", "docs/fleet.md"} {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range ms.FindAllSubmatch(b, -1) {
+			n, _ := strconv.Atoi(string(m[1]))
+			timeouts[f+" timeout_ms #"+strconv.Itoa(i+1)] = time.Duration(n) * time.Millisecond
+		}
+	}
+	// Envoy's own ratelimit filter in the example bootstrap.
+	b, err := os.ReadFile(filepath.Join(root, "deploy/rls/envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s+timeout:\s*([0-9.]+s)\s*$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("deploy/rls/envoy.yaml: no ratelimit filter timeout")
+	}
+	d, err := time.ParseDuration(string(m[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeouts["deploy/rls/envoy.yaml ratelimit timeout"] = d
+	for what, d := range timeouts {
+		if d < least {
+			t.Errorf("%s is %v, want at least 2 x -redis-timeout (%v) + %v = %v", what, d, defaultRedisTimeout, margin, least)
+		}
+	}
+	if len(timeouts) < 6 {
+		t.Errorf("found %d timeouts, want the default and every shipped one: %v", len(timeouts), timeouts)
 	}
 }

@@ -10,8 +10,11 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/tokengate/tokengate/filter"
 )
 
 // Pinger is what Readiness checks; *Store is one.
@@ -70,8 +73,12 @@ const maxJSONBody = 1 << 20
 //	/metrics  Prometheus text (Metrics.WriteTo)
 //	/ready    200 when Redis answered the last PING, 503 before and otherwise
 //	/json     POST a RateLimitRequest in protobuf's JSON form, get the
-//	          RateLimitResponse: 200 (OK), 429 (OVER_LIMIT), 400 (invalid
-//	          request), 503 (Redis failed), as envoyproxy/ratelimit's /json
+//	          RateLimitResponse: 200 (OK) and 429 (OVER_LIMIT) with the
+//	          response, as envoyproxy/ratelimit's /json (server_impl.go);
+//	          400 (invalid request); 503 (Redis failed), where
+//	          envoyproxy/ratelimit answers 400 for any failed decision.
+//	          The filter's settings.rls.protocol "json" reads 200 and 429
+//	          and takes any other status as an error, so both agree.
 func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
@@ -101,7 +108,13 @@ func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
 			http.Error(w, "not a RateLimitRequest: "+err.Error()+"\n", http.StatusBadRequest)
 			return
 		}
-		resp, err := srv.ShouldRateLimit(r.Context(), &req)
+		ctx := r.Context()
+		if v := r.Header.Values(filter.SettleHeader); len(v) > 0 {
+			// A settlement over JSON carries its mark as an HTTP header, as
+			// the gRPC call carries it as metadata (settle.go).
+			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(filter.SettleHeader, v[0]))
+		}
+		resp, err := srv.ShouldRateLimit(ctx, &req)
 		if err != nil {
 			code := http.StatusServiceUnavailable
 			if status.Code(err) == codes.InvalidArgument {

@@ -132,6 +132,19 @@ func ask(t *testing.T, c rlsv3.RateLimitServiceClient, domain string, ds ...*rat
 	return resp
 }
 
+// askGo is ask for goroutines, which must not call t.Fatal: it reports a
+// failed call with t.Errorf and returns nil.
+func askGo(t *testing.T, c rlsv3.RateLimitServiceClient, domain string, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds})
+	if err != nil {
+		t.Errorf("ShouldRateLimit: %v", err)
+		return nil
+	}
+	return resp
+}
+
 func header(resp *rlsv3.RateLimitResponse, name string) string {
 	for _, h := range resp.ResponseHeadersToAdd {
 		if h.Key == name {
@@ -175,7 +188,10 @@ func hammerOneKey(t *testing.T, e env) {
 			defer wg.Done()
 			for i := range per {
 				sent := time.Now().UnixNano()
-				resp := ask(t, e.client, "tokengate", ours("hot", "", 0))
+				resp := askGo(t, e.client, "tokengate", ours("hot", "", 0))
+				if resp == nil {
+					return
+				}
 				if i == per-1 {
 					for v := lastSent.Load(); sent > v && !lastSent.CompareAndSwap(v, sent); v = lastSent.Load() {
 					}
@@ -218,7 +234,10 @@ func manyKeys(t *testing.T, e env) {
 			defer wg.Done()
 			for k := w; k < keys; k += 6 {
 				for range per {
-					resp := ask(t, e.client, "tokengate", ours("keys", fmt.Sprintf("10.0.%d.%d", k/256, k%256), 0))
+					resp := askGo(t, e.client, "tokengate", ours("keys", fmt.Sprintf("10.0.%d.%d", k/256, k%256), 0))
+					if resp == nil {
+						return
+					}
 					if resp.OverallCode == rlsv3.RateLimitResponse_OK {
 						counts[k].Add(1)
 					}
@@ -294,7 +313,10 @@ func allOrNothingConcurrent(t *testing.T, e env) {
 		go func() {
 			defer wg.Done()
 			for range 20 {
-				r := ask(t, e.client, "tokengate", ours("wide2", "", 0), ours("narrow2", "", 0))
+				r := askGo(t, e.client, "tokengate", ours("wide2", "", 0), ours("narrow2", "", 0))
+				if r == nil {
+					return
+				}
 				if r.OverallCode == rlsv3.RateLimitResponse_OK {
 					admitted.Add(1)
 				}

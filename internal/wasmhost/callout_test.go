@@ -72,7 +72,12 @@ func TestCallouts(t *testing.T) {
 		"h1-only": {Address: strings.TrimPrefix(up.URL, "http://")},
 		"dead":    {Address: deadAddr, HTTP2: true},
 	}
-	_, srv := newGuestHost(t, Options{Workers: 2, Clusters: clusters, PauseTimeout: 5 * time.Second})
+	h, srv := newGuestHost(t, Options{Workers: 2, Clusters: clusters, PauseTimeout: 5 * time.Second})
+	defer func() {
+		if n := h.StrayContinues(); n != 0 {
+			t.Errorf("%d stray continues: a call's report resumed a stream twice or a gone one", n)
+		}
+	}()
 
 	tests := []struct {
 		name, test, cluster string
@@ -126,7 +131,7 @@ func TestTickResumesPausedStream(t *testing.T) {
 // later proxy_set_effective_context on it answers BAD_ARGUMENT, so the
 // guest can never continue a stream that is gone.
 func TestClientLeavesWhilePaused(t *testing.T) {
-	_, srv := newGuestHost(t, Options{Workers: 1, PauseTimeout: 5 * time.Second})
+	h, srv := newGuestHost(t, Options{Workers: 1, PauseTimeout: 5 * time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/", nil)
@@ -140,12 +145,41 @@ func TestClientLeavesWhilePaused(t *testing.T) {
 		r := test(t, srv, "effective-gone")
 		got := r.header.Get("X-Result")
 		if strings.Contains(got, "effective=2") && strings.Contains(got, "dones=1") {
+			if n := h.StrayContinues(); n != 0 {
+				t.Errorf("%d stray continues", n)
+			}
+			if s, c := h.InFlight(); s != 0 || c != 0 {
+				t.Errorf("in flight after the answers: %d streams, %d callouts; want none (the one the client left ended)", s, c)
+			}
 			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("x-result %q: want effective=2 (BAD_ARGUMENT) and dones=1", got)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStrayContinues: proxy_continue_stream with no stream effective, or on
+// a request already continued, is counted (Host.StrayContinues), and the
+// correct uses (TestCallouts, TestTickResumesPausedStream,
+// TestClientLeavesWhilePaused, run first on their own hosts) count none.
+func TestStrayContinues(t *testing.T) {
+	h, srv := newGuestHost(t, Options{Workers: 1, PauseTimeout: 5 * time.Second})
+	for i := range 3 {
+		if r := test(t, srv, "tick-resume"); r.status != 200 {
+			t.Fatalf("request %d: %d", i, r.status)
+		}
+	}
+	if n := h.StrayContinues(); n != 0 {
+		t.Fatalf("%d stray continues after ticks resumed three requests once each", n)
+	}
+	r := test(t, srv, "continue-stray")
+	if got := r.header.Get("X-Result"); !strings.Contains(got, "none=0/2") || !strings.Contains(got, "first=0") || !strings.Contains(got, "again=0") {
+		t.Errorf("x-result %q: want none=0/2 (BAD_ARGUMENT), first=0, again=0", got)
+	}
+	if n := h.StrayContinues(); n != 2 {
+		t.Errorf("%d stray continues, want 2", n)
 	}
 }
 

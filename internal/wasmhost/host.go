@@ -182,6 +182,9 @@ type Host struct {
 	modSeq  atomic.Uint64
 
 	metrics *registry
+	// strayContinues counts proxy_continue_stream calls on a stream that is
+	// gone or already continued (StrayContinues).
+	strayContinues atomic.Uint64
 
 	logMu   sync.Mutex
 	logs    []LogEntry // ring of at most opts.MaxLogs
@@ -352,6 +355,31 @@ func (h *Host) Metric(name string) (uint64, bool) {
 		return 0, false
 	}
 	return m.value.Load(), true
+}
+
+// StrayContinues returns how many proxy_continue_stream calls found no
+// stream to continue (none effective: the guest's
+// proxy_set_effective_context failed, as for a stream that is gone, or was
+// not called) or a request already continued. Envoy has no such stream to
+// resume, or resumes one twice; a correct filter makes none, and tests
+// assert zero.
+func (h *Host) StrayContinues() uint64 { return h.strayContinues.Load() }
+
+// InFlight returns the streams the workers hold (from
+// proxy_on_context_create to proxy_on_delete) and the callouts not yet
+// reported. A callout leaves the count in the same locked section that
+// reports it to the guest, so once it is 0 every report has run.
+func (h *Host) InFlight() (streams, callouts int) {
+	for _, w := range h.workers {
+		if w == nil {
+			continue
+		}
+		w.mu.Lock()
+		streams += len(w.streams)
+		callouts += len(w.callouts.pending)
+		w.mu.Unlock()
+	}
+	return streams, callouts
 }
 
 // Metrics returns a snapshot of every metric, sorted by name.

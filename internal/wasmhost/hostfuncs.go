@@ -552,12 +552,23 @@ func (h *Host) setTickPeriod(_ context.Context, w *worker, _ api.Memory, p []uin
 	return StatusOK
 }
 
+// continueStream is proxy_continue_stream(type). A call with no stream
+// effective (none is in a root callback until proxy_set_effective_context
+// succeeds, and it fails for a stream that is gone) or on a request already
+// continued is counted as stray (Host.StrayContinues).
 func (h *Host) continueStream(_ context.Context, w *worker, _ api.Memory, p []uint64) Status {
-	if StreamType(uint32(p[0])) > StreamResponse {
+	typ := StreamType(uint32(p[0]))
+	if typ > StreamResponse {
 		return StatusBadArgument
 	}
-	if w.cur == nil {
+	if w.cur == nil || w.streams[w.cur.id] != w.cur {
+		h.strayContinues.Add(1)
+		h.hostLog(w, LogError, "proxy_continue_stream: no stream is effective (gone, or proxy_set_effective_context not called)")
 		return StatusBadArgument
+	}
+	if typ == StreamRequest && w.cur.continued {
+		h.strayContinues.Add(1)
+		h.hostLog(w, LogError, fmt.Sprintf("proxy_continue_stream: the request of stream %d was already continued", w.cur.id))
 	}
 	w.cur.continued = true
 	w.cur.wakeUp()

@@ -364,6 +364,14 @@ func onRequestHeaders(id, n, eos uint32) uint32 {
 		c.add("effective=" + itoa(proxySetEffectiveContext(lastHeld)))
 		proxySetEffectiveContext(id)
 		c.add("dones=" + itoa(uint32(dones)))
+	case "continue-stray":
+		// Two stray continues: with no stream effective (the root made
+		// effective, as after a failed proxy_set_effective_context in a
+		// root callback), and on a request already continued.
+		c.add("none=" + itoa(proxySetEffectiveContext(1)) + "/" + itoa(proxyContinueStream(0)))
+		proxySetEffectiveContext(id)
+		c.add("first=" + itoa(proxyContinueStream(0)))
+		c.add("again=" + itoa(proxyContinueStream(0)))
 	case "unimplemented":
 		name := "q"
 		var qid uint32
