@@ -270,15 +270,11 @@ func (p *rlsProc) Freeze() { _ = p.cmd.Process.Signal(syscall.SIGSTOP) }
 func (p *rlsProc) Thaw() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }
 
 // freeAddr returns "127.0.0.1:port" for a port free a moment ago (the
-// programs under test take addresses, not listeners).
+// programs under test take addresses, not listeners), below the ephemeral
+// range (freePorts).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(freePorts(t, 1))
 }
 
 // tryGet sends GET url with headers and returns the status, or an error:
