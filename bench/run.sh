@@ -122,7 +122,7 @@ log "the module per request in wazero${have_node:+ and under V8}, $COUNT alterna
 for r in $(seq "$COUNT"); do
 	run_bench -test.bench '^BenchmarkGuestRequest$' -test.benchtime "$GUEST_N" -test.count 1 >>"$OUT/go-guest.txt"
 	if [[ -n $have_node ]]; then
-		node --no-liftoff --expose-gc bench/v8/bench.mjs build/tokengate.wasm "${GUEST_N%x}" 1 >"$OUT/v8-$r.json"
+		node --no-liftoff bench/v8/bench.mjs build/tokengate.wasm "${GUEST_N%x}" 1 >"$OUT/v8-$r.json"
 	fi
 done
 run_bench -test.bench '^BenchmarkHostShare$' -test.benchtime "$GUEST_N" -test.count "$COUNT" >"$OUT/go-hostshare.txt"

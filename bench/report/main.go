@@ -544,6 +544,7 @@ const notMeasured = "not measured"
 // v8Case is one case of bench/v8/bench.mjs's output (v8-N.json).
 type v8Case struct {
 	NsPerReq      float64 `json:"nsPerReq"`
+	CPUNsPerReq   float64 `json:"cpuNsPerReq"` // the process's CPU time: what a loaded machine disturbs least
 	TimedNsPerReq float64 `json:"timedNsPerReq"`
 	HostNs        float64 `json:"hostNs"` // less the timer's own cost
 	HostCalls     float64 `json:"hostCalls"`
@@ -588,6 +589,7 @@ func v8Runs(dir string) (map[string]v8Case, string, error) {
 	for name, cs := range runs {
 		cases[name] = v8Case{
 			NsPerReq:      med(cs, func(c v8Case) float64 { return c.NsPerReq }),
+			CPUNsPerReq:   med(cs, func(c v8Case) float64 { return c.CPUNsPerReq }),
 			TimedNsPerReq: med(cs, func(c v8Case) float64 { return c.TimedNsPerReq }),
 			HostNs:        med(cs, func(c v8Case) float64 { return c.HostNs }),
 			HostCalls:     med(cs, func(c v8Case) float64 { return c.HostCalls }),
@@ -613,7 +615,7 @@ func (r *report) v8Rows(add func(id, what, res, ratio, target string), cases []s
 		if pass > 0 {
 			ratio = fmt.Sprintf("%.2f× V8 (a)", o.NsPerReq/pass)
 		}
-		add("3vo", "V8 "+node+": no filter (a module that does nothing, through the same JS host)", f0(o.NsPerReq)+" ns/req", ratio, "")
+		add("3vo", "V8 "+node+": no filter (a module that does nothing, through the same JS host)", v8ns(o), ratio, "")
 	}
 	for _, c := range cases {
 		v, ok := v8[c.name]
@@ -627,7 +629,7 @@ func (r *report) v8Rows(add func(id, what, res, ratio, target string), cases []s
 		if w, ok := r.get("BenchmarkGuestRequest/"+c.name, "ns/op"); ok {
 			ratio += fmt.Sprintf(", %.2f× wazero", v.NsPerReq/w)
 		}
-		res := fmt.Sprintf("%s ns/req", f0(v.NsPerReq))
+		res := v8ns(v)
 		if v.TimedNsPerReq > 0 {
 			res += fmt.Sprintf("; host functions %s ns (%.0f%%), guest %s ns (%.0f%%), %s host calls", f0(v.HostNs),
 				100*v.HostNs/v.NsPerReq, f0(v.GuestNs), 100*v.GuestNs/v.NsPerReq, f2(v.HostCalls))
@@ -638,6 +640,14 @@ func (r *report) v8Rows(add func(id, what, res, ratio, target string), cases []s
 		}
 		add(strings.Replace(c.id, "3", "3v", 1), "V8 request: "+c.what, res, ratio, target)
 	}
+}
+
+// v8ns is a V8 case's ns/request, wall and CPU.
+func v8ns(c v8Case) string {
+	if c.CPUNsPerReq > 0 {
+		return fmt.Sprintf("%s ns/req (CPU %s)", f0(c.NsPerReq), f0(c.CPUNsPerReq))
+	}
+	return f0(c.NsPerReq) + " ns/req"
 }
 
 // leaseCalls returns the median of the RLS calls a second measured around

@@ -15,7 +15,7 @@
 // and less the no-filter row (the module's own code beyond a module that
 // does nothing), and host calls per request.
 //
-//   node --no-liftoff --expose-gc bench/v8/bench.mjs build/tokengate.wasm [N] [ROUNDS]
+//   node --no-liftoff bench/v8/bench.mjs build/tokengate.wasm [N] [ROUNDS]
 import { readFileSync } from 'node:fs';
 import { Host } from '../../e2e/v8/host.mjs';
 import { cases, headers, median } from './cases.mjs';
@@ -58,11 +58,7 @@ for (const c of cases) {
 }
 
 // runCase sends n requests of case c to host: wall and CPU ns/request.
-// With --expose-gc, a full collection first, so that no case pays for the
-// garbage of the one before it.
-const gc = globalThis.gc ?? (() => {});
 function runCase(c, n, host, warm) {
-  gc();
   const req = { headers: headers(c.path), source: c.addrs[0] };
   let i = 0;
   const t = process.hrtime.bigint(), u = process.cpuUsage();
@@ -81,8 +77,11 @@ for (const c of cases) {
   runCase(c, Math.min(N, 2000), c.split, true);
 }
 const rows = Object.fromEntries(cases.map((c) => [c.name, { wall: [], cpu: [], timed: [], hostRaw: [], host: [], calls: [] }]));
+// Each round starts at another case, so that no case always follows the
+// same one (and pays for its garbage).
 for (let r = 0; r < ROUNDS; r++) {
-  for (const c of cases) {
+  for (let k = 0; k < cases.length; k++) {
+    const c = cases[(r + k) % cases.length];
     const row = rows[c.name];
     const [wall, cpu] = runCase(c, N, c.host);
     row.wall.push(wall); row.cpu.push(cpu);

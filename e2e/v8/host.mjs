@@ -600,8 +600,10 @@ class Worker {
     s.done = true;
     this.streams.delete(s.id);
     const status = Number((s.respHeaders.find(([k]) => k === ':status') || [, '0'])[1]);
-    return { status, id: s.id, worker: this.index, headers: s.respHeaders.filter(([k]) => !k.startsWith(':')), body, paused: action !== 0, continued: s.continued,
-      calls: calls.map(callJSON), ...(s.trace !== null ? { trace: s.trace } : {}) };
+    const res = { status, id: s.id, worker: this.index, headers: s.respHeaders.filter(([k]) => !k.startsWith(':')), body, paused: action !== 0, continued: s.continued,
+      calls: calls.map(callJSON) };
+    if (s.trace !== null) res.trace = s.trace;
+    return res;
   }
 
   // tick calls the root context's proxy_on_tick if the filter set a tick

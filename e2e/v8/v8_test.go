@@ -88,7 +88,7 @@ func (r result) header(name string) string {
 // scripts are the JavaScript files the tests run. Node reads them, not
 // this process, so go test's cache would not see them change: node reads
 // them here too, which makes their contents part of the cache key.
-var scripts = []string{"host.mjs", "run.mjs", "../../bench/v8/bench.mjs", "../../bench/v8/ab.mjs", "../../bench/v8/cases.mjs", "../../bench/v8/nop.mjs"}
+var scripts = []string{"host.mjs", "run.mjs", "../../bench/v8/bench.mjs", "../../bench/v8/ab.mjs", "../../bench/v8/cases.mjs", "../../bench/v8/nop.mjs", "../../bench/v8/configs.mjs"}
 
 // node returns the path of node, or skips: .ci/run installs it.
 func node(t *testing.T) string {
@@ -375,7 +375,7 @@ func TestBenchScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(n, "--no-liftoff", "--expose-gc", "../../bench/v8/bench.mjs", wasm, "50", "2").Output()
+	out, err := exec.Command(n, "--no-liftoff", "../../bench/v8/bench.mjs", wasm, "50", "2").Output()
 	if err != nil {
 		t.Fatalf("bench.mjs: %v %s", err, out)
 	}
@@ -419,6 +419,28 @@ func TestBenchABScript(t *testing.T) {
 	for _, name := range []string{"o-no-filter", "a-passthrough", "b-one-rule", "c-four-rules", "d-rejected", "e-100000-ips", "x: one rule", "y: one rule"} {
 		if !bytes.Contains(out, []byte(name)) {
 			t.Errorf("no %q in the output:\n%s", name, out)
+		}
+	}
+}
+
+// TestBenchConfigsScript runs bench/v8/configs.mjs, the side-by-side
+// comparison of configurations, briefly: every variant gets a row (the
+// script fails unless each request is admitted).
+func TestBenchConfigsScript(t *testing.T) {
+	n := node(t)
+	wasm, err := wasmbuild.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	noHeaders := wasm + `@{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}`
+	out, err := exec.Command(n, "--no-liftoff", "../../bench/v8/configs.mjs", "2", "20", "pass="+wasm+"@a-passthrough", "nop=nop@",
+		"one="+wasm+"@b-one-rule", "json="+noHeaders).CombinedOutput()
+	if err != nil {
+		t.Fatalf("configs.mjs: %v %s", err, out)
+	}
+	for _, name := range []string{"pass ", "nop ", "one ", "json "} {
+		if !bytes.Contains(out, []byte("\n"+name)) {
+			t.Errorf("no row %q in the output:\n%s", name, out)
 		}
 	}
 }
