@@ -170,6 +170,13 @@ func (r *report) print(w io.Writer) {
 		{"3e", "e-100000-ips", "one per-IP rule over 100,000 IPs"},
 	}
 	pass, okPass := r.get("BenchmarkGuestRequest/a-passthrough", "ns/op")
+	if ns, ok := r.get("BenchmarkGuestRequest/o-no-filter", "ns/op"); ok {
+		ratio := ""
+		if okPass {
+			ratio = fmt.Sprintf("%.2f× (a)", ns/pass)
+		}
+		add("3o", "wasm request: no filter (a module that does nothing, through the same host)", fmt.Sprintf("%s ns/req", f0(ns)), ratio, "")
+	}
 	for _, c := range cases {
 		name := "BenchmarkGuestRequest/" + c.name
 		ns, ok := r.get(name, "ns/op")
@@ -192,8 +199,12 @@ func (r *report) print(w io.Writer) {
 	}
 	r.v8Rows(add, cases)
 	for _, c := range []struct{ id, name, what string }{
+		{"3o", "o-no-filter", "no filter (a module that does nothing)"},
 		{"3a", "a-passthrough", "passthrough"},
 		{"3b", "b-one-rule", "one rule, allowed"},
+		{"3c", "c-four-rules", "four rules, allowed"},
+		{"3d", "d-rejected", "rejected"},
+		{"3e", "e-100000-ips", "one rule over 100,000 IPs"},
 	} {
 		name := "BenchmarkHostShare/" + c.name
 		if h, ok := r.get(name, "hostfn-ns/op"); ok {

@@ -4,7 +4,8 @@
 // same Host as the real module, it measures what a request costs with no
 // filter work: the host's own bookkeeping and the export calls into wasm
 // (V8's JS-to-wasm trampolines), which Envoy pays for any wasm filter.
-// bench.mjs's no-filter row.
+// bench.mjs's no-filter row (bench/nop_test.go writes the same module for
+// the wazero benchmark's).
 
 const u32 = (n) => { const b = []; do { let x = n & 0x7f; n >>>= 7; if (n) x |= 0x80; b.push(x); } while (n); return b; };
 const str = (s) => [...u32(s.length), ...Buffer.from(s, 'latin1')];
@@ -15,6 +16,7 @@ const I32 = 0x7f;
 // The callbacks: name, parameter count (all i32), the i32 result or null.
 const fns = [
   ['_initialize', 0, null],
+  ['proxy_abi_version_0_2_1', 0, null],
   ['proxy_on_context_create', 2, null],
   ['proxy_on_vm_start', 2, 1],
   ['proxy_on_configure', 2, 1],
