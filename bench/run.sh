@@ -107,10 +107,11 @@ PATH="$(cd "$OUT/bin" && pwd):$PATH" GOWASIRUNTIME=wazero GOOS=wasip1 GOARCH=was
 $GO test -c -o "$OUT/bench.test" ./bench/
 BENCH_TEST=$(cd "$OUT" && pwd)/bench.test
 run_bench() { (cd bench && "$BENCH_TEST" -test.run '^$' "$@"); }
-# The request cases in wazero (BenchmarkGuestRequest) and under V8 (node
-# --no-liftoff, bench/v8/bench.mjs: a no-filter row and the same five
-# cases) in alternating rounds, so that the two engines see the same
-# machine; the table shows the medians over the rounds.
+# The request cases, a no-filter row (a module that does nothing) and the
+# five of BENCHMARKS.md, in wazero (BenchmarkGuestRequest) and under V8
+# (node --no-liftoff, bench/v8/bench.mjs) in alternating rounds, so that
+# the two engines see the same machine; the table shows the medians over
+# the rounds.
 have_node=
 if ensure_tool node nodejs; then
 	have_node=1
