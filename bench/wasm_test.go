@@ -97,40 +97,77 @@ func ips(n int) []string {
 	return out
 }
 
+// guestCase is one request case of benchmark 3.
+type guestCase struct {
+	name, config, path string
+	addrs              []string
+	wantStatus         int
+	nop                bool // the module that does nothing (nopModule), not the filter
+}
+
+// guestCases are benchmark 3's cases: the no-filter row and (a) to (e).
+func guestCases() []guestCase {
+	addrs := ips(100_000)
+	return []guestCase{
+		{"o-no-filter", "", "/api/items", addrs[:1], 200, true},
+		{"a-passthrough", passthroughConfig, "/static/app.js", addrs[:1], 200, false},
+		{"b-one-rule", perIPConfig, "/api/items", addrs[:1], 200, false},
+		{"c-four-rules", fourConfig, "/api/items", addrs[:1], 200, false},
+		{"d-rejected", rejectConfig, "/api/items", addrs[:1], 429, false},
+		{"e-100000-ips", perIPConfig, "/api/items", addrs, 200, false},
+	}
+}
+
+// start starts c's module on one worker VM and warms it up: the buckets
+// are seeded (and reject's one token spent), so that the loop measures the
+// steady state.
+func (c guestCase) start(b *testing.B, timeHostCalls bool) (*wasmhost.Host, *wasmhost.Exchange) {
+	b.Helper()
+	wasm := nopModule()
+	if !c.nop {
+		wasm = module(b)
+	}
+	h, err := wasmhost.New(context.Background(), wasmhost.Options{
+		TimeHostCalls: timeHostCalls,
+		Wasm:          wasm,
+		PluginConfig:  []byte(c.config),
+		Workers:       1,
+		LogSink:       func(wasmhost.LogLevel, string) {},
+		MinLogLevel:   wasmhost.LogCritical,
+		MaxLogs:       16,
+		DisableTicks:  true,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = h.Close(context.Background()) })
+	ex := &wasmhost.Exchange{Request: request(c.path)}
+	for _, a := range c.addrs[:min(len(c.addrs), 2)] {
+		ex.RemoteAddr = a
+		if _, err := h.Exchange(0, ex); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return h, ex
+}
+
 // BenchmarkGuestRequest is benchmark 3: one request's whole sequence of
 // guest calls (context create, request headers, response headers, log,
 // done, delete) in one worker VM of the built module, without HTTP. ns/op
 // is per request and includes the host's side of every call. It also
 // reports host calls per request and the guest's heap allocation per
-// request (bytes and objects, read from the guest's own counters).
+// request (bytes and objects, read from the guest's own counters). The
+// no-filter row runs a module that does nothing through the same host.
 func BenchmarkGuestRequest(b *testing.B) {
-	addrs := ips(100_000)
-	cases := []struct {
-		name, config, path string
-		addrs              []string
-		wantStatus         int
-	}{
-		{"a-passthrough", passthroughConfig, "/static/app.js", addrs[:1], 200},
-		{"b-one-rule", perIPConfig, "/api/items", addrs[:1], 200},
-		{"c-four-rules", fourConfig, "/api/items", addrs[:1], 200},
-		{"d-rejected", rejectConfig, "/api/items", addrs[:1], 429},
-		{"e-100000-ips", perIPConfig, "/api/items", addrs, 200},
-	}
-	for _, c := range cases {
+	for _, c := range guestCases() {
 		b.Run(c.name, func(b *testing.B) {
-			h := newHost(b, c.config, 1)
-			ex := &wasmhost.Exchange{Request: request(c.path)}
-			// Warm up: seed the buckets (and spend reject's one token) so
-			// that the loop measures the steady state.
-			for _, a := range c.addrs[:min(len(c.addrs), 2)] {
-				ex.RemoteAddr = a
-				if _, err := h.Exchange(0, ex); err != nil {
+			h, ex := c.start(b, false)
+			var before wasmhost.GuestMemory
+			var err error
+			if !c.nop {
+				if before, err = h.GuestMemory(0); err != nil {
 					b.Fatal(err)
 				}
-			}
-			before, err := h.GuestMemory(0)
-			if err != nil {
-				b.Fatal(err)
 			}
 			calls := 0
 			i := 0
@@ -146,38 +183,37 @@ func BenchmarkGuestRequest(b *testing.B) {
 				}
 				calls += res.HostCalls
 			}
+			n := float64(i)
+			b.ReportMetric(float64(calls)/n, "hostcalls/op")
+			if c.nop {
+				return
+			}
 			after, err := h.GuestMemory(0)
 			if err != nil {
 				b.Fatal(err)
 			}
-			n := float64(i)
-			b.ReportMetric(float64(calls)/n, "hostcalls/op")
 			b.ReportMetric(float64(after.HeapAllocBytes-before.HeapAllocBytes)/n, "guestB/op")
 			b.ReportMetric(float64(after.HeapAllocObjects-before.HeapAllocObjects)/n, "guestallocs/op")
 		})
 	}
 }
 
-// BenchmarkHostShare splits benchmark 3's (a) and (b) into the time spent
-// inside the host's functions (hostfn-ns/op: the work of the host, here
-// wazero and internal/wasmhost, including the guest malloc calls it makes to return
-// values) and the rest (guest-ns/op: the guest's code and the cost of
-// entering it), with two clock reads added per host call.
+// BenchmarkHostShare splits benchmark 3's cases into the time spent inside
+// the host's functions (hostfn-ns/op: the work of the host, here wazero
+// and internal/wasmhost, including the guest malloc calls it makes to
+// return values) and the rest (guest-ns/op: the guest's code and the cost
+// of entering it), with two clock reads added per host call. The
+// no-filter row's guest-ns/op is what entering a module that does nothing
+// costs.
 func BenchmarkHostShare(b *testing.B) {
-	for _, c := range []struct{ name, config, path string }{
-		{"a-passthrough", passthroughConfig, "/static/app.js"},
-		{"b-one-rule", perIPConfig, "/api/items"},
-	} {
+	for _, c := range guestCases() {
 		b.Run(c.name, func(b *testing.B) {
-			h := newHostOpts(b, c.config, 1, true)
-			ex := &wasmhost.Exchange{Request: request(c.path), RemoteAddr: "10.0.0.1:40000"}
-			if _, err := h.Exchange(0, ex); err != nil {
-				b.Fatal(err)
-			}
+			h, ex := c.start(b, true)
 			var hostNanos int64
 			n := 0
 			start := time.Now()
 			for b.Loop() {
+				ex.RemoteAddr = c.addrs[n%len(c.addrs)]
 				res, err := h.Exchange(0, ex)
 				if err != nil {
 					b.Fatal(err)

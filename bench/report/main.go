@@ -2,7 +2,8 @@
 // Markdown, from the raw outputs run.sh leaves in a directory: Go benchmark
 // output (go-*.txt; the median of repeated runs is shown), wrk output
 // (http-*.txt), redis-benchmark CSV (redis-*.csv), rlsload JSON lines
-// (rls-*.json: tokengate-rls and envoyproxy/ratelimit), module
+// (rls-*.json: tokengate-rls and envoyproxy/ratelimit), bench/v8/bench.mjs
+// JSON (v8-*.json, one per round: the V8 rows), module
 // sizes (size.txt) and the machine (machine.txt). Missing inputs give
 // "not measured" rows. BENCHMARKS.md explains every row.
 //
@@ -14,6 +15,7 @@ import (
 	"cmp"
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -88,12 +90,17 @@ func (r *report) get(name, unit string) (float64, bool) {
 	if len(vs) == 0 {
 		return 0, false
 	}
+	return median(vs), true
+}
+
+// median returns the median of vs (not empty).
+func median(vs []float64) float64 {
 	s := slices.Clone(vs)
 	slices.Sort(s)
 	if len(s)%2 == 1 {
-		return s[len(s)/2], true
+		return s[len(s)/2]
 	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2, true
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func (r *report) file(name string) string {
@@ -163,6 +170,13 @@ func (r *report) print(w io.Writer) {
 		{"3e", "e-100000-ips", "one per-IP rule over 100,000 IPs"},
 	}
 	pass, okPass := r.get("BenchmarkGuestRequest/a-passthrough", "ns/op")
+	if ns, ok := r.get("BenchmarkGuestRequest/o-no-filter", "ns/op"); ok {
+		ratio := ""
+		if okPass {
+			ratio = fmt.Sprintf("%.2f× (a)", ns/pass)
+		}
+		add("3o", "wasm request: no filter (a module that does nothing, through the same host)", fmt.Sprintf("%s ns/req", f0(ns)), ratio, "")
+	}
 	for _, c := range cases {
 		name := "BenchmarkGuestRequest/" + c.name
 		ns, ok := r.get(name, "ns/op")
@@ -185,8 +199,12 @@ func (r *report) print(w io.Writer) {
 	}
 	r.v8Rows(add, cases)
 	for _, c := range []struct{ id, name, what string }{
+		{"3o", "o-no-filter", "no filter (a module that does nothing)"},
 		{"3a", "a-passthrough", "passthrough"},
 		{"3b", "b-one-rule", "one rule, allowed"},
+		{"3c", "c-four-rules", "four rules, allowed"},
+		{"3d", "d-rejected", "rejected"},
+		{"3e", "e-100000-ips", "one rule over 100,000 IPs"},
 	} {
 		name := "BenchmarkHostShare/" + c.name
 		if h, ok := r.get(name, "hostfn-ns/op"); ok {
@@ -534,38 +552,84 @@ func si(v float64) string {
 
 const notMeasured = "not measured"
 
-// v8Case is one case of bench/v8/bench.mjs's output (v8.json).
+// v8Case is one case of bench/v8/bench.mjs's output (v8-N.json).
 type v8Case struct {
 	NsPerReq      float64 `json:"nsPerReq"`
+	CPUNsPerReq   float64 `json:"cpuNsPerReq"` // the process's CPU time: what a loaded machine disturbs least
 	TimedNsPerReq float64 `json:"timedNsPerReq"`
 	HostNs        float64 `json:"hostNs"` // less the timer's own cost
 	HostCalls     float64 `json:"hostCalls"`
 	GuestNs       float64 `json:"guestNs"` // NsPerReq less HostNs and the no-filter row
 }
 
+// v8Runs reads bench.mjs's outputs, dir/v8*.json (run.sh runs it once
+// per round, between the rounds of the wazero benchmark), and returns each
+// case's medians over them, and the node version.
+func v8Runs(dir string) (map[string]v8Case, string, error) {
+	files, _ := filepath.Glob(filepath.Join(dir, "v8*.json"))
+	if len(files) == 0 {
+		return nil, "", errors.New("no node")
+	}
+	var node string
+	runs := map[string][]v8Case{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, "", err
+		}
+		var out struct {
+			Node  string            `json:"node"`
+			Cases map[string]v8Case `json:"cases"`
+		}
+		if err := json.Unmarshal(b, &out); err != nil {
+			return nil, "", fmt.Errorf("%s: %v", filepath.Base(f), err)
+		}
+		node = out.Node
+		for name, c := range out.Cases {
+			runs[name] = append(runs[name], c)
+		}
+	}
+	med := func(cs []v8Case, f func(v8Case) float64) float64 {
+		v := make([]float64, len(cs))
+		for i, c := range cs {
+			v[i] = f(c)
+		}
+		return median(v)
+	}
+	cases := map[string]v8Case{}
+	for name, cs := range runs {
+		cases[name] = v8Case{
+			NsPerReq:      med(cs, func(c v8Case) float64 { return c.NsPerReq }),
+			CPUNsPerReq:   med(cs, func(c v8Case) float64 { return c.CPUNsPerReq }),
+			TimedNsPerReq: med(cs, func(c v8Case) float64 { return c.TimedNsPerReq }),
+			HostNs:        med(cs, func(c v8Case) float64 { return c.HostNs }),
+			HostCalls:     med(cs, func(c v8Case) float64 { return c.HostCalls }),
+			GuestNs:       med(cs, func(c v8Case) float64 { return c.GuestNs }),
+		}
+	}
+	return cases, node, nil
+}
+
 // v8Rows adds the V8 rows (3v…): each case's median ns/request under V8,
-// its ratio to V8's passthrough and to the same case in wazero, the time
-// inside the JavaScript host's functions and what is left for the guest.
+// its ratio to V8's passthrough and to the same case in wazero (measured
+// in alternating rounds by run.sh), the time inside the JavaScript host's
+// functions and what is left for the guest.
 func (r *report) v8Rows(add func(id, what, res, ratio, target string), cases []struct{ id, name, what string }) {
-	b, err := os.ReadFile(filepath.Join(r.dir, "v8.json"))
+	v8, node, err := v8Runs(r.dir)
 	if err != nil {
-		add("3v", "V8 (node --no-liftoff)", notMeasured+" (no node)", "", "")
-		return
-	}
-	var out struct {
-		Node  string            `json:"node"`
-		Cases map[string]v8Case `json:"cases"`
-	}
-	if err := json.Unmarshal(b, &out); err != nil {
 		add("3v", "V8 (node --no-liftoff)", notMeasured+" ("+err.Error()+")", "", "")
 		return
 	}
-	pass := out.Cases["a-passthrough"].NsPerReq
-	if o, ok := out.Cases["o-no-filter"]; ok {
-		add("3vo", "V8 "+out.Node+": no filter (the JS host's request path alone)", f0(o.NsPerReq)+" ns/req", "", "")
+	pass := v8["a-passthrough"].NsPerReq
+	if o, ok := v8["o-no-filter"]; ok {
+		ratio := ""
+		if pass > 0 {
+			ratio = fmt.Sprintf("%.2f× V8 (a)", o.NsPerReq/pass)
+		}
+		add("3vo", "V8 "+node+": no filter (a module that does nothing, through the same JS host)", v8ns(o), ratio, "")
 	}
 	for _, c := range cases {
-		v, ok := out.Cases[c.name]
+		v, ok := v8[c.name]
 		if !ok {
 			continue
 		}
@@ -576,7 +640,7 @@ func (r *report) v8Rows(add func(id, what, res, ratio, target string), cases []s
 		if w, ok := r.get("BenchmarkGuestRequest/"+c.name, "ns/op"); ok {
 			ratio += fmt.Sprintf(", %.2f× wazero", v.NsPerReq/w)
 		}
-		res := fmt.Sprintf("%s ns/req", f0(v.NsPerReq))
+		res := v8ns(v)
 		if v.TimedNsPerReq > 0 {
 			res += fmt.Sprintf("; host functions %s ns (%.0f%%), guest %s ns (%.0f%%), %s host calls", f0(v.HostNs),
 				100*v.HostNs/v.NsPerReq, f0(v.GuestNs), 100*v.GuestNs/v.NsPerReq, f2(v.HostCalls))
@@ -587,6 +651,14 @@ func (r *report) v8Rows(add func(id, what, res, ratio, target string), cases []s
 		}
 		add(strings.Replace(c.id, "3", "3v", 1), "V8 request: "+c.what, res, ratio, target)
 	}
+}
+
+// v8ns is a V8 case's ns/request, wall and CPU.
+func v8ns(c v8Case) string {
+	if c.CPUNsPerReq > 0 {
+		return fmt.Sprintf("%s ns/req (CPU %s)", f0(c.NsPerReq), f0(c.CPUNsPerReq))
+	}
+	return f0(c.NsPerReq) + " ns/req"
 }
 
 // leaseCalls returns the median of the RLS calls a second measured around

@@ -3,14 +3,17 @@
 // and every round runs K requests of every case on every variant in turn
 // (the order alternating), so that a noisy machine slows them alike. It
 // prints, per case and variant, the median wall and CPU ns/request and the
-// 10th percentile of CPU ns/request (the least disturbed rounds).
+// 10th percentile of CPU ns/request (the least disturbed rounds). The
+// no-filter row runs a module that does nothing (nop.mjs) through each
+// variant's host; the clock is the real one.
 //
 //   git worktree add /tmp/old main && (cd /tmp/old && make build)
 //   node --no-liftoff bench/v8/ab.mjs 40 1000 old=/tmp/old:/tmp/old/build/tokengate.wasm new=.:build/tokengate.wasm
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { cases as allCases, headers, median } from './cases.mjs';
+import { cases, headers, median } from './cases.mjs';
+import { nopModule } from './nop.mjs';
 
 const [roundsArg, kArg, ...specs] = process.argv.slice(2);
 const R = Number(roundsArg), K = Number(kArg);
@@ -18,7 +21,6 @@ if (!(R > 0 && K > 0 && specs.length > 0)) {
   process.stderr.write('usage: node --no-liftoff ab.mjs ROUNDS K name=hostdir:module.wasm ...\n');
   process.exit(2);
 }
-const cases = allCases.filter((c) => c.config);
 const p10 = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 10)];
 
 const variants = [];
@@ -29,8 +31,8 @@ for (const spec of specs) {
   const wasm = readFileSync(wasmPath);
   const v = { name, runs: {} };
   for (const c of cases) {
-    const host = new Host({ pluginConfig: JSON.stringify(c.config), workers: 1, now: 1700000000000000000n });
-    await host.start(wasm);
+    const host = new Host({ pluginConfig: c.config ? JSON.stringify(c.config) : '', workers: 1 });
+    await host.start(c.config ? wasm : nopModule());
     v.runs[c.name] = { host, i: 0, samples: [] };
   }
   variants.push(v);

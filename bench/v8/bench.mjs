@@ -1,18 +1,25 @@
 // bench.mjs measures the module under V8 (Node, run with --no-liftoff as
 // Envoy runs V8) with the JavaScript host of e2e/v8: the five request cases
 // of the wazero benchmark (bench/wasm_test.go BenchmarkGuestRequest) and a
-// row with no filter at all (the host's request path without the module).
-// Cases run interleaved, ROUNDS times N requests each; it prints one JSON
-// object: per case the median ns/request, the ns spent inside host
-// functions (less the timer's own cost, calibrated on a function that does
-// nothing), the rest of the request apart from the host's own bookkeeping
-// (the no-filter row): the guest, export calls included, and host calls
-// per request.
+// no-filter row: a module that does nothing (nop.mjs) through the same
+// host, so the host's own bookkeeping and the export calls every wasm
+// filter costs. The clock is the real one (nanoseconds), as in wazero.
+//
+// Every round runs every case, N requests, on its host, then N more on a
+// second host of the same case whose host functions are timed (two clock
+// reads a call), so that timed and untimed runs alternate and see the same
+// machine; it prints one JSON object: per case the medians over the rounds
+// of ns/request (wall, and CPU), of the ns spent inside host functions
+// (less the timer's own cost, calibrated on a function that does nothing)
+// and of what is left for the guest: the request less the host functions
+// and less the no-filter row (the module's own code beyond a module that
+// does nothing), and host calls per request.
 //
 //   node --no-liftoff bench/v8/bench.mjs build/tokengate.wasm [N] [ROUNDS]
 import { readFileSync } from 'node:fs';
 import { Host } from '../../e2e/v8/host.mjs';
 import { cases, headers, median } from './cases.mjs';
+import { nopModule } from './nop.mjs';
 
 const [wasmPath, nArg, roundsArg] = process.argv.slice(2);
 const N = Number(nArg || 20000), ROUNDS = Number(roundsArg || 5);
@@ -40,56 +47,60 @@ for (let i = 0; i < 200000; i++) nop();
 const timerNs = Number(calib.ns) / calib.calls;
 
 for (const c of cases) {
-  if (!c.config) continue;
-  c.host = new Host({ pluginConfig: JSON.stringify(c.config), workers: 1, now: 1700000000000000000n });
-  await c.host.start(wasm);
-  // A second host with timed host functions, for the guest/host split, so
-  // that the timing does not slow the main measurement.
+  const mod = c.config ? wasm : nopModule();
+  const cfg = c.config ? JSON.stringify(c.config) : '';
+  c.host = new Host({ pluginConfig: cfg, workers: 1 });
+  await c.host.start(mod);
+  // A second host with timed host functions, for the guest/host split.
   c.acc = { ns: 0n, calls: 0 };
-  c.split = new Host({ pluginConfig: JSON.stringify(c.config), workers: 1, now: 1700000000000000000n });
-  await c.split.start(wasm, timed(c.acc));
-}
-// The no-filter row: the host's own request bookkeeping and echo answer.
-function noFilter(req) {
-  const s = { reqHeaders: req.headers.map(([k, v]) => [k.toLowerCase(), v]), source: req.source };
-  const respHeaders = [[':status', '200'], ['content-type', 'application/json']];
-  return { status: 200, headers: respHeaders.filter(([k]) => !k.startsWith(':')), body: '{"echo":true}', s };
+  c.split = new Host({ pluginConfig: cfg, workers: 1 });
+  await c.split.start(mod, timed(c.acc));
 }
 
+// runCase sends n requests of case c to host: wall and CPU ns/request.
 function runCase(c, n, host, warm) {
   const req = { headers: headers(c.path), source: c.addrs[0] };
   let i = 0;
-  const t = process.hrtime.bigint();
+  const t = process.hrtime.bigint(), u = process.cpuUsage();
   for (let k = 0; k < n; k++) {
     req.source = c.addrs[i++ % c.addrs.length];
-    const r = host ? host.request(req) : noFilter(req);
+    const r = host.request(req);
     if (!warm && r.status !== c.status) throw new Error(`${c.name}: status ${r.status}, want ${c.status}`);
   }
-  return Number(process.hrtime.bigint() - t) / n;
+  const cu = process.cpuUsage(u);
+  return [Number(process.hrtime.bigint() - t) / n, (cu.user + cu.system) * 1000 / n];
 }
 
-// Warm up every case (and spend the rejected case's one token).
-for (const c of cases) runCase(c, Math.min(N, 2000), c.host, true);
-const samples = Object.fromEntries(cases.map((c) => [c.name, []]));
-for (let r = 0; r < ROUNDS; r++) {
-  for (const c of cases) samples[c.name].push(runCase(c, N, c.host));
-}
-
-// The split: the same requests on the timed host.
-const split = {};
+// Warm up every host (and spend the rejected case's one token on each),
+// then run one whole round unmeasured: the first round after warm-up ran
+// up to twice as slow as the next ones (V8 still settling the host code
+// shared by the module that does nothing and the real one).
 for (const c of cases) {
-  if (!c.split) continue;
+  runCase(c, Math.min(N, 2000), c.host, true);
   runCase(c, Math.min(N, 2000), c.split, true);
-  c.acc.ns = 0n; c.acc.calls = 0;
-  const total = runCase(c, N, c.split);
-  const raw = Number(c.acc.ns) / N, calls = c.acc.calls / N;
-  split[c.name] = { timedNsPerReq: total, hostNsRaw: raw, hostNs: Math.max(0, raw - calls * timerNs), hostCalls: calls };
+}
+const rows = Object.fromEntries(cases.map((c) => [c.name, { wall: [], cpu: [], timed: [], hostRaw: [], host: [], calls: [] }]));
+// Each round starts at another case, so that no case always follows the
+// same one (and pays for its garbage); round -1 is the unmeasured one.
+for (let r = -1; r < ROUNDS; r++) {
+  for (let k = 0; k < cases.length; k++) {
+    const c = cases[(r + 1 + k) % cases.length];
+    const row = r < 0 ? { wall: [], cpu: [], timed: [], hostRaw: [], host: [], calls: [] } : rows[c.name];
+    const [wall, cpu] = runCase(c, N, c.host);
+    row.wall.push(wall); row.cpu.push(cpu);
+    c.acc.ns = 0n; c.acc.calls = 0;
+    const [tw] = runCase(c, N, c.split);
+    const raw = Number(c.acc.ns) / N, calls = c.acc.calls / N;
+    row.timed.push(tw); row.hostRaw.push(raw); row.host.push(Math.max(0, raw - calls * timerNs)); row.calls.push(calls);
+  }
 }
 
-const out = { engine: 'v8', node: process.version, flags: process.execArgv, n: N, rounds: ROUNDS, timerNsPerCall: timerNs, cases: {} };
-const base = median(samples['o-no-filter']);
+const out = { engine: 'v8', node: process.version, flags: process.execArgv, n: N, rounds: ROUNDS, timerNsPerCall: timerNs, clock: 'real', cases: {} };
+const base = median(rows['o-no-filter'].wall);
 for (const c of cases) {
-  const ns = median(samples[c.name]), sp = split[c.name];
-  out.cases[c.name] = { nsPerReq: ns, samples: samples[c.name], ...(sp ? { ...sp, guestNs: Math.max(0, ns - sp.hostNs - base) } : {}) };
+  const row = rows[c.name], ns = median(row.wall), hostNs = median(row.host);
+  out.cases[c.name] = { nsPerReq: ns, cpuNsPerReq: median(row.cpu), samples: row.wall, timedNsPerReq: median(row.timed),
+    hostNsRaw: median(row.hostRaw), hostNs, hostCalls: median(row.calls),
+    guestNs: c.config ? Math.max(0, ns - hostNs - base) : 0 };
 }
 process.stdout.write(JSON.stringify(out) + '\n');

@@ -1,6 +1,7 @@
 // cases.mjs: the request cases of the V8 benchmarks (bench.mjs, ab.mjs),
 // the same as the wazero benchmark's (bench/wasm_test.go
-// BenchmarkGuestRequest), and a row with no filter at all.
+// BenchmarkGuestRequest), and a no-filter row (config null: a module that
+// does nothing, nop.mjs, through the same host).
 
 const rule = (name, keys) => ({ name, limit_keys: keys, algorithm_config: { rps: 1000000, burst: 1000000 } });
 const configs = {

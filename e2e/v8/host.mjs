@@ -2,8 +2,9 @@
 // Envoy's documented behaviour (shared/PROXY_WASM.md), sharing no code with
 // the Go product or the wazero host: a second engine to judge the module.
 //
-// It implements exactly what the module imports: the env functions and the
-// WASI preview1 calls a Go reactor makes. Several workers are several
+// It provides exactly what the module imports, no more: the env functions
+// and the WASI preview1 calls a Go reactor makes (TestHostProvidesTheImports
+// compares the two lists). Several workers are several
 // instances of the module (Envoy's per-thread VMs) sharing one shared-data
 // store with Envoy's CAS rules.
 //
@@ -19,7 +20,7 @@
 // copied by hand; anything else goes through TextEncoder/TextDecoder.
 
 const OK = 0, NOT_FOUND = 1, BAD_ARGUMENT = 2, INVALID_MEMORY_ACCESS = 6, CAS_MISMATCH = 8;
-const ENOSYS = 52, EBADF = 8;
+const ENOSYS = 52;
 const te = new TextEncoder(), td = new TextDecoder('utf-8', { fatal: false });
 
 // SharedData is one process's shared data (per vm_id in Envoy): a get of a
@@ -48,10 +49,15 @@ export class SharedData {
   }
 }
 
-// Clock is the hosts' time in nanoseconds since the epoch, a BigInt.
+// Clock is the hosts' time in nanoseconds since the epoch, a BigInt: fixed
+// (advanced by hand) when given a start, else the real clock, read from the
+// monotonic nanosecond timer from an epoch offset taken once.
 export class Clock {
-  constructor(ns) { this.ns = ns === undefined ? null : BigInt(ns); }
-  now() { return this.ns === null ? BigInt(Date.now()) * 1000000n : this.ns; }
+  constructor(ns) {
+    this.ns = ns === undefined ? null : BigInt(ns);
+    this.offset = BigInt(Date.now()) * 1000000n - process.hrtime.bigint();
+  }
+  now() { return this.ns === null ? this.offset + process.hrtime.bigint() : this.ns; }
   advance(ms) { if (this.ns !== null) this.ns += BigInt(Math.round(ms * 1e6)); }
 }
 
@@ -183,8 +189,8 @@ function decodePairs(b) {
   for (let i = 0; i < n; i++) {
     const kl = dv.getUint32(4 + 8 * i, true), vl = dv.getUint32(8 + 8 * i, true);
     if (p + kl + vl + 2 > b.length) return null;
-    const k = td.decode(b.subarray(p, p + kl)); p += kl + 1;
-    const v = td.decode(b.subarray(p, p + vl)); p += vl + 1;
+    const k = decodeAt(b, p, kl); p += kl + 1;
+    const v = decodeAt(b, p, vl); p += vl + 1;
     out.push([k, v]);
   }
   return out;
@@ -199,6 +205,7 @@ class Worker {
     this.nextID = 2; // 1 is the root context
     this.streams = new Map(); // live streams by context id
     this.calls = []; // proxy_http_call calls not yet answered
+    this.rootCalls = []; // calls made by proxy_on_tick, answered by tick()
     this.tickPeriod = 0; // ms; 0 = no ticks (proxy_set_tick_period_milliseconds)
     this.tickSets = 0; // how many times the period was set
     this.held = new Map(); // streams paused with no call: a tick may continue them
@@ -372,6 +379,9 @@ class Worker {
         const st = w.copyOut(e.value, ptrPtr, sizePtr);
         if (st !== OK) return st;
         w.view().setUint32(casPtr, e.cas, true);
+        // A test's hook may run another worker here, between this get and
+        // the set that follows it (a compare-and-swap race).
+        if (h.onSharedGet !== null) h.onSharedGet(key, w.index);
         return OK;
       },
       proxy_set_shared_data(kptr, klen, vptr, vlen, cas) {
@@ -431,10 +441,6 @@ class Worker {
       args_get() { return 0; },
       environ_sizes_get(a, b) { const dv = w.view(); dv.setUint32(a, 0, true); dv.setUint32(b, 0, true); return 0; },
       environ_get() { return 0; },
-      fd_fdstat_get() { return EBADF; },
-      fd_fdstat_set_flags() { return ENOSYS; },
-      fd_prestat_get() { return EBADF; }, // no preopened directories
-      fd_prestat_dir_name() { return EBADF; },
     };
   }
 
@@ -469,6 +475,9 @@ class Worker {
   async start(module, wrapEnv) {
     const env = wrapEnv ? wrapEnv(this.env()) : this.env();
     const imports = { env, wasi_snapshot_preview1: this.wasi() };
+    // What this host provides, "module.name", for the comparison with what
+    // the module imports.
+    this.provided = Object.entries(imports).flatMap(([m, fns]) => Object.keys(fns).map((n) => m + '.' + n));
     this.instance = await WebAssembly.instantiate(module, imports);
     const ex = this.instance.exports;
     this.ex = ex;
@@ -480,13 +489,35 @@ class Worker {
     if (!ex.proxy_on_configure(1, this.host.pluginConfig.length)) throw new Error('proxy_on_configure returned false');
   }
 
+  // callStream calls the export name for stream s, with s the effective
+  // context (and, when the host traces, the call recorded on s).
+  callStream(s, name, a, b, c) {
+    if (s.trace !== null) s.trace.push(name);
+    this.cur = s;
+    try { return this.ex[name](a, b, c); } finally { this.cur = null; }
+  }
+
+  // answer delivers the answers of calls to the root context, as Envoy
+  // does: answerCall(call) gives the response (null: the call failed, no
+  // headers, as a timeout or reset).
+  answer(calls, answerCall) {
+    const ex = this.ex;
+    for (const c of calls) {
+      const resp = answerCall ? answerCall(c) : null;
+      this.callResp = resp || { headers: [], trailers: [], body: new Uint8Array(0) };
+      this.cur = null;
+      try {
+        ex.proxy_on_http_call_response(1, c.token, this.callResp.headers.length, this.callResp.body.length, this.callResp.trailers.length);
+      } finally { this.callResp = null; this.cur = null; }
+    }
+  }
+
   // request runs one stream through the filter in Envoy's order and
   // returns the response the client would get. A request the filter pauses
   // waits for its calls: each is answered by answerCall (the test's
   // rate-limit service), delivered to the root context as Envoy does, and
   // the stream goes on if the filter continued it.
   request(req, answerCall) {
-    const ex = this.ex;
     const s = {
       id: this.nextID++,
       reqHeaders: req.headers.map(([k, v]) => [k.toLowerCase(), v]),
@@ -496,24 +527,20 @@ class Worker {
       local: null,
       continued: 0,
       done: false,
+      trace: this.host.trace ? [] : null, // the callbacks called, when tracing
     };
     this.streams.set(s.id, s);
-    const call = (fn, a, b, c) => { this.cur = s; try { return fn(a, b, c); } finally { this.cur = null; } };
-    call(ex.proxy_on_context_create, s.id, 1);
-    const action = call(ex.proxy_on_request_headers, s.id, s.reqHeaders.length, 1);
+    this.callStream(s, 'proxy_on_context_create', s.id, 1);
+    const action = this.callStream(s, 'proxy_on_request_headers', s.id, s.reqHeaders.length, 1);
     const grpc = /^application\/grpc([+;]|$)/i.test(getHeader(s.reqHeaders, 'content-type') || '');
     const calls = [];
     if (action !== 0 && !s.local) {
-      // Paused: answer this stream's calls from the root context.
+      // Paused: answer this stream's calls from the root context (those
+      // its callbacks made; ticks answer their own, see tick).
       while (this.calls.length > 0 && s.continued === 0 && !s.local) {
         const c = this.calls.shift();
         calls.push(c);
-        const resp = answerCall ? answerCall(c) : null;
-        this.callResp = resp || { headers: [], trailers: [], body: new Uint8Array(0) };
-        this.cur = null;
-        try {
-          ex.proxy_on_http_call_response(1, c.token, this.callResp.headers.length, this.callResp.body.length, this.callResp.trailers.length);
-        } finally { this.callResp = null; this.cur = null; }
+        this.answer([c], answerCall);
       }
     }
     if (action !== 0 && !s.local && s.continued === 0 && calls.length === 0) {
@@ -529,11 +556,14 @@ class Worker {
   // finish runs the rest of a stream: the upstream's answer (or the local
   // reply), the response callbacks and the end of the stream.
   finish(s, grpc, action, calls) {
-    const ex = this.ex;
-    const call = (fn, a, b, c) => { this.cur = s; try { return fn(a, b, c); } finally { this.cur = null; } };
-    let body = '';
-    if (s.local) {
-      ({ headers: s.respHeaders, body } = localReply(s.local, grpc));
+    let body = '', chunks = null;
+    const local = s.local;
+    if (local) {
+      // The local reply goes through the response callbacks, as in Envoy
+      // (a local reply is encoded through the filter chain): its headers,
+      // then its body, if any, as one last chunk.
+      ({ headers: s.respHeaders, body } = localReply(local, grpc));
+      if (body.length > 0) chunks = [local.body];
     } else if (action !== 0 && s.continued === 0) {
       s.respHeaders = [[':status', '500']];
       body = 'v8host: the filter paused the request and never resumed it\n';
@@ -545,45 +575,63 @@ class Worker {
       const r = s.response;
       s.respHeaders = [[':status', String(r.status || 200)], ...(r.headers || [])];
       body = (r.chunks || []).join('');
+      if (body.length > 0) chunks = r.chunks.map((c) => te.encode(c));
     } else {
-      s.respHeaders = [[':status', '200'], ['content-type', 'application/json']];
-      body = '{"echo":true}';
+      // No answer given: 200 with no body (end of stream on the headers),
+      // as the wazero benchmark's upstream (internal/wasmhost Exchange).
+      s.respHeaders = [[':status', '200'], ['content-length', '0']];
     }
-    const local = s.local;
-    if (!local) call(ex.proxy_on_response_headers, s.id, s.respHeaders.length, body.length === 0 ? 1 : 0);
-    if (!local && s.local === local && s.response && body.length > 0) {
-      const chunks = s.response.chunks, te = new TextEncoder();
+    this.callStream(s, 'proxy_on_response_headers', s.id, s.respHeaders.length, body.length === 0 ? 1 : 0);
+    if (s.local === local && chunks !== null) {
+      const abort = !local && s.response.abort;
       for (let i = 0; i < chunks.length; i++) {
-        const last = i === chunks.length - 1 && !s.response.abort;
-        s.respChunk = te.encode(chunks[i]);
-        try { call(ex.proxy_on_response_body, s.id, s.respChunk.length, last ? 1 : 0); } finally { s.respChunk = null; }
+        const last = i === chunks.length - 1 && !abort;
+        s.respChunk = chunks[i];
+        try { this.callStream(s, 'proxy_on_response_body', s.id, s.respChunk.length, last ? 1 : 0); } finally { s.respChunk = null; }
+        if (s.local !== local) break;
       }
     }
+    // A local reply sent while processing the upstream's response replaces
+    // it; the response callbacks do not run again.
     if (s.local !== local) ({ headers: s.respHeaders, body } = localReply(s.local, grpc));
-    call(ex.proxy_on_log, s.id);
-    call(ex.proxy_on_done, s.id);
-    call(ex.proxy_on_delete, s.id);
+    this.callStream(s, 'proxy_on_log', s.id);
+    this.callStream(s, 'proxy_on_done', s.id);
+    this.callStream(s, 'proxy_on_delete', s.id);
     s.done = true;
     this.streams.delete(s.id);
     const status = Number((s.respHeaders.find(([k]) => k === ':status') || [, '0'])[1]);
-    return { status, id: s.id, worker: this.index, headers: s.respHeaders.filter(([k]) => !k.startsWith(':')), body, paused: action !== 0, continued: s.continued,
-      calls: calls.map((c) => ({ cluster: c.cluster, headers: c.headers, timeout: c.timeout, body: Buffer.from(c.body).toString('base64') })) };
+    const res = { status, id: s.id, worker: this.index, headers: s.respHeaders.filter(([k]) => !k.startsWith(':')), body, paused: action !== 0, continued: s.continued,
+      calls: calls.map(callJSON) };
+    if (s.trace !== null) res.trace = s.trace;
+    return res;
   }
 
   // tick calls the root context's proxy_on_tick if the filter set a tick
-  // period, and finishes the held streams it continued or answered, in the
-  // order they were held.
-  tick() {
-    if (this.tickPeriod === 0) return [];
-    this.cur = null;
-    try { this.ex.proxy_on_tick(1); } finally { this.cur = null; }
-    const out = [];
+  // period; the calls it makes are the root context's own (a lease
+  // refill), kept apart from any stream's. With answerCall, every root
+  // call still unanswered is answered after the tick, in order (without,
+  // they stay out, as slow answers do). Then it finishes the held streams
+  // the tick continued or answered, in the order they were held.
+  tick(answerCall) {
+    if (this.tickPeriod !== 0) {
+      this.cur = null;
+      try { this.ex.proxy_on_tick(1); } finally { this.cur = null; }
+    }
+    const made = this.calls.splice(0);
+    this.rootCalls.push(...made);
+    if (answerCall) {
+      // Calls an answer makes are root calls too: answered on the next tick.
+      const out = this.rootCalls.splice(0);
+      this.answer(out, answerCall);
+      this.rootCalls.push(...this.calls.splice(0));
+    }
+    const released = [];
     for (const [id, { s, grpc, action }] of this.held) {
       if (s.continued === 0 && !s.local) continue;
       this.held.delete(id);
-      out.push(this.finish(s, grpc, action, []));
+      released.push(this.finish(s, grpc, action, []));
     }
-    return out;
+    return { released, calls: made.map((c) => ({ worker: this.index, ...callJSON(c) })) };
   }
 
   // cancel ends a held stream as Envoy does when its client leaves:
@@ -592,15 +640,17 @@ class Worker {
     const h = this.held.get(id);
     if (!h) return false;
     this.held.delete(id);
-    const ex = this.ex, s = h.s;
-    for (const fn of [ex.proxy_on_log, ex.proxy_on_done, ex.proxy_on_delete]) {
-      this.cur = s;
-      try { fn(s.id); } finally { this.cur = null; }
-    }
+    const s = h.s;
+    for (const name of ['proxy_on_log', 'proxy_on_done', 'proxy_on_delete']) this.callStream(s, name, s.id);
     s.done = true;
     this.streams.delete(s.id);
     return true;
   }
+}
+
+// callJSON is a call as the tests see it: the body in base64.
+function callJSON(c) {
+  return { cluster: c.cluster, headers: c.headers, timeout: c.timeout, body: Buffer.from(c.body).toString('base64') };
 }
 
 // localReply builds the response of proxy_send_local_response as Envoy
@@ -641,12 +691,15 @@ export class Host {
     this.next = 0;
     this.clusters = new Set(clusters);
     this.nextToken = 1;
+    this.trace = false; // record each stream's callbacks (result.trace)
+    this.onSharedGet = null; // (key, worker) after each proxy_get_shared_data that found its key
   }
 
   // start compiles the module and starts the workers; wrapEnv, if given,
   // may wrap the env functions (bench/v8 times them).
   async start(wasmBytes, wrapEnv) {
     const module = await WebAssembly.compile(wasmBytes);
+    this.module = module;
     this.workers = [];
     for (let i = 0; i < this.nWorkers; i++) {
       const w = new Worker(this, i);
@@ -662,8 +715,11 @@ export class Host {
   }
 
   // tick ticks every worker (see Worker.tick) and returns the streams
-  // finished, worker by worker.
-  tick() { return this.workers.flatMap((w) => w.tick()); }
+  // finished and the calls the ticks made, worker by worker.
+  tick(answerCall) {
+    const rs = this.workers.map((w) => w.tick(answerCall));
+    return { released: rs.flatMap((r) => r.released), calls: rs.flatMap((r) => r.calls) };
+  }
 
   cancel(worker, id) { return this.workers[worker].cancel(id); }
 

@@ -7,18 +7,29 @@
 // "nowNs": "decimal ns" (a fixed clock; omit for the wall clock),
 // "clusters": [names], "steps": [...]}. Steps:
 //   {"op": "request", "headers": [[k, v]...], "source": "ip:port",
-//    "worker": i, "rls": {"codes": [1|2...], "remaining": n, "reset": s} |
-//    {"fail": true},           the rate-limit service's answer, if called
+//    "worker": i, "rls": {"codes": [1|2...], "remaining": n, "reset": s,
+//    "grant": n, "id": s} |    the rate-limit service's answer, if called
+//    {"fail": true},           (grant and id: a lease's Quota)
 //    "response": {"status": n, "headers": [[k, v]...], "chunks": [s...],
-//    "abort": bool}}           the upstream's answer (default: a JSON echo)
+//    "abort": bool},           the upstream's answer (default: 200, no body)
+//    "during": {request step}} another request (on another worker), run
+//                              inside this one's first proxy_get_shared_data
+//                              of a key starting with "during.keyPrefix"
+//                              (default "tb:"): a compare-and-swap race
 //   {"op": "advance", "ms": n} move the fixed clock
 //   {"op": "shared"}           the shared data, sorted
 //   {"op": "metric", "name": s}
 //   {"op": "logs"}             the log lines so far
 //   {"op": "repeat", "n": n, "step": {...}} a request n times, summarised
-//   {"op": "tick"}             proxy_on_tick on every worker with a period;
-//                              the held streams it finished, and the periods
+//   {"op": "tick", "rls": {...}} proxy_on_tick on every worker with a
+//                              period; the held streams it finished, the
+//                              calls the ticks made, and the periods. With
+//                              "rls", every root-context call still out is
+//                              answered so after the tick; without, they
+//                              stay out
+//   {"op": "imports"}          the module's imports and what the host provides
 //   {"op": "cancel", "worker": i, "id": n} a held stream's client leaves
+//   {"op": "trace", "on": bool} record each request's callbacks ("trace")
 import { readFileSync } from 'node:fs';
 import { Host } from './host.mjs';
 
@@ -48,6 +59,9 @@ function rlsAnswer(spec) {
   for (const code of spec.codes) {
     const st = [...field(1, 0), ...varint(code), ...field(3, 0), ...varint(spec.remaining || 0),
       ...bytesField(4, [...field(1, 0), ...varint(spec.reset || 0)])];
+    if (spec.grant !== undefined) { // a lease: Quota{requests, id}
+      st.push(...bytesField(5, [...field(1, 0), ...varint(spec.grant), ...bytesField(3, [...Buffer.from(String(spec.id))])]));
+    }
     msg.push(...bytesField(2, st));
   }
   const body = new Uint8Array(5 + msg.length);
@@ -70,9 +84,21 @@ out({ op: 'start', ok: true });
 const req = (st) => host.request(st, st.rls ? () => rlsAnswer(st.rls) : undefined);
 for (const st of script.steps) {
   switch (st.op) {
-    case 'request':
-      out({ op: 'request', ...req(st) });
+    case 'request': {
+      let during;
+      if (st.during) {
+        const prefix = st.during.keyPrefix || 'tb:';
+        host.onSharedGet = (key) => {
+          if (!key.startsWith(prefix)) return;
+          host.onSharedGet = null;
+          during = req(st.during);
+        };
+      }
+      const r = req(st);
+      host.onSharedGet = null;
+      out({ op: 'request', ...r, ...(st.during ? { during: during ?? null } : {}) });
       break;
+    }
     case 'repeat': {
       const statuses = {};
       for (let i = 0; i < st.n; i++) {
@@ -82,10 +108,22 @@ for (const st of script.steps) {
       out({ op: 'repeat', statuses });
       break;
     }
-    case 'tick':
-      out({ op: 'tick', released: host.tick(), periods: host.workers.map((w) => w.tickPeriod),
+    case 'tick': {
+      const { released, calls } = host.tick(st.rls ? () => rlsAnswer(st.rls) : undefined);
+      out({ op: 'tick', released, calls, periods: host.workers.map((w) => w.tickPeriod),
         tickSets: host.workers.reduce((n, w) => n + w.tickSets, 0) });
       break;
+    }
+    case 'trace':
+      host.trace = !!st.on;
+      out({ op: 'trace' });
+      break;
+    case 'imports': {
+      const names = (list) => [...new Set(list)].sort();
+      out({ op: 'imports', module: names(WebAssembly.Module.imports(host.module).map((i) => i.module + '.' + i.name)),
+        host: names(host.workers[0].provided) });
+      break;
+    }
     case 'cancel':
       out({ op: 'cancel', ok: host.cancel(st.worker, st.id) });
       break;
