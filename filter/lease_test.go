@@ -201,14 +201,10 @@ func TestLeaseMode(t *testing.T) {
 
 	t.Run("cold: requests wait for one refill and share it", func(t *testing.T) {
 		f := newFixture(t, leaseCfg)
-		var ids []uint32
 		for range 3 {
-			s, res := f.h.Start(f.p, req)
-			if res.RequestAction != filter.Pause {
+			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
 				t.Fatalf("cold request: %v, want it to wait", res.RequestAction)
 			}
-			_ = s
-			ids = append(ids, uint32(len(ids)+1))
 		}
 		f.now += 0.001
 		f.h.Tick(f.p)
@@ -221,7 +217,6 @@ func TestLeaseMode(t *testing.T) {
 		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 1 {
 			t.Fatalf("request while the refill is out: %v with %d calls", res.RequestAction, len(f.h.Calls))
 		}
-		ids = append(ids, 4)
 		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 8, "1", 0))
 		if len(f.h.Continued) != 4 {
 			t.Fatalf("continued %v, want all four waiting requests", f.h.Continued)
@@ -713,7 +708,7 @@ func TestLeaseAllOrNothing(t *testing.T) {
 	}
 	r.Retry = 0
 	r.Tokens = 4
-	v, cas, _ = f.h.Store.Get(allKey)
+	_, cas, _ = f.h.Store.Get(allKey)
 	f.h.Store.Set(allKey, sharedstate.AppendLeaseRecord(nil, r), cas)
 	// With an exact rule: both lease rules admit, the exact call goes out;
 	// it rejects: both lease tokens come back.
@@ -819,15 +814,13 @@ func BenchmarkLeaseAdmit(b *testing.B) {
 		b.Fatal("configure")
 	}
 	req := filtertest.Get("/", "192.0.2.1:5000")
-	h.Start(p, req)
-	h.Deliver(p, h.Calls[0].Token, leaseAnswer(1, 0, "", 0))
-	now += 0.1
+	h.Start(p, req) // waits for the lease the tick asks for
 	h.Tick(p)
-	h.Deliver(p, h.Calls[1].Token, leaseAnswer(1, 1000000, "1", 0))
+	h.Deliver(p, h.Calls[0].Token, leaseAnswer(1, 1000000, "1", 0))
 	b.ReportAllocs()
 	for b.Loop() {
 		now += 1e-6
-		if res := h.Do(p, req); res.Status() != 200 || len(h.Calls) != 2 {
+		if res := h.Do(p, req); res.Status() != 200 || len(h.Calls) != 1 {
 			b.Fatalf("status %d, %d calls", res.Status(), len(h.Calls))
 		}
 	}
