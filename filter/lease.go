@@ -149,6 +149,17 @@ func (p *Plugin) leaseConfigure(cfg *Config) {
 	for _, r := range cfg.rules {
 		leases = leases || r.Lease != nil
 	}
+	if cfg.Settings.RLS == nil && len(p.lease.waiters) > 0 {
+		// No service to ask any more, and no cluster rule to decide:
+		// the waiting requests go on, as the new configuration admits.
+		for _, w := range p.lease.waiters {
+			if w.s.id == w.id && p.host.(Caller).SetEffectiveContext(w.id) {
+				w.s.resume()
+			}
+		}
+		clear(p.lease.waiters)
+		p.lease.waiters = p.lease.waiters[:0]
+	}
 	t, ok := p.host.(Ticker)
 	if !ok || !leases && p.lease.period == 0 {
 		return

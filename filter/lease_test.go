@@ -825,3 +825,34 @@ func BenchmarkLeaseAdmit(b *testing.B) {
 		}
 	}
 }
+
+// TestLeaseReconfigureWhileWaiting: a configuration without a service
+// lets the requests waiting for a lease go on (no rule of the new
+// configuration limits them); one that keeps the service keeps them
+// waiting for their refill.
+func TestLeaseReconfigureWhileWaiting(t *testing.T) {
+	req := filtertest.Get("/", "192.0.2.1:5000")
+	f := newFixture(t, leaseCfg)
+	f.h.Start(f.p, req)
+	f.h.Tick(f.p)
+	if !f.p.OnConfigure([]byte(leaseCfg)) {
+		t.Fatal("configure")
+	}
+	if len(f.h.Continued) != 0 {
+		t.Fatalf("continued %v: the same service, the request keeps waiting", f.h.Continued)
+	}
+	f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 3, "1", 0))
+	if len(f.h.Continued) != 1 {
+		t.Fatalf("continued %v, want the request resumed by its grant", f.h.Continued)
+	}
+	f.h.Start(f.p, req)
+	f.h.Start(f.p, req)
+	f.h.Start(f.p, req) // waits
+	if !f.p.OnConfigure([]byte(`{"rules":[{"name":"l","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":1}}]}`)) {
+		t.Fatal("configure")
+	}
+	if len(f.h.Continued) != 2 {
+		t.Fatalf("continued %v, want the waiting request resumed when the service is gone", f.h.Continued)
+	}
+	f.h.Tick(f.p) // nothing left to do, no panic
+}
