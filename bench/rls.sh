@@ -149,9 +149,15 @@ else
 			-e 's/"timeout_ms": [0-9]*/"timeout_ms": 1000/' examples/cluster/envoy.yaml >"$OUT/http-c.yaml"
 		grep -v '"scope": "cluster"' "$OUT/http-c.yaml" >"$OUT/http-l.yaml"
 		# Lease mode (docs/lease.md): the same cluster rule admitting from
-		# leased tokens; the service's request count around each round
-		# gives the RLS calls a second for this one hot key (every request
-		# has the same client IP).
+		# leased tokens. The service's request count before the round,
+		# LEASE_COLD seconds in and after it gives the RLS calls for this
+		# one hot key (every request has the same client IP): the cold
+		# start (the bucket was released while idle between rounds) as a
+		# count, the steady state as calls a second. A second run with a
+		# quarter of the connections (a lower request rate) shows whether
+		# the calls grow with the request rate.
+		# The rule's limit is never reached, so with one proxy every
+		# non-2xx is a wrong rejection (the bound, (N-1) x lease_max, is 0).
 		# Its own rule name: the service has fleet-per-ip in exact mode.
 		sed -e 's/"scope": "cluster",/"scope": "cluster", "mode": "lease",/' -e 's/"name": "fleet-per-ip"/"name": "fleet-lease"/' \
 			"$OUT/http-c.yaml" >"$OUT/http-m.yaml"
@@ -175,12 +181,24 @@ else
 		wrk -t 2 -c "$CONC" -d 1s "http://127.0.0.1:$HTTP_PORT_B/" >/dev/null
 		wrk -t 2 -c "$CONC" -d 1s "http://127.0.0.1:$HTTP_PORT_M/" >/dev/null
 		rls_calls() { curl -fsS "http://127.0.0.1:$((RLS_PORT + 1))/metrics" | awk '/^tokengate_rls_requests_total/ {n += $2} END {print n + 0}'; }
+		LEASE_COLD=${BENCH_LEASE_COLD:-0.5}
+		lease_round() { # name connections seconds: writes $OUT/http-NAME.txt and .calls
+			local before mid after
+			before=$(rls_calls)
+			(sleep "$LEASE_COLD" && rls_calls >"$OUT/http-$1.mid") &
+			wrk -t 2 -c "$2" -d "${3}s" --latency "http://127.0.0.1:$HTTP_PORT_M/" >"$OUT/http-$1.txt"
+			wait $!
+			after=$(rls_calls)
+			mid=$(cat "$OUT/http-$1.mid")
+			# before mid after seconds cold-seconds connections
+			echo "$before $mid $after $3 $LEASE_COLD $2" >"$OUT/http-$1.calls"
+		}
 		for r in $(seq "$HTTP_ROUNDS"); do
 			wrk -t 2 -c "$CONC" -d "${HTTP_SECS}s" --latency "http://127.0.0.1:$HTTP_PORT_A/" >"$OUT/http-l-$r.txt"
 			wrk -t 2 -c "$CONC" -d "${HTTP_SECS}s" --latency "http://127.0.0.1:$HTTP_PORT_B/" >"$OUT/http-c-$r.txt"
-			before=$(rls_calls)
-			wrk -t 2 -c "$CONC" -d "${HTTP_SECS}s" --latency "http://127.0.0.1:$HTTP_PORT_M/" >"$OUT/http-m-$r.txt"
-			echo "$(($(rls_calls) - before)) $HTTP_SECS" >"$OUT/http-m-$r.calls"
+			lease_round "m-$r" "$CONC" "$HTTP_SECS"
+			sleep 1.5 # idle past half the lease ttl: the allowance is released, the next round starts cold
+			lease_round "mq-$r" $(((CONC + 3) / 4)) 3
 		done
 	fi
 fi

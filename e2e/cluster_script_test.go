@@ -176,6 +176,10 @@ func testMakeCluster(t *testing.T, mode string) {
 			admitted, lower, upper, fallbacks)
 	}
 
+	if mode == "lease" {
+		checkLeased(t, ports)
+	}
+
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -235,4 +239,38 @@ func freePorts(t testing.TB, n int) int {
 	}
 	t.Fatalf("no %d adjacent free ports", n)
 	return 0
+}
+
+// checkLeased checks, on the proxies' admin listeners, that lease mode took
+// leases: lease calls were made, and some proxy's shared data holds an
+// allowance record with a grant.
+func checkLeased(t *testing.T, ports []string) {
+	t.Helper()
+	calls, granted := 0.0, 0
+	for _, p := range ports {
+		n, _ := strconv.Atoi(p)
+		admin := "http://127.0.0.1:" + strconv.Itoa(n+1)
+		_, stats := getURL(t, admin+"/stats", nil)
+		for _, line := range strings.Split(stats, "\n") {
+			if strings.Contains(line, "lease_calls") && !strings.HasPrefix(line, "#") {
+				v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+				calls += v
+			}
+		}
+		_, shared := getURL(t, admin+"/shared_data", nil)
+		for _, line := range strings.Split(shared, "\n") {
+			// "tl:fleet-per-ip:127.0.0.1" cas=N value="tokens:expiry:grant:..."
+			if !strings.HasPrefix(line, `"tl:`) || strings.HasPrefix(line, `"tl:holder"`) {
+				continue
+			}
+			_, v, _ := strings.Cut(line, "value=")
+			if fs := strings.Split(strings.Trim(v, `"`), ":"); len(fs) > 2 && fs[2] != "0" {
+				granted++
+			}
+		}
+	}
+	t.Logf("lease mode: %.0f lease calls, %d allowance records with a grant", calls, granted)
+	if calls == 0 || granted == 0 {
+		t.Errorf("lease mode took no lease: %.0f lease calls, %d allowance records with a grant", calls, granted)
+	}
 }

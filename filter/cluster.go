@@ -59,6 +59,9 @@ type pendingCall struct {
 	// leaseKeys are the allowance keys of cold lease rules, by rule index
 	// ("" for others; nil if none): a rejection marks them empty.
 	leaseKeys []string
+	// lease are the allowances lease rules debited: given back with the
+	// local buckets (lease.go).
+	lease []leaseDebit
 }
 
 // askCluster sends the request's cluster rules to the rate-limit service and
@@ -74,6 +77,9 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 		pc.grpc = true
 	}
 	pc.local = cloneReqs(p.rc.enforce.reqs)
+	if len(p.rc.lease.reqs) > 0 {
+		pc.lease = cloneDebits(p.lease.debits)
+	}
 	pc.rules = append(pc.rules, g.rules...)
 	pc.buckets = cloneReqs(g.reqs)
 
@@ -395,6 +401,7 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 func (s *Stream) refundLocal(pc *pendingCall) {
 	p := s.p
 	s.dropCharges() // refunded whole: nothing is left to settle
+	p.leaseRefund(pc.lease)
 	if len(pc.local) == 0 {
 		return
 	}

@@ -337,6 +337,9 @@ func (p *Plugin) OnTick() {
 		return
 	}
 	now := p.Clock()
+	// Lease calls first: a call made once a stream is effective would
+	// belong to that stream, and die with it in Envoy (lease.go).
+	p.leaseOnTick(now)
 	q := &p.delays
 	q.rebase(now)
 	for len(q.h) > 0 && q.h[0].deadline <= now {
@@ -353,7 +356,6 @@ func (p *Plugin) OnTick() {
 		}
 	}
 	p.arm(t, now, true)
-	p.leaseOnTick(now)
 }
 
 // forget drops w from its rules' pending counts.

@@ -12,8 +12,11 @@ import (
 
 // Lease mode (docs/lease.md): a cluster rule with "mode": "lease" is
 // decided from this process's allowance of tokens leased from the global
-// bucket, kept in shared data; the allowance is refilled from
-// proxy_on_tick by one worker per bucket at a time.
+// bucket, kept in shared data. The allowance is refilled by one lease call
+// per bucket and process at a time, from proxy_on_tick: once a refill
+// period, and at once (the next tick, 1 ms on) when a request finds it
+// spent; such a request waits for that refill, and every request arriving
+// meanwhile shares it, so the calls do not grow with the request rate.
 
 // Descriptor entries of a lease request; see docs/lease.md.
 const (
@@ -25,8 +28,20 @@ const (
 	DescriptorReleaseKey  = "tokengate_release"
 	descriptorModeLease   = "lease"
 	maxLeaseBuckets       = 4096
-	leaseClaimSlack       = 1.0 // seconds a claim outlives its call's timeout
-	leaseIdleForgetFactor = 2   // forget an empty, idle bucket after this many TTLs
+	maxLeaseWaiters       = 4096 // requests one worker holds for refills
+	leaseClaimSlack       = 1.0  // seconds a claim outlives its call's timeout
+	leaseIdleForgetFactor = 2    // forget an empty, idle bucket after this many TTLs
+	// leasePollMs is the tick period while requests wait for a refill:
+	// they are resumed by the worker that applies it, or by their own
+	// worker's next tick.
+	leasePollMs = 1
+	// leaseHeadroom: an allowance is sized for a tick plus a round trip at
+	// this many times the observed rate, so that a rate that grows within
+	// a tick does not run it dry before the next refill.
+	leaseHeadroom = 2
+	// leaseMinRTT is the smallest round trip sample kept (a clock that
+	// did not move between the call and its answer).
+	leaseMinRTT = 1e-4
 )
 
 // leaseBucket is a bucket this worker has seen and whose allowance its ticks
@@ -35,18 +50,73 @@ type leaseBucket struct {
 	r    *Rule
 	key  string // the allowance key, tl:{rule}:{composite}
 	comp string // the composite key sent to the service
-	// calling is set while this worker's lease call for it is in flight.
+	// calling is set while this worker's lease call for it is in flight;
+	// mark dedupes the refills asked for in one pass over the waiters.
 	calling bool
+	mark    uint64
+	// seen is the pass in which left (the spendable tokens, -1 when the
+	// bucket is known empty or its service failing) was read: waiters
+	// that it cannot cover skip their compare-and-swap in that pass.
+	seen uint64
+	left float64
 }
 
 // leaseCall is a lease request in flight.
 type leaseCall struct {
-	token   uint32
-	b       *leaseBucket
-	nonce   uint32
+	token uint32
+	b     *leaseBucket
+	// seq is the claim's sequence number (LeaseRecord.Claimer).
+	seq     uint32
 	sent    float64
-	unspent float64
+	unspent float64 // the report: tokens held when the call was sent
+	want    float64 // new tokens asked for
 	release bool
+}
+
+// leaseDebit is a request's debit of one allowance, kept to give it back if
+// another rule rejects the request (leaseRefund).
+type leaseDebit struct {
+	key    string
+	cost   float64
+	grant  uint64
+	expiry float64
+	seq    uint32
+}
+
+// leaseWaiter is a request paused until the allowances it needs are
+// refilled.
+type leaseWaiter struct {
+	s  *Stream
+	id uint32 // the stream's context id when it paused
+	// pc carries what the answer needs: the local buckets and the lease
+	// debits to give back on a rejection, the request's identity hash.
+	pc       *pendingCall
+	items    []leaseItem
+	deadline float64
+	// outcome is how the wait ended; empty and retry name the rule that
+	// found its global bucket empty and its retry time.
+	outcome waitOutcome
+	empty   *Rule
+	retry   float64
+}
+
+type waitOutcome int
+
+const (
+	waitAdmitted waitOutcome = iota
+	waitEmpty
+	waitDown
+	waitLate
+	waitGone
+)
+
+// leaseItem is one allowance a waiting request still needs (or got).
+type leaseItem struct {
+	b    *leaseBucket
+	cost float64
+	// alt is the shared-data bucket on_error: local decides it with.
+	alt  sharedstate.Request
+	done bool
 }
 
 // leaseState is a plugin's lease-mode state.
@@ -54,9 +124,16 @@ type leaseState struct {
 	holder  string
 	buckets []*leaseBucket
 	calls   []*leaseCall
-	upd     sharedstate.LeaseUpdater
-	// period is the refill period in ms (0: no lease rule); the tick runs
-	// at least this often (setTick), and next is when the refill is due.
+	waiters []*leaseWaiter
+	// debits are the current request's debits (scratch).
+	debits []leaseDebit
+	pass   uint64
+	upd    sharedstate.LeaseUpdater
+	// refill is the refill period in ms (0: no lease rule, or a host
+	// without ticks); period is the tick period lease mode needs: refill,
+	// or leasePollMs while requests wait (setTick never lets the timer run
+	// slower); next is when the periodic refill is due.
+	refill uint32
 	period uint32
 	next   float64
 }
@@ -72,120 +149,422 @@ func (p *Plugin) leaseConfigure(cfg *Config) {
 	for _, r := range cfg.rules {
 		leases = leases || r.Lease != nil
 	}
+	if cfg.Settings.RLS == nil && len(p.lease.waiters) > 0 {
+		// No service to ask any more, and no cluster rule to decide:
+		// the waiting requests go on, as the new configuration admits.
+		for _, w := range p.lease.waiters {
+			if w.s.id == w.id && p.host.(Caller).SetEffectiveContext(w.id) {
+				w.s.resume()
+			}
+		}
+		clear(p.lease.waiters)
+		p.lease.waiters = p.lease.waiters[:0]
+	}
 	t, ok := p.host.(Ticker)
 	if !ok || !leases && p.lease.period == 0 {
 		return
 	}
-	p.lease.period = 0
+	p.lease.refill, p.lease.period = 0, 0
 	if leases {
-		p.lease.period = cfg.Settings.RLS.LeaseTickMs
+		p.lease.refill = cfg.Settings.RLS.LeaseTickMs
+		p.lease.period = p.lease.refill
+		if len(p.lease.waiters) > 0 {
+			p.lease.period = leasePollMs
+		}
 	}
 	// The delay queue's period, combined with the refill's (setTick).
 	p.setTick(t, p.delays.period)
 }
 
-// leaseOutcome is what the allowance said about one lease bucket.
+// leaseOutcome is what an allowance said about one request.
 type leaseOutcome int
 
 const (
 	leaseAdmitted leaseOutcome = iota
 	leaseEmpty                 // the global bucket is known empty
-	leaseSpent                 // the live allowance is spent: wait for the refill
-	leaseCold                  // no allowance: an exact call decides
+	leaseShort                 // not enough allowance: a refill decides
+	leaseDown                  // not enough, and the service is failing
+	leaseBroken                // shared data failed
 )
 
-// leaseAdmit debits the request's lease buckets (p.rc.lease). A bucket with
-// no allowance moves to the cluster group for an exact call; a bucket known
-// empty rejects the request at once (the local buckets are refunded).
+// leaseTake debits cost from the allowance under key if it holds that
+// much, appending the debit to p.lease.debits. Otherwise it says why
+// (leaseDown: a lease call failed after failedSince), and with
+// demand adds cost to the demand the refill is sized from.
+func (p *Plugin) leaseTake(key string, cost, now, failedSince float64, demand bool) (leaseOutcome, float64) {
+	out := leaseShort
+	var retry float64
+	var d leaseDebit
+	_, _, err := p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
+		switch {
+		case rec.Spendable(now) >= cost:
+			out = leaseAdmitted
+			d = leaseDebit{key: key, cost: cost, grant: rec.Grant, expiry: rec.Expiry, seq: rec.Claimer}
+			rec.Tokens -= cost
+		case now < rec.Retry:
+			out, retry = leaseEmpty, rec.Retry-now
+			return false
+		case rec.Down > failedSince:
+			out = leaseDown
+		default:
+			out = leaseShort
+		}
+		if out != leaseAdmitted && !demand {
+			return false
+		}
+		if rec.Used == 0 {
+			// The demand window starts at the first request since the
+			// last refill, not at the refill: an idle spell must not
+			// dilute the rate the next lease is sized from.
+			rec.Since = now
+		}
+		rec.Used += cost
+		return true
+	})
+	if err != nil {
+		return leaseBroken, 0
+	}
+	if out == leaseAdmitted {
+		p.lease.debits = append(p.lease.debits, d)
+	}
+	return out, retry
+}
+
+// leaseAdmit debits the request's lease buckets (p.rc.lease). A bucket
+// known empty rejects the request at once; a bucket the allowance cannot
+// cover makes the request wait for the next lease call (or, when the
+// request makes an exact call anyway, or the host has no ticks, joins that
+// call as an exact take): its grant, or its failure (on_error), decides.
+// Whatever rejects the request gives back what the others took.
 func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	p := s.p
 	g := &p.rc.lease
 	if s.costOverBurst(req, now, g) {
 		return Pause
 	}
+	p.lease.debits = p.lease.debits[:0]
+	var (
+		empty      *Rule
+		emptyRetry float64
+		short      []int // rules the allowance cannot cover
+		broken     []int // rules whose shared data failed: exact calls
+	)
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
-		cost := lr.Cost
-		out := leaseCold
-		var retry float64
-		tick := float64(p.cfg.Settings.RLS.LeaseTickMs) / 1000
-		_, _, err := p.lease.upd.Update(lr.Key, func(rec *sharedstate.LeaseRecord) bool {
-			if rec.Used == 0 {
-				// The demand window starts at the first request since the
-				// last refill, not at the refill: an idle spell must not
-				// dilute the rate the next lease is sized from.
-				rec.Since = now
+		out, retry := p.leaseTake(lr.Key, lr.Cost, now, math.Inf(1), true)
+		if out != leaseAdmitted && out != leaseBroken {
+			p.leaseRemember(r, lr.Key, lr.Owner)
+		}
+		if r.shadow {
+			// Observed, never enforced: counted, and never waits.
+			if out == leaseAdmitted {
+				r.metrics.allowed.inc(p.host, 1)
+			} else {
+				r.metrics.shadowRejected.inc(p.host, 1)
 			}
-			switch {
-			case rec.Spendable(now) >= cost:
-				rec.Tokens -= cost
-				rec.Used += cost
-				out = leaseAdmitted
-			case now < rec.Retry:
-				out, retry = leaseEmpty, rec.Retry-now
-				return false
-			case now < rec.Expiry && now >= rec.Down:
-				// A warm bucket: a lease is live, spent, and the refill
-				// comes within a tick (sized from this demand too): no
-				// call per request, whatever the request rate. While the
-				// service fails (Down), the request goes cold instead, to
-				// on_error.
-				rec.Used += cost
-				out, retry = leaseSpent, tick
-			default:
-				rec.Used += cost // demand the refiller will see
-				out = leaseCold
-			}
-			return true
-		})
-		if err != nil {
-			out = leaseCold // shared data failed: the service decides
+			continue
 		}
 		switch out {
 		case leaseAdmitted:
 			r.metrics.allowed.inc(p.host, 1)
-		case leaseEmpty, leaseSpent:
-			r.metrics.rejected.inc(p.host, 1)
-			p.leaseRemember(r, lr.Key, lr.Owner)
-			pc := &pendingCall{s: s, now: now, idHash: req.identityHash()}
-			if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
-				pc.grpc = true
+		case leaseEmpty:
+			if empty == nil || retry > emptyRetry {
+				empty, emptyRetry = r, retry
 			}
-			pc.local = p.rc.enforce.reqs
-			s.refundLocal(pc)
-			st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: retry}
-			s.sendClusterRejection(pc, r, st, retryAfterHash(retry, pc.idHash), nil)
-			return Pause
-		case leaseCold:
-			p.leaseRemember(r, lr.Key, lr.Owner)
-			c := &p.rc.cluster
-			c.rules = append(c.rules, r)
-			cr := *lr
-			cr.Key, cr.Alt, cr.Owner = lr.Alt, "", ""
-			c.reqs = append(c.reqs, cr)
-			c.vals = append(c.vals, g.vals[i])
+		case leaseShort:
+			short = append(short, i)
+		case leaseBroken:
+			broken = append(broken, i)
 		}
+	}
+	if empty == nil && len(short) == 0 && len(broken) == 0 {
+		return Continue
+	}
+	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), local: p.rc.enforce.reqs, lease: p.lease.debits}
+	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
+		pc.grpc = true
+	}
+	if empty != nil {
+		empty.metrics.rejected.inc(p.host, 1)
+		s.refundLocal(pc)
+		st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: emptyRetry}
+		s.sendClusterRejection(pc, empty, st, retryAfterHash(emptyRetry, pc.idHash), nil)
+		return Pause
+	}
+	_, ticks := p.host.(Ticker)
+	if len(broken) == 0 && ticks && p.lease.refill > 0 && len(p.rc.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters {
+		return s.leaseWait(pc, short, now)
+	}
+	// An exact take for each, in the call the request makes: its cluster
+	// rules' call, or one of its own.
+	c := &p.rc.cluster
+	for _, i := range append(short, broken...) {
+		lr := &g.reqs[i]
+		c.rules = append(c.rules, g.rules[i])
+		c.reqs = append(c.reqs, altRequest(lr))
+		c.vals = append(c.vals, g.vals[i])
 	}
 	return Continue
 }
 
-// leaseRemember adds a bucket to the ones this worker's ticks refill.
-func (p *Plugin) leaseRemember(r *Rule, key, comp string) {
+// altRequest is the shared-data bucket of a lease rule's request: the one
+// on_error: local falls back to (Key is the tb: key, no owner).
+func altRequest(lr *sharedstate.Request) sharedstate.Request {
+	cr := *lr
+	cr.Key, cr.Alt, cr.Owner = lr.Alt, "", ""
+	return cr
+}
+
+// leaseWait pauses the request until the allowances of its rules short are
+// refilled: the next tick asks for the refill, and every request waiting
+// for it shares the answer.
+func (s *Stream) leaseWait(pc *pendingCall, short []int, now float64) Action {
+	p := s.p
+	g := &p.rc.lease
+	rls := p.cfg.Settings.RLS
+	pc.local = cloneReqs(pc.local)
+	pc.lease = cloneDebits(pc.lease)
+	w := &leaseWaiter{s: s, id: s.id, pc: pc,
+		// The refill is asked for at once, or at the end of the refill
+		// period, and answered (or failed) within the timeout: past a
+		// period more, a call was lost without a callback.
+		deadline: now + float64(2*rls.LeaseTickMs+rls.TimeoutMs)/1000}
+	for _, i := range short {
+		lr := &g.reqs[i]
+		b := p.leaseRemember(g.rules[i], lr.Key, lr.Owner)
+		if b == nil {
+			b = &leaseBucket{r: g.rules[i], key: strings.Clone(lr.Key), comp: strings.Clone(lr.Owner)}
+		}
+		alt := cloneReqs([]sharedstate.Request{altRequest(lr)})[0]
+		w.items = append(w.items, leaseItem{b: b, cost: lr.Cost, alt: alt})
+	}
+	p.lease.waiters = append(p.lease.waiters, w)
+	p.leaseSetPeriod()
+	return Pause
+}
+
+func cloneDebits(ds []leaseDebit) []leaseDebit {
+	out := make([]leaseDebit, len(ds))
+	for i, d := range ds {
+		d.key = strings.Clone(d.key)
+		out[i] = d
+	}
+	return out
+}
+
+// leaseRefund gives back the allowance a request took when another rule
+// rejected it (all-or-nothing), if no lease request was sent since the
+// debit and the grant is the same: the tokens are then still covered by
+// the service's record of that grant. Otherwise they stay spent, which
+// only costs capacity.
+func (p *Plugin) leaseRefund(ds []leaseDebit) {
+	if len(ds) == 0 {
+		return
+	}
+	now := p.Clock()
+	for _, d := range ds {
+		_, _, _ = p.lease.upd.Update(d.key, func(rec *sharedstate.LeaseRecord) bool {
+			if rec.Grant != d.grant || rec.Expiry != d.expiry || rec.Claimer != d.seq || now >= rec.Expiry {
+				return false
+			}
+			rec.Tokens += d.cost
+			return true
+		})
+	}
+}
+
+// leaseSetPeriod keeps the tick at leasePollMs while requests wait, and
+// lets it go back to the refill period (at the next arm) when none does.
+func (p *Plugin) leaseSetPeriod() {
+	if p.lease.refill == 0 {
+		return
+	}
+	want := p.lease.refill
+	if len(p.lease.waiters) > 0 {
+		want = leasePollMs
+	}
+	if want == p.lease.period {
+		return
+	}
+	p.lease.period = want
+	if t, ok := p.host.(Ticker); ok && want < p.delays.period {
+		p.setTick(t, p.delays.period)
+	}
+}
+
+// leaseServe retries the waiting requests, in arrival order, asks for a
+// refill of every bucket some request still waits for (and, with
+// periodic, runs the periodic refills), then answers the requests that are
+// done waiting.
+//
+// Every lease call is dispatched before any stream is made effective: in
+// Envoy a call belongs to the effective context, and a stream's calls are
+// cancelled when it ends (Context::~Context), so a call made after
+// proxy_set_effective_context(stream) would die with that stream.
+func (p *Plugin) leaseServe(now float64, periodic bool) {
+	var done []*leaseWaiter
+	p.lease.pass++
+	if len(p.lease.waiters) > 0 {
+		kept := p.lease.waiters[:0]
+		for _, w := range p.lease.waiters {
+			if p.leaseRetry(w, now) {
+				kept = append(kept, w)
+			} else {
+				done = append(done, w)
+			}
+		}
+		for i := len(kept); i < len(p.lease.waiters); i++ {
+			p.lease.waiters[i] = nil
+		}
+		p.lease.waiters = kept
+	}
+	if periodic {
+		kept := p.lease.buckets[:0]
+		for _, b := range p.lease.buckets {
+			if p.leaseTick(b, now, false) {
+				kept = append(kept, b)
+			}
+		}
+		for i := len(kept); i < len(p.lease.buckets); i++ {
+			p.lease.buckets[i] = nil
+		}
+		p.lease.buckets = kept
+	}
+	for _, w := range p.lease.waiters {
+		for i := range w.items {
+			if b := w.items[i].b; !w.items[i].done && b.mark != p.lease.pass {
+				b.mark = p.lease.pass
+				p.leaseTick(b, now, true)
+			}
+		}
+	}
+	for _, w := range done {
+		p.leaseFinish(w)
+	}
+	p.leaseSetPeriod()
+}
+
+// leaseRetry tries a waiting request's allowances again and reports
+// whether it still waits; if not, w.outcome says how it ends.
+func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
+	if w.s.id != w.id {
+		w.outcome = waitGone // the stream ended and was reused
+		return false
+	}
+	down, waiting := false, false
+	for i := range w.items {
+		it := &w.items[i]
+		if it.done {
+			continue
+		}
+		if p.leaseStillShort(it.b, it.cost, now) {
+			waiting = true
+			continue
+		}
+		p.lease.debits = p.lease.debits[:0]
+		out, retry := p.leaseTake(it.b.key, it.cost, now, w.pc.now, false)
+		it.b.seen = 0 // changed: read it again
+		switch out {
+		case leaseAdmitted:
+			it.done = true
+			w.pc.lease = append(w.pc.lease, p.lease.debits[0])
+			it.b.r.metrics.allowed.inc(p.host, 1)
+		case leaseEmpty:
+			if w.empty == nil || retry > w.retry {
+				w.empty, w.retry = it.b.r, retry
+			}
+		case leaseDown, leaseBroken:
+			down = true
+		default:
+			waiting = true
+		}
+	}
+	switch {
+	case w.empty != nil:
+		w.outcome = waitEmpty
+	case down:
+		w.outcome = waitDown
+	case !waiting:
+		w.outcome = waitAdmitted
+	case now >= w.deadline:
+		w.outcome = waitLate
+	default:
+		return true
+	}
+	return false
+}
+
+// leaseStillShort reports whether b's allowance, read once per pass,
+// certainly cannot cover cost while its global bucket is not known empty
+// nor its service failing: the request then keeps waiting, with no
+// compare-and-swap.
+func (p *Plugin) leaseStillShort(b *leaseBucket, cost, now float64) bool {
+	if b.seen != p.lease.pass {
+		b.seen, b.left = p.lease.pass, -1
+		v, _, err := p.store.Get(b.key)
+		if err != nil {
+			return false
+		}
+		rec, err := sharedstate.ParseLeaseRecord(v)
+		if err != nil || now < rec.Retry || rec.Down > 0 {
+			return false
+		}
+		b.left = rec.Spendable(now)
+	}
+	return b.left >= 0 && b.left < cost
+}
+
+// leaseFinish answers a request that is done waiting: resumed, 429 (a
+// global bucket known empty), or on_error (the service failing, or no
+// refill in time).
+func (p *Plugin) leaseFinish(w *leaseWaiter) {
+	if w.outcome == waitGone || !p.host.(Caller).SetEffectiveContext(w.id) {
+		return // the client left: its tokens stay spent
+	}
+	s, pc := w.s, w.pc
+	switch w.outcome {
+	case waitEmpty:
+		w.empty.metrics.rejected.inc(p.host, 1)
+		s.refundLocal(pc)
+		st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: w.retry}
+		s.sendClusterRejection(pc, w.empty, st, retryAfterHash(w.retry, pc.idHash), nil)
+	case waitDown, waitLate:
+		reason := "lease: the rate-limit service is failing"
+		if w.outcome == waitLate {
+			reason = "lease: no refill within lease_tick_ms + timeout_ms"
+		}
+		for i := range w.items {
+			if !w.items[i].done {
+				pc.rules = append(pc.rules, w.items[i].b.r)
+				pc.buckets = append(pc.buckets, w.items[i].alt)
+			}
+		}
+		s.clusterFailed(pc, reason, true)
+	default:
+		s.resume()
+	}
+}
+
+// leaseRemember adds a bucket to the ones this worker's ticks refill and
+// returns it (nil when the worker already looks after too many).
+func (p *Plugin) leaseRemember(r *Rule, key, comp string) *leaseBucket {
 	for _, b := range p.lease.buckets {
 		if b.key == key {
-			return
+			return b
 		}
 	}
 	if len(p.lease.buckets) >= maxLeaseBuckets {
-		return // another worker, or a later cold request, will
+		return nil // another worker, or a later request, will
 	}
-	p.lease.buckets = append(p.lease.buckets, &leaseBucket{r: r, key: strings.Clone(key), comp: strings.Clone(comp)})
+	b := &leaseBucket{r: r, key: strings.Clone(key), comp: strings.Clone(comp)}
+	p.lease.buckets = append(p.lease.buckets, b)
+	return b
 }
 
 // leaseKnownEmpty records that the global bucket of a lease rule is empty
 // until now+wait (an exact call was rejected).
 func (p *Plugin) leaseKnownEmpty(key string, now, wait float64) {
-	p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
+	_, _, _ = p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
 		if now+wait <= rec.Retry {
 			return false
 		}
@@ -194,79 +573,126 @@ func (p *Plugin) leaseKnownEmpty(key string, now, wait float64) {
 	})
 }
 
-// leaseOnTick runs from proxy_on_tick (OnTick): once a refill period, the
-// worker refills or releases the allowances of the lease buckets it has
-// seen, one lease call per bucket and process.
+// leaseOnTick runs from proxy_on_tick (OnTick), before anything there
+// makes a stream effective (see leaseServe): it retries the waiting
+// requests and asks for the refills they need, and once a refill period it
+// refills or releases the allowances of the lease buckets it has seen.
 func (p *Plugin) leaseOnTick(now float64) {
-	if p.lease.period == 0 || now < p.lease.next || p.cfg == nil || p.cfg.Settings.RLS == nil {
+	if p.lease.refill == 0 || p.cfg == nil || p.cfg.Settings.RLS == nil {
 		return
 	}
-	// 0.9: a tick that comes a little early still refills.
-	p.lease.next = now + 0.9*float64(p.lease.period)/1000
-	kept := p.lease.buckets[:0]
-	for _, b := range p.lease.buckets {
-		if p.leaseTick(b, now) {
-			kept = append(kept, b)
-		}
+	periodic := now >= p.lease.next
+	if periodic {
+		// 0.9: a tick that comes a little early still refills.
+		p.lease.next = now + 0.9*float64(p.lease.refill)/1000
 	}
-	for i := len(kept); i < len(p.lease.buckets); i++ {
-		p.lease.buckets[i] = nil
-	}
-	p.lease.buckets = kept
+	p.leaseServe(now, periodic)
 }
 
-// leaseTick looks after one bucket and reports whether to keep it.
-func (p *Plugin) leaseTick(b *leaseBucket, now float64) bool {
+// leaseSize returns the allowance to aim for: enough for a refill period
+// plus a round trip at leaseHeadroom times the local rate observed since
+// the last refill (0 without demand), at most lease_max.
+func leaseSize(rec *sharedstate.LeaseRecord, l *LeaseConfig, tick, timeout, now float64) float64 {
+	if rec.Used <= 0 {
+		return 0
+	}
+	rate := rec.Used / math.Max(now-rec.Since, tick)
+	return math.Min(ceilTokens(leaseHeadroom*rate*(tick+leaseRTT(rec, timeout))), l.Max)
+}
+
+// ceilTokens rounds x up to whole tokens, ignoring float noise (0.1 +
+// 0.05 is not quite 0.15).
+func ceilTokens(x float64) float64 { return math.Ceil(x - 1e-9) }
+
+// leaseRTT is the round trip a refill is sized for: twice the measured
+// one, at most the timeout (the timeout itself before any was measured).
+func leaseRTT(rec *sharedstate.LeaseRecord, timeout float64) float64 {
+	if rec.RTT <= 0 {
+		return timeout
+	}
+	return math.Min(2*rec.RTT, timeout)
+}
+
+// leaseTick looks after one bucket and reports whether to keep it. urgent
+// is a refill that requests wait for: it is sent at once unless a call is
+// in flight, the bucket is known empty, the service failing, or the last
+// call was less than a refill period ago and not granted in full; it asks
+// for at least twice the allowance the last full grant aimed for, so that
+// refills that follow each other within a period are few (the allowance
+// doubles each time, up to lease_max).
+func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 	if b.calling {
 		return true
 	}
 	rls := p.cfg.Settings.RLS
 	l := b.r.Lease
 	tick := float64(rls.LeaseTickMs) / 1000
-	horizon := tick + float64(rls.TimeoutMs)/1000
-	nonce := rand.Uint32() | 1
+	timeout := float64(rls.TimeoutMs) / 1000
 	const (
 		none = iota
 		renew
 		release
 		forget
+		roll
 	)
 	act := none
 	var want, unspent float64
 	var grant uint64
+	var seq uint32
 	_, wrote, err := p.lease.upd.Update(b.key, func(rec *sharedstate.LeaseRecord) bool {
 		act = none
 		if rec.Claim > now || now < rec.Retry {
 			return false
 		}
-		u := rec.Spendable(now)
-		elapsed := now - rec.Since
-		demand := rec.Used > 0
-		target := 0.0
-		if demand {
-			rate := rec.Used / math.Max(elapsed, tick)
-			target = math.Min(math.Ceil(rate*horizon), l.Max)
-		}
+		// One call per refill period and process: the periodic refill
+		// waits for the period's end (less a tenth, for ticks that come
+		// a little early), a request's refill for all of it, unless the
+		// last call was granted in full (a ramp).
 		switch {
+		case urgent && rec.Ramp > 0:
+		case urgent && now < rec.Hold, !urgent && now < rec.Hold-0.1*tick:
+			return false
+		}
+		u := rec.Spendable(now)
+		target := leaseSize(rec, l, tick, timeout, now)
+		horizon := tick + leaseRTT(rec, timeout)
+		demand := rec.Used > 0
+		switch {
+		case urgent:
+			act = renew
+			target = math.Min(math.Max(target, 2*rec.Ramp), l.Max)
+			want = math.Max(1, ceilTokens(target-u))
 		case demand && (u < target || rec.Expiry-now < horizon+tick):
 			act = renew
-			want = math.Max(0, math.Ceil(target-u))
-		case !demand && u > 0 && elapsed >= l.TTL/2:
+			want = math.Max(0, ceilTokens(target-u))
+		case demand && now-rec.Since >= tick:
+			// Enough held: the demand window starts again, so that the
+			// next refill is sized from recent demand, and an idle
+			// bucket is seen idle.
+			act = roll
+			rec.Used, rec.Since = 0, now
+			return true
+		case !demand && u > 0 && now-rec.Since >= l.TTL/2:
 			act = release
-		case !demand && u == 0 && elapsed >= leaseIdleForgetFactor*l.TTL:
+		case !demand && u == 0 && now-rec.Since >= leaseIdleForgetFactor*l.TTL:
 			act = forget
 			return false
 		default:
 			return false
 		}
-		unspent, grant = u, rec.Grant
-		rec.Claim = now + float64(rls.TimeoutMs)/1000 + leaseClaimSlack
-		rec.Claimer = nonce
+		unspent, grant = sharedstateFloor(u), rec.Grant
+		rec.Claimer++
+		if rec.Claimer == 0 {
+			rec.Claimer = 1
+		}
+		seq = rec.Claimer
+		rec.Claim = now + timeout + leaseClaimSlack
+		rec.Hold = now + tick
 		rec.Used, rec.Since = 0, now
+		rec.Tokens = u // expired tokens are worthless
 		if act == release {
 			// Nobody spends what is being returned, and the bucket is
-			// cold again: its next request makes an exact call rather
-			// than wait for a refill that idleness will not bring.
+			// cold again.
 			rec.Tokens, rec.Expiry = 0, 0
 		}
 		return true
@@ -277,15 +703,15 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64) bool {
 		return true
 	case act == forget:
 		return false
-	case !wrote:
+	case !wrote || act == roll:
 		return true
 	}
-	lc := &leaseCall{b: b, nonce: nonce, sent: now, unspent: sharedstateFloor(unspent), release: act == release}
-	token, err := p.leaseSend(b, lc, want, grant)
+	lc := &leaseCall{b: b, seq: seq, sent: now, unspent: unspent, want: want, release: act == release}
+	token, err := p.leaseSend(b, lc, grant)
 	if err != nil {
 		p.metrics.rlsErrors.inc(p.host, 1)
 		p.warnf(now, "event=rls_error rule="+b.r.Name+" reason="+strconv.Quote("lease dispatch: "+err.Error()))
-		p.leaseUnclaim(b.key, nonce)
+		p.leaseApply(lc, now, nil, 0)
 		return true
 	}
 	lc.token = token
@@ -299,7 +725,7 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64) bool {
 func sharedstateFloor(x float64) float64 { return math.Floor(x*1e6) / 1e6 }
 
 // leaseSend dispatches a lease request (or release) for b.
-func (p *Plugin) leaseSend(b *leaseBucket, lc *leaseCall, want float64, grant uint64) (uint32, error) {
+func (p *Plugin) leaseSend(b *leaseBucket, lc *leaseCall, grant uint64) (uint32, error) {
 	caller, ok := p.host.(Caller)
 	if !ok {
 		return 0, errNoCallouts
@@ -312,7 +738,7 @@ func (p *Plugin) leaseSend(b *leaseBucket, lc *leaseCall, want float64, grant ui
 		{Key: DescriptorHolderKey, Value: p.leaseHolder()},
 		{Key: DescriptorGrantKey, Value: strconv.FormatUint(grant, 10)},
 		{Key: DescriptorUnspentKey, Value: strconv.FormatFloat(lc.unspent, 'f', -1, 64)},
-		{Key: DescriptorWantKey, Value: strconv.FormatFloat(want, 'f', 0, 64)},
+		{Key: DescriptorWantKey, Value: strconv.FormatFloat(lc.want, 'f', 0, 64)},
 	}
 	if lc.release {
 		entries = append(entries, rlswire.Entry{Key: DescriptorReleaseKey, Value: "1"})
@@ -341,17 +767,6 @@ func (p *Plugin) leaseHolder() string {
 	return p.lease.holder
 }
 
-// leaseUnclaim clears this worker's claim on a bucket.
-func (p *Plugin) leaseUnclaim(key string, nonce uint32) {
-	p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
-		if rec.Claimer != nonce || rec.Claim == 0 {
-			return false
-		}
-		rec.Claim = 0
-		return true
-	})
-}
-
 // takeLeaseCall removes and returns the lease call with this token, or nil.
 func (p *Plugin) takeLeaseCall(token uint32) *leaseCall {
 	for i, lc := range p.lease.calls {
@@ -366,66 +781,98 @@ func (p *Plugin) takeLeaseCall(token uint32) *leaseCall {
 	return nil
 }
 
-// leaseAnswer applies the service's answer to a lease call: the grant is
-// added to the allowance if this worker's claim still stands (otherwise it
-// is dropped: only capacity is lost), a rejection marks the bucket empty
-// until its retry time, a failure only clears the claim.
+// leaseAnswer reads the service's answer to a lease call (or its failure),
+// applies it, and serves the requests of this worker that wait for it.
 func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 	lc.b.calling = false
 	now := p.Clock()
 	resp, reason := p.readRLS(p.host.(Caller), numHeaders, bodySize)
-	var st rlswire.Status
-	var id uint64
-	ok := reason == ""
-	if ok {
-		if len(resp.Statuses) != 1 {
-			ok, reason = false, "lease answer with "+strconv.Itoa(len(resp.Statuses))+" statuses"
-		} else {
-			st = resp.Statuses[0]
-			if st.HasQuota {
-				n, err := strconv.ParseUint(st.Quota.ID, 10, 64)
-				if err != nil || n == 0 {
-					ok, reason = false, "lease grant id "+strconv.Quote(st.Quota.ID)
-				}
-				id = n
-			}
+	var st *rlswire.Status
+	if reason == "" {
+		switch {
+		case len(resp.Statuses) != 1:
+			reason = "lease answer with " + strconv.Itoa(len(resp.Statuses)) + " statuses"
+		case !lc.release && !resp.Statuses[0].HasQuota:
+			reason = "lease answer without a quota"
+		default:
+			st = &resp.Statuses[0]
 		}
 	}
-	if !ok {
+	var id uint64
+	if st != nil && st.HasQuota {
+		n, err := strconv.ParseUint(st.Quota.ID, 10, 64)
+		if err != nil || n == 0 {
+			st, reason = nil, "lease grant id "+strconv.Quote(st.Quota.ID)
+		}
+		id = n
+	}
+	if st == nil {
 		p.metrics.rlsErrors.inc(p.host, 1)
 		p.warnf(now, "event=rls_error rule="+lc.b.r.Name+" reason="+strconv.Quote("lease: "+reason))
 	}
-	ttl := lc.b.r.Lease.TTL
-	// The claim stays until a tick after the dispatch, so that the other
-	// workers, whose ticks run at other phases, do not refill again within
-	// the same period: one call per tick per process.
-	hold := lc.sent + 0.9*float64(p.cfg.Settings.RLS.LeaseTickMs)/1000
-	p.lease.upd.Update(lc.b.key, func(rec *sharedstate.LeaseRecord) bool {
-		if rec.Claimer != lc.nonce || rec.Claim == 0 {
+	p.leaseApply(lc, now, st, id)
+	p.leaseServe(now, false)
+}
+
+// leaseApply applies the answer st to a lease call (nil: the call failed),
+// if the record still names the call's claim (otherwise a later claim
+// replaced it, and the answer is dropped: the service keeps counting that
+// grant until it expires, which only costs capacity).
+//
+// The answer's Quota.requests is the new grant's whole amount: what the
+// service carried over of the reported unspent tokens plus the new ones.
+// The proxy holds that amount less what it spent since it sent the report
+// (docs/lease.md): never a token the service does not count, even when it
+// carried over less than reported (a report naming a grant that is gone).
+func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, grant uint64) {
+	l := lc.b.r.Lease
+	rtt := math.Max(now-lc.sent, leaseMinRTT)
+	_, _, _ = p.lease.upd.Update(lc.b.key, func(rec *sharedstate.LeaseRecord) bool {
+		if rec.Claimer != lc.seq || rec.Claim == 0 {
 			return false
 		}
 		rec.Claim = 0
-		if hold > now {
-			rec.Claim = hold
-		}
-		if !ok {
-			rec.Down = now + ttl
+		if st == nil {
+			// Failed: the requests waiting for this call meet on_error;
+			// the next call goes out once the refill period is over, and
+			// those arriving meanwhile wait for it (a blip costs no
+			// more than the requests that waited for the failed call).
+			rec.Down, rec.Ramp = now, 0
 			return true
+		}
+		if rec.RTT == 0 {
+			rec.RTT = rtt
+		} else {
+			rec.RTT = 0.75*rec.RTT + 0.25*rtt
 		}
 		rec.Down = 0
 		if lc.release {
+			rec.Hold, rec.Ramp = 0, 0
 			return true
 		}
-		if st.HasQuota {
-			// The service now covers what was reported plus the grant,
-			// until its own expiry: what is left of the report is kept
-			// under the new expiry.
-			rec.Tokens = math.Min(rec.Tokens, lc.unspent) + float64(st.Quota.Requests)
-			rec.Expiry = lc.sent + ttl
-			rec.Grant = id
-		}
-		if st.Code == rlswire.CodeOverLimit {
-			rec.Retry = now + st.UntilReset
+		total := float64(st.Quota.Requests)
+		spent := lc.unspent - math.Min(rec.Tokens, lc.unspent) // since the report
+		rec.Tokens = math.Max(0, total-spent)
+		rec.Expiry = lc.sent + l.TTL
+		rec.Grant = grant
+		// The new tokens, if all the report was carried over (whole
+		// tokens are).
+		granted := total - math.Floor(lc.unspent)
+		empty := st.Code == rlswire.CodeOverLimit || lc.want > 0 && granted < lc.want && st.LimitRemaining == 0
+		switch {
+		case empty:
+			// The global bucket is (about) empty: 429 locally until the
+			// next refill period, not a call per request.
+			rec.Ramp = 0
+			retry := rec.Hold
+			if st.Code == rlswire.CodeOverLimit {
+				retry = math.Max(retry, now+st.UntilReset)
+			}
+			rec.Retry = math.Max(rec.Retry, retry)
+		case granted >= lc.want:
+			rec.Ramp = lc.unspent + lc.want
+		default:
+			rec.Ramp = 0
 		}
 		return true
 	})

@@ -2,13 +2,14 @@ package filter_test
 
 import (
 	"encoding/binary"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate"
-	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
 )
 
 const leaseCfg = `{"rules":[
@@ -92,15 +93,22 @@ func decodeCall(t *testing.T, c filtertest.Call) []leaseDesc {
 }
 
 // leaseAnswer encodes a RateLimitResponse with one status: code, the
-// grant's quota (requests, id) when id != "", and duration_until_reset.
-func leaseAnswer(code uint64, granted uint64, id string, resetSec uint64) filtertest.CallResponse {
+// grant's quota (requests: the grant's whole amount, id) when id != "",
+// and duration_until_reset.
+func leaseAnswer(code uint64, requests uint64, id string, resetSec uint64) filtertest.CallResponse {
+	return leaseAnswerLeft(code, requests, id, resetSec, 1000)
+}
+
+// leaseAnswerLeft is leaseAnswer with limit_remaining, the free tokens the
+// global bucket has left.
+func leaseAnswerLeft(code uint64, requests uint64, id string, resetSec, left uint64) filtertest.CallResponse {
 	var st pb
-	st = st.uint(1, code)
+	st = st.uint(1, code).uint(3, left)
 	if resetSec > 0 {
 		st = st.bytes(4, pb(nil).uint(1, resetSec))
 	}
 	if id != "" {
-		st = st.bytes(5, pb(nil).uint(1, granted).bytes(3, []byte(id)))
+		st = st.bytes(5, pb(nil).uint(1, requests).bytes(3, []byte(id)))
 	}
 	var m pb
 	m = m.uint(1, code).bytes(2, st)
@@ -112,190 +120,299 @@ func leaseAnswer(code uint64, granted uint64, id string, resetSec uint64) filter
 // record returns the allowance record of 192.0.2.1's bucket.
 func record(t *testing.T, f *fixture) sharedstate.LeaseRecord {
 	t.Helper()
-	snap := f.h.Store.(*sharedstatetest.Store).Snapshot("tl:lease-ip:")
-	if len(snap) == 0 {
+	return recordOf(t, f, "tl:lease-ip:192.0.2.1")
+}
+
+func recordOf(t *testing.T, f *fixture, key string) sharedstate.LeaseRecord {
+	t.Helper()
+	v, _, err := f.h.Store.Get(key)
+	if err != nil {
 		return sharedstate.LeaseRecord{}
 	}
-	r, err := sharedstate.ParseLeaseRecord([]byte(snap[0].Value))
+	r, err := sharedstate.ParseLeaseRecord(v)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-// TestLeaseMode walks a lease rule through its life: the cold request's
-// exact call, the refill the tick sends, admissions from the allowance with
-// no call, the empty allowance falling back to an exact call, a rejection
-// making the bucket known empty (429s with no call until the retry time),
-// expiry, release of idle tokens, and one refiller per process.
+// leaseCall decodes call i of h, checks that it is a lease request (a
+// holder) dispatched with no stream effective (a stream's calls die with
+// it in Envoy), and returns its entries.
+func leaseCall(t *testing.T, h *filtertest.Host, i int) map[string]string {
+	t.Helper()
+	if i >= len(h.Calls) {
+		t.Fatalf("call %d of %d", i, len(h.Calls))
+	}
+	d := decodeCall(t, h.Calls[i])
+	if len(d) != 1 || d[0].entries["tokengate_holder"] == "" {
+		t.Fatalf("call %d: %+v, want a lease request", i, d)
+	}
+	if h.Calls[i].Stream != 0 {
+		t.Fatalf("lease call %d made while stream %d was effective", i, h.Calls[i].Stream)
+	}
+	return d[0].entries
+}
+
+// TestLeaseMode walks a lease rule through its life on the test host with
+// a fake clock: the cold request waits for the refill it triggers, and the
+// requests arriving meanwhile share it; admissions from the allowance make
+// no call; a spent allowance triggers one immediate refill that the
+// waiting requests share; known empty (429 without a call until the retry
+// time); expiry; reports; a lost answer; release of idle tokens; one
+// refiller per process; the service down; refunds.
 func TestLeaseMode(t *testing.T) {
 	req := filtertest.Get("/", "192.0.2.1:5000")
 
-	// warm returns a fixture whose allowance holds 8 tokens (grant 7).
-	warm := func(t *testing.T) *fixture {
+	// warm returns a fixture whose allowance holds 8 tokens (grant 7),
+	// sent at epoch; its refill period ends at epoch+0.1.
+	warm := func(t *testing.T, cfg string) *fixture {
 		t.Helper()
-		f := newFixture(t, leaseCfg)
+		f := newFixture(t, cfg)
 		if f.h.TickPeriod() != 100 {
 			t.Fatalf("tick period %d ms, want 100", f.h.TickPeriod())
 		}
 		_, res := f.h.Start(f.p, req)
-		if res.RequestAction != filter.Pause || len(f.h.Calls) != 1 {
-			t.Fatalf("cold request: action %v, %d calls; want an exact call", res.RequestAction, len(f.h.Calls))
+		if res.RequestAction != filter.Pause || len(f.h.Calls) != 0 || f.h.TickPeriod() != 1 {
+			t.Fatalf("cold request: action %v, %d calls, tick %d ms; want it to wait, the tick at 1 ms", res.RequestAction, len(f.h.Calls), f.h.TickPeriod())
 		}
-		d := decodeCall(t, f.h.Calls[0])
-		if len(d) != 1 || d[0].entries["tokengate_mode"] != "lease" || d[0].entries["tokengate_holder"] != "" ||
-			d[0].entries["tokengate_rule"] != "lease-ip" || d[0].entries["key"] != "192.0.2.1" || d[0].hits != 1 {
-			t.Fatalf("cold call %+v, want an exact take of 1 in lease mode", d)
-		}
-		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 0, "", 0))
-		if len(f.h.Continued) != 1 {
-			t.Fatalf("continued %v", f.h.Continued)
-		}
-		f.now += 0.05
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 2 {
-			t.Fatalf("%d calls after a tick, want a lease request", len(f.h.Calls))
+		e := leaseCall(t, f.h, 0)
+		// No rate seen yet: 1 request over a refill period (10/s), for a
+		// tick plus the timeout (no round trip measured), twice: 3.
+		if e["tokengate_grant"] != "0" || e["tokengate_unspent"] != "0" || e["tokengate_want"] != "3" || e["tokengate_release"] != "" ||
+			e["tokengate_rule"] != "lease-ip" || e["key"] != "192.0.2.1" || e["tokengate_mode"] != "lease" {
+			t.Fatalf("cold lease request %v", e)
 		}
-		d = decodeCall(t, f.h.Calls[1])
-		e := d[0].entries
-		if e["tokengate_holder"] == "" || e["tokengate_grant"] != "0" || e["tokengate_unspent"] != "0" || e["tokengate_want"] == "0" || e["tokengate_release"] != "" {
-			t.Fatalf("lease request %v", e)
-		}
-		// While the call is out, another tick sends nothing.
+		// While the call is out, more ticks send nothing.
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 2 {
+		if len(f.h.Calls) != 1 {
 			t.Fatalf("%d calls: a second lease request while one is out", len(f.h.Calls))
 		}
-		f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 8, "7", 0))
-		if r := record(t, f); r.Tokens != 8 || r.Grant != 7 || r.Claim > f.now+0.1 || r.Expiry <= f.now {
+		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 9, "7", 0))
+		if len(f.h.Continued) != 1 {
+			t.Fatalf("continued %v, want the waiting request", f.h.Continued)
+		}
+		if r := record(t, f); r.Tokens != 8 || r.Grant != 7 || r.Claim != 0 || r.Expiry != epoch+2 {
 			t.Fatalf("record after the grant %+v", r)
 		}
 		return f
 	}
 
-	t.Run("admitted from the allowance; spent: 429 until the refill", func(t *testing.T) {
-		f := warm(t)
+	t.Run("cold: requests wait for one refill and share it", func(t *testing.T) {
+		f := newFixture(t, leaseCfg)
+		for range 3 {
+			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
+				t.Fatalf("cold request: %v, want it to wait", res.RequestAction)
+			}
+		}
+		f.now += 0.001
+		f.h.Tick(f.p)
+		e := leaseCall(t, f.h, 0)
+		// 3 requests in a period: 30/s x 0.15 s x 2 = 9, capped at lease_max 8.
+		if e["tokengate_want"] != "8" || len(f.h.Calls) != 1 {
+			t.Fatalf("%d calls, want one lease request for lease_max 8: %v", len(f.h.Calls), e)
+		}
+		// A fourth request arrives while the call is out: it waits too.
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 1 {
+			t.Fatalf("request while the refill is out: %v with %d calls", res.RequestAction, len(f.h.Calls))
+		}
+		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 8, "1", 0))
+		if len(f.h.Continued) != 4 {
+			t.Fatalf("continued %v, want all four waiting requests", f.h.Continued)
+		}
+		if r := record(t, f); r.Tokens != 4 {
+			t.Fatalf("record %+v, want 8 - 4 left", r)
+		}
+		if got := f.counter("lease-ip", filter.CounterAllowed); got != 4 {
+			t.Errorf("allowed = %d, want 4", got)
+		}
+		// The next tick sets the refill period back.
+		f.now += 0.001
+		f.h.Tick(f.p)
+		f.h.Tick(f.p)
+		if f.h.TickPeriod() != 100 {
+			t.Fatalf("tick period %d ms with nothing waiting, want 100", f.h.TickPeriod())
+		}
+	})
+
+	t.Run("admitted from the allowance; spent: one immediate refill, shared", func(t *testing.T) {
+		f := warm(t, leaseCfg)
 		for i := range 8 {
 			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Continue || res.Status() != 200 {
 				t.Fatalf("request %d: %v %d, want admitted locally", i, res.RequestAction, res.Status())
 			}
 		}
-		if len(f.h.Calls) != 2 {
+		if len(f.h.Calls) != 1 {
 			t.Fatalf("%d calls: admissions from the allowance must not call", len(f.h.Calls))
 		}
-		// The allowance is spent but live: no call per request.
-		for range 5 {
-			if _, res := f.h.Start(f.p, req); res.Status() != 429 || len(f.h.Calls) != 2 {
-				t.Fatalf("spent allowance: %d with %d calls, want a local 429", res.Status(), len(f.h.Calls))
+		// Spent: the next requests wait; one refill goes out at the next
+		// tick, within the refill period (the last grant was full).
+		for range 3 {
+			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
+				t.Fatalf("spent allowance: %v, want the request to wait", res.RequestAction)
 			}
 		}
-		if got := f.counter("lease-ip", filter.CounterAllowed); got != 9 {
-			t.Errorf("allowed = %d, want 9", got)
-		}
-		// The refiller saw the demand of all 13: it asks for more.
-		f.now += 0.1
+		f.now += 0.01
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 3 || decodeCall(t, f.h.Calls[2])[0].entries["tokengate_want"] != "8" {
-			t.Fatalf("%d calls; want a refill of lease_max 8", len(f.h.Calls))
+		if len(f.h.Calls) != 2 {
+			t.Fatalf("%d calls, want one immediate refill", len(f.h.Calls))
 		}
-		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 8, "8", 0))
-		if _, res := f.h.Start(f.p, req); res.Status() != 200 {
-			t.Fatalf("after the refill: %d", res.Status())
+		if e := leaseCall(t, f.h, 1); e["tokengate_want"] != "8" || e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "0" {
+			t.Fatalf("refill %v, want lease_max 8 reporting grant 7 spent", e)
 		}
-		// Once the allowance has expired, the bucket is cold again: an
-		// exact call.
+		f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 8, "8", 0))
+		if len(f.h.Continued) != 4 || record(t, f).Tokens != 5 {
+			t.Fatalf("continued %v, record %+v; want the three waiting requests resumed, 5 left", f.h.Continued, record(t, f))
+		}
+		// Once the allowance has expired, a request waits for a refill.
 		f.now += 2.1
-		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 4 {
-			t.Fatalf("expired allowance: %v with %d calls, want an exact call", res.RequestAction, len(f.h.Calls))
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 2 {
+			t.Fatalf("expired allowance: %v with %d calls, want it to wait", res.RequestAction, len(f.h.Calls))
 		}
 	})
 
 	t.Run("known empty: 429 without a call until the retry time", func(t *testing.T) {
-		f := warm(t)
+		f := warm(t, leaseCfg)
 		for range 8 {
 			f.h.Start(f.p, req)
 		}
-		f.now += 2.01 // the allowance expires: cold
-		f.h.Start(f.p, req)
-		resp := f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(2, 0, "", 3))
+		s, _ := f.h.Start(f.p, req) // waits
+		_ = s
+		f.h.Tick(f.p)
+		resp := f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(2, 0, "8", 3))
 		if resp.Local == nil || resp.Local.Status != 429 {
-			t.Fatalf("reply %+v, want 429", resp.Local)
+			t.Fatalf("reply %+v, want 429 for the waiting request", resp.Local)
 		}
 		_, res := f.h.Start(f.p, req)
-		if res.Status() != 429 || len(f.h.Calls) != 3 {
+		if res.Status() != 429 || len(f.h.Calls) != 2 {
 			t.Fatalf("status %d with %d calls, want a local 429", res.Status(), len(f.h.Calls))
 		}
 		if ra, _ := findHeader(res.Response.Local.Headers, "retry-after"); ra < "3" {
 			t.Errorf("retry-after %q", ra)
 		}
+		f.now += 1
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 3 {
+		if len(f.h.Calls) != 2 {
 			t.Errorf("a tick asked for a lease of a bucket known empty")
 		}
-		f.now += 3.01
-		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 4 {
-			t.Fatalf("after the retry time: %v with %d calls, want an exact call", res.RequestAction, len(f.h.Calls))
-		}
-	})
-
-	t.Run("expired allowance is not spent", func(t *testing.T) {
-		f := warm(t)
-		f.now += 2.0 // the grant was sent 2 s ago minus nothing: ttl over
+		f.now += 2.01
 		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
-			t.Fatalf("action %v, want an exact call: the allowance expired", res.RequestAction)
+			t.Fatalf("after the retry time: %v, want the request to wait for a refill", res.RequestAction)
+		}
+		f.h.Tick(f.p)
+		if len(f.h.Calls) != 3 {
+			t.Fatalf("%d calls after the retry time, want a refill", len(f.h.Calls))
 		}
 	})
 
-	t.Run("renewal reports the unspent tokens and the grant", func(t *testing.T) {
-		f := warm(t)
+	t.Run("partial grant: the bucket is empty until the next refill period", func(t *testing.T) {
+		f := warm(t, leaseCfg)
+		for range 8 {
+			f.h.Start(f.p, req)
+		}
+		f.h.Start(f.p, req) // waits
+		f.now += 0.01
+		f.h.Tick(f.p)
+		// 2 of the 8 asked for, nothing left: one serves the waiting
+		// request, one the next, then 429 locally until epoch+0.11.
+		f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswerLeft(1, 2, "8", 0, 0))
+		if len(f.h.Continued) != 2 {
+			t.Fatalf("continued %v", f.h.Continued)
+		}
+		if _, res := f.h.Start(f.p, req); res.Status() != 200 {
+			t.Fatalf("second token: %d", res.Status())
+		}
+		if _, res := f.h.Start(f.p, req); res.Status() != 429 || len(f.h.Calls) != 2 {
+			t.Fatalf("after a partial grant: %d with %d calls, want a local 429", res.Status(), len(f.h.Calls))
+		}
+		f.now += 0.1
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
+			t.Fatalf("next refill period: %v, want the request to wait", res.RequestAction)
+		}
+		f.h.Tick(f.p)
+		if len(f.h.Calls) != 3 {
+			t.Fatalf("%d calls, want the refill", len(f.h.Calls))
+		}
+	})
+
+	t.Run("renewal reports the unspent tokens; the answer counts what was spent meanwhile", func(t *testing.T) {
+		f := warm(t, leaseCfg)
 		for range 6 {
 			f.h.Start(f.p, req)
 		}
 		f.now += 0.1
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 3 {
+		if len(f.h.Calls) != 2 {
 			t.Fatalf("%d calls, want a renewal", len(f.h.Calls))
 		}
-		e := decodeCall(t, f.h.Calls[2])[0].entries
-		if e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "2" {
+		if e := leaseCall(t, f.h, 1); e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "2" {
 			t.Fatalf("renewal %v, want grant 7 and 2 unspent", e)
 		}
-		// One more request spends while the call is out; the answer's
-		// grant adds to what is left.
+		// One more request spends while the call is out. The new grant is
+		// 2 carried over + 5: 7, less the one spent since the report.
 		f.h.Start(f.p, req)
-		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 5, "9", 0))
-		if r := record(t, f); r.Tokens != 6 || r.Grant != 9 {
-			t.Fatalf("record %+v, want 1 left + 5 granted under grant 9", r)
+		f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 7, "9", 0))
+		if r := record(t, f); r.Tokens != 6 || r.Grant != 9 || r.Expiry != epoch+0.1+2 {
+			t.Fatalf("record %+v, want 6 under grant 9", r)
+		}
+	})
+
+	t.Run("a report the service no longer covers is not counted again", func(t *testing.T) {
+		// The audit's lost answer: a renewal the service granted, whose
+		// answer timed out; the next renewal names the old grant, which
+		// the service replaced, so it carries nothing over (requests = the
+		// new tokens only). The proxy must drop the reported tokens, not
+		// re-date them.
+		f := warm(t, leaseCfg)
+		for range 6 {
+			f.h.Start(f.p, req)
+		}
+		f.now += 0.1
+		f.h.Tick(f.p)
+		f.h.Deliver(f.p, f.h.Calls[1].Token, filtertest.CallResponse{}) // timed out
+		if r := record(t, f); r.Tokens != 2 || r.Grant != 7 || r.Claim != 0 {
+			t.Fatalf("record %+v, want the 2 held tokens kept under grant 7", r)
+		}
+		f.h.Start(f.p, req) // 1 left
+		f.now += 0.1
+		f.h.Tick(f.p)
+		if e := leaseCall(t, f.h, 2); e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "1" {
+			t.Fatalf("renewal %v", e)
+		}
+		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 3, "11", 0))
+		if r := record(t, f); r.Tokens != 3 || r.Grant != 11 {
+			t.Fatalf("record %+v, want only the 3 new tokens (the service carried none over)", r)
 		}
 	})
 
 	t.Run("idle tokens are released", func(t *testing.T) {
-		f := warm(t)
-		f.now += 0.1
-		f.h.Tick(f.p) // the demand of the warm-up: a renewal
-		if len(f.h.Calls) == 3 {
-			f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 0, "8", 0))
-		}
+		f := warm(t, leaseCfg)
 		n := len(f.h.Calls)
+		f.now += 0.2
+		f.h.Tick(f.p) // enough held: the demand window starts again
+		if len(f.h.Calls) != n {
+			t.Fatalf("%d calls, want none: 8 held cover the demand", len(f.h.Calls))
+		}
 		f.now += 1.01 // no demand for half the ttl
 		f.h.Tick(f.p)
 		if len(f.h.Calls) != n+1 {
 			t.Fatalf("%d calls, want a release", len(f.h.Calls))
 		}
-		e := decodeCall(t, f.h.Calls[n])[0].entries
-		if e["tokengate_release"] != "1" || e["tokengate_unspent"] != "8" {
-			t.Fatalf("release %v, want 8 returned", e)
+		e := leaseCall(t, f.h, n)
+		if e["tokengate_release"] != "1" || e["tokengate_unspent"] != "8" || e["tokengate_grant"] != "7" {
+			t.Fatalf("release %v, want 8 of grant 7 returned", e)
 		}
 		if r := record(t, f); r.Tokens != 0 {
 			t.Fatalf("record %+v: tokens being returned must not be spendable", r)
 		}
 		f.h.Deliver(f.p, f.h.Calls[n].Token, leaseAnswer(1, 0, "", 0))
-		if r := record(t, f); r.Tokens != 0 || r.Claim > f.now+0.1 {
+		if r := record(t, f); r.Tokens != 0 || r.Claim != 0 || r.Hold != 0 {
 			t.Fatalf("record %+v after the release", r)
 		}
 	})
 
-	t.Run("one refiller per process", func(t *testing.T) {
+	t.Run("one refiller per process; other workers' requests share its refill", func(t *testing.T) {
 		f := newFixture(t, leaseCfg)
 		h2 := f.h.NewWorker()
 		p2 := filter.NewPlugin(h2)
@@ -305,73 +422,102 @@ func TestLeaseMode(t *testing.T) {
 		}
 		f.h.Start(f.p, req)
 		h2.Start(p2, req)
-		f.now += 0.1
 		f.h.Tick(f.p)
 		h2.Tick(p2)
-		if n := len(f.h.Calls) + len(h2.Calls); n != 3 {
-			t.Fatalf("%d calls, want 2 exact calls and 1 lease request", n)
+		if n := len(f.h.Calls) + len(h2.Calls); n != 1 {
+			t.Fatalf("%d calls, want one lease request for both workers", n)
 		}
-		// The worker holding the claim dies: its claim lapses and the
-		// other worker takes over.
-		f.now += 0.05 + 1.01
-		h2.Start(p2, req) // demand: a cold request, its exact call
+		// Worker 1 applies the grant (all it asked for: 2 requests in a
+		// period, 6) and resumes its request; worker 2's request is
+		// resumed by its next tick, with no call.
+		if e := leaseCall(t, f.h, 0); e["tokengate_want"] != "6" {
+			t.Fatalf("lease request %v, want 6", e)
+		}
+		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 6, "1", 0))
+		f.now += 0.001
+		if got := h2.Tick(p2); len(got) != 1 || len(h2.Calls) != 0 {
+			t.Fatalf("worker 2 resumed %v with %d calls, want its request and no call", got, len(h2.Calls))
+		}
+		// 4 left. Worker 2 spends them, and its next request waits: the
+		// last grant was full, so its refill goes out at once.
+		for range 5 {
+			h2.Start(p2, req)
+		}
 		h2.Tick(p2)
-		if len(h2.Calls) != 3 || decodeCall(t, h2.Calls[2])[0].entries["tokengate_holder"] == "" {
-			t.Fatalf("calls %d and %d: nobody refilled after the claim lapsed", len(f.h.Calls), len(h2.Calls))
+		if len(h2.Calls) != 1 {
+			t.Fatalf("worker 2: %d calls, want the refill", len(h2.Calls))
 		}
+		// ... worker 2 dies with it. Worker 1's requests wait until the
+		// claim lapses (timeout + 1 s), then it asks.
+		f.h.Start(f.p, req)
+		f.h.Tick(f.p)
+		if len(f.h.Calls) != 1 {
+			t.Fatalf("worker 1 asked while worker 2's call was out")
+		}
+		f.now += 0.05 + 1.01
+		f.h.Start(f.p, req)
+		f.h.Tick(f.p)
+		if len(f.h.Calls) != 2 {
+			t.Fatalf("worker 1: %d calls, want a refill once the claim lapsed", len(f.h.Calls))
+		}
+		leaseCall(t, f.h, 1)
 	})
 
-	t.Run("one refill per tick per process, whatever the workers' phases", func(t *testing.T) {
-		f := warm(t) // worker 1 refilled at epoch+0.05
+	t.Run("one periodic refill per period per process, whatever the workers' phases", func(t *testing.T) {
+		f := warm(t, leaseCfg) // worker 1 refilled at epoch
 		h2 := f.h.NewWorker()
 		p2 := filter.NewPlugin(h2)
 		p2.Clock = func() float64 { return f.now }
 		if !p2.OnConfigure([]byte(leaseCfg)) {
 			t.Fatal("configure")
 		}
-		for range 8 {
-			h2.Start(p2, req) // demand from another worker: the allowance is spent
+		for range 6 {
+			h2.Start(p2, req) // demand from another worker, 2 left
 		}
-		// 40 ms after the refill's dispatch, a tick (another phase) must
-		// not refill again, demand or not; a tick later it does.
-		f.now += 0.04
+		// 80 ms after the refill's dispatch, a tick (another phase) must
+		// not refill again; from 90 ms on (a period less a tenth, for
+		// early ticks) one does, once.
+		f.now += 0.08
+		h2.Tick(p2)
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 2 {
-			t.Fatalf("%d calls: a second refill within one tick", len(f.h.Calls))
+		if len(f.h.Calls)+len(h2.Calls) != 1 {
+			t.Fatalf("%d calls: a second refill within one period", len(f.h.Calls)+len(h2.Calls))
 		}
-		f.now += 0.06
+		f.now += 0.015
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 3 {
-			t.Fatalf("%d calls: no refill a tick later", len(f.h.Calls))
+		h2.Tick(p2)
+		if len(f.h.Calls)+len(h2.Calls) != 2 {
+			t.Fatalf("%d calls: want one refill a period later", len(f.h.Calls)+len(h2.Calls))
 		}
+		leaseCall(t, f.h, 1)
 	})
 
 	t.Run("the timer keeps the refill period; early ticks do not refill", func(t *testing.T) {
-		f := warm(t)
-		for range 8 {
+		f := warm(t, leaseCfg)
+		for range 6 {
 			f.h.Start(f.p, req) // demand: the next refill is wanted
 		}
 		// Ticks every 10 ms (as delayed admission may set them): the
-		// period stays 100 ms with nothing held, and the refill runs once
-		// in 100 ms, not on every tick.
-		for range 9 {
+		// period stays 100 ms with nothing waiting, and the refill runs
+		// once in 100 ms, not on every tick.
+		f.now += 0.005
+		for range 10 {
 			f.now += 0.01
 			f.h.Tick(f.p)
 			if got := f.h.TickPeriod(); got != 100 {
-				t.Fatalf("tick period %d ms with a lease rule and nothing held, want 100", got)
+				t.Fatalf("tick period %d ms with a lease rule and nothing waiting, want 100", got)
 			}
 		}
-		if len(f.h.Calls) != 3 {
-			t.Fatalf("%d calls after nine 10 ms ticks, want one refill", len(f.h.Calls))
+		if len(f.h.Calls) != 2 {
+			t.Fatalf("%d calls after ten 10 ms ticks, want one refill", len(f.h.Calls))
 		}
 	})
 
 	t.Run("a grant answered after the claim lapsed is dropped", func(t *testing.T) {
 		f := newFixture(t, leaseCfg)
 		f.h.Start(f.p, req)
-		f.now += 0.1
 		f.h.Tick(f.p)
-		tok := f.h.Calls[1].Token
+		tok := f.h.Calls[0].Token
 		// Another worker's claim replaced ours.
 		k := "tl:lease-ip:192.0.2.1"
 		v, cas, _ := f.h.Store.Get(k)
@@ -384,28 +530,241 @@ func TestLeaseMode(t *testing.T) {
 		}
 	})
 
-	t.Run("service down: the call fails, the claim clears", func(t *testing.T) {
-		f := warm(t)
+	denyCfg := strings.Replace(leaseCfg, `"lease_tick_ms":100`, `"lease_tick_ms":100,"on_error":"deny"`, 1)
+
+	t.Run("service down: held tokens are spent, then the requests that wait meet on_error", func(t *testing.T) {
+		f := warm(t, denyCfg)
 		for range 6 {
 			f.h.Start(f.p, req)
 		}
 		f.now += 0.1
 		f.h.Tick(f.p)
-		f.h.Deliver(f.p, f.h.Calls[2].Token, filtertest.CallResponse{})
-		if r := record(t, f); r.Tokens != 2 || r.Claim > f.now+0.1 || r.Grant != 7 {
-			t.Fatalf("record %+v, want the 2 held tokens kept and the claim cleared", r)
-		}
+		f.h.Deliver(f.p, f.h.Calls[1].Token, filtertest.CallResponse{})
 		for range 2 {
 			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Continue {
 				t.Fatal("held tokens not spent while the service is down")
 			}
 		}
-		// Spent, with the service failing: the next request does not wait
-		// for a refill but makes its exact call (and so meets on_error).
-		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 4 {
-			t.Fatalf("spent while the service is down: %v with %d calls, want an exact call", res.RequestAction, len(f.h.Calls))
+		// Spent: the next request waits for the next call, which goes out
+		// at the end of the refill period (not at once: one call a period
+		// while the service fails), and meets on_error when it fails.
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
+			t.Fatalf("spent while the service is down: %v, want it to wait for the next call", res.RequestAction)
+		}
+		f.now += 0.05
+		f.h.Tick(f.p)
+		if len(f.h.Calls) != 2 {
+			t.Fatalf("%d calls: a retry within the refill period of the failed call", len(f.h.Calls))
+		}
+		f.now += 0.051
+		f.h.Tick(f.p)
+		if len(f.h.Calls) != 3 {
+			t.Fatalf("%d calls, want the retry a period after the failed one", len(f.h.Calls))
+		}
+		if resp := f.h.Deliver(f.p, f.h.Calls[2].Token, filtertest.CallResponse{}); resp.Local == nil || resp.Local.Status != 503 {
+			t.Fatalf("reply %+v, want on_error's 503", resp.Local)
+		}
+		// The service is back: a waiting request gets the next grant.
+		f.now += 0.101
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
+			t.Fatalf("%v, want the request to wait", res.RequestAction)
+		}
+		f.h.Tick(f.p)
+		f.h.Deliver(f.p, f.h.Calls[3].Token, leaseAnswer(1, 4, "12", 0))
+		if n := len(f.h.Continued); n != 2 || f.h.Continued[n-1] != 11 {
+			t.Fatalf("continued %v, want the waiting request resumed", f.h.Continued)
+		}
+		if r := record(t, f); r.Down != 0 || r.Tokens != 3 {
+			t.Fatalf("record %+v, want Down cleared and 3 left", r)
 		}
 	})
+
+	t.Run("no refill in time: on_error", func(t *testing.T) {
+		f := newFixture(t, denyCfg)
+		f.h.Start(f.p, req)
+		f.h.Tick(f.p) // the call goes out and is never answered
+		f.now += 0.249
+		f.h.Tick(f.p)
+		if f.h.Response.Local != nil {
+			t.Fatalf("answered %+v before the deadline", f.h.Response.Local)
+		}
+		f.now += 0.002
+		f.h.Tick(f.p)
+		if f.h.Response.Local == nil || f.h.Response.Local.Status != 503 {
+			t.Fatalf("reply %+v after 2 x lease_tick_ms + timeout_ms, want on_error's 503", f.h.Response.Local)
+		}
+	})
+
+	t.Run("a waiting request whose client left is dropped", func(t *testing.T) {
+		f := newFixture(t, leaseCfg)
+		s, _ := f.h.Start(f.p, req)
+		f.h.Tick(f.p)
+		f.h.End(s, 1)
+		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 3, "1", 0))
+		if len(f.h.Continued) != 0 {
+			t.Fatalf("continued %v: a stream that ended", f.h.Continued)
+		}
+	})
+}
+
+// TestLeaseSizing: the lease request asks for enough for a refill period
+// plus a round trip at twice the local rate observed since the last
+// refill, the round trip measured from the answers (the timeout before any
+// was), capped by lease_max.
+func TestLeaseSizing(t *testing.T) {
+	cfg := `{"rules":[{"name":"lease-ip","scope":"cluster","mode":"lease","lease_max":100,"lease_ttl_ms":2000,
+	 "limit_keys":["ip:address"],"algorithm_config":{"rps":1000,"burst":2000}}],
+	"settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100}}}`
+	req := filtertest.Get("/", "192.0.2.1:5000")
+	f := newFixture(t, cfg)
+	f.h.Start(f.p, req)
+	f.h.Tick(f.p)
+	// Nothing measured: 1 request a period (10/s) x (0.1 + 0.05 s) x 2 = 3.
+	if e := leaseCall(t, f.h, 0); e["tokengate_want"] != "3" {
+		t.Fatalf("first request %v, want 3", e)
+	}
+	// The answer takes 2 ms (the round trip is measured) and grants 50.
+	f.now += 0.002
+	f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 50, "1", 0))
+	if r := record(t, f); math.Abs(r.RTT-0.002) > 1e-9 || r.Tokens != 49 || r.Used != 1 {
+		t.Fatalf("record %+v, want RTT 0.002, 49 left, 1 used", r)
+	}
+	// 20 requests in the next 0.1 s, all admitted from the allowance; then
+	// the periodic refill: 21 used in 0.1 s is 210/s, for 0.1 s plus twice
+	// the round trip, twice: ceil(2 x 210 x 0.104) = 44; 29 held: 15 more.
+	start := f.now
+	for i := range 20 {
+		f.now = start + float64(i+1)*0.005
+		if _, res := f.h.Start(f.p, req); res.Status() != 200 {
+			t.Fatalf("request %d: %d", i, res.Status())
+		}
+	}
+	f.h.Tick(f.p)
+	if e := leaseCall(t, f.h, 1); e["tokengate_want"] != "15" || e["tokengate_unspent"] != "29" {
+		t.Fatalf("periodic refill %v, want 15 more for 29 held", e)
+	}
+	f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 44, "2", 0))
+	// Ten times the rate: capped at lease_max 100.
+	start = f.now
+	for i := range 200 {
+		f.now = start + float64(i+1)*0.0005
+		f.h.Start(f.p, req)
+	}
+	f.h.Tick(f.p)
+	e := leaseCall(t, f.h, len(f.h.Calls)-1)
+	if w, _ := strconv.Atoi(e["tokengate_want"]); float64(w) != 100-mustFloat(t, e["tokengate_unspent"]) {
+		t.Fatalf("refill %v, want up to lease_max 100", e)
+	}
+}
+
+func mustFloat(t *testing.T, s string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestLeaseAllOrNothing: a request one lease rule admitted and another
+// rule rejects gets its lease tokens back, unless a lease request was sent
+// since the debit (the report the service got did not count them: giving
+// them back then could spend tokens it does not count).
+func TestLeaseAllOrNothing(t *testing.T) {
+	cfg := `{"rules":[
+	 {"name":"lease-ip","scope":"cluster","mode":"lease","lease_max":8,"lease_ttl_ms":2000,"limit_keys":["ip:address"],"algorithm_config":{"rps":10,"burst":20}},
+	 {"name":"lease-all","scope":"cluster","mode":"lease","lease_max":8,"lease_ttl_ms":2000,"algorithm_config":{"rps":10,"burst":20}},
+	 {"name":"exact","scope":"cluster","limit_keys":["header:x-exact"],"algorithm_config":{"rps":10,"burst":20}}],
+	"settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100}}}`
+	req := filtertest.Get("/", "192.0.2.1:5000")
+	f := newFixture(t, cfg)
+	// Both lease buckets warm: the first request waits for both refills.
+	f.h.Start(f.p, req)
+	f.h.Tick(f.p)
+	if len(f.h.Calls) != 2 {
+		t.Fatalf("%d calls, want a refill for each lease rule", len(f.h.Calls))
+	}
+	for i := range 2 {
+		f.h.Deliver(f.p, f.h.Calls[i].Token, leaseAnswer(1, 5, strconv.Itoa(i+1), 0))
+	}
+	if len(f.h.Continued) != 1 {
+		t.Fatalf("continued %v", f.h.Continued)
+	}
+	ipKey, allKey := "tl:lease-ip:192.0.2.1", "tl:lease-all:"
+	if a, b := recordOf(t, f, ipKey).Tokens, recordOf(t, f, allKey).Tokens; a != 4 || b != 4 {
+		t.Fatalf("tokens %v and %v, want 4 each", a, b)
+	}
+	// lease-all becomes known empty: a request lease-ip admits is
+	// rejected by lease-all, and lease-ip's token comes back.
+	v, cas, _ := f.h.Store.Get(allKey)
+	r, _ := sharedstate.ParseLeaseRecord(v)
+	r.Tokens, r.Retry = 0, f.now+5
+	f.h.Store.Set(allKey, sharedstate.AppendLeaseRecord(nil, r), cas)
+	if _, res := f.h.Start(f.p, req); res.Status() != 429 {
+		t.Fatalf("status %d, want 429 from lease-all", res.Status())
+	}
+	if got := recordOf(t, f, ipKey).Tokens; got != 4 {
+		t.Fatalf("lease-ip holds %v, want its token given back (4)", got)
+	}
+	r.Retry = 0
+	r.Tokens = 4
+	_, cas, _ = f.h.Store.Get(allKey)
+	f.h.Store.Set(allKey, sharedstate.AppendLeaseRecord(nil, r), cas)
+	// With an exact rule: both lease rules admit, the exact call goes out;
+	// it rejects: both lease tokens come back.
+	exact := filtertest.Get("/", "192.0.2.1:5000", "x-exact", "a")
+	_, res := f.h.Start(f.p, exact)
+	if res.RequestAction != filter.Pause || len(f.h.Calls) != 3 {
+		t.Fatalf("%v with %d calls, want the exact call", res.RequestAction, len(f.h.Calls))
+	}
+	if a, b := recordOf(t, f, ipKey).Tokens, recordOf(t, f, allKey).Tokens; a != 3 || b != 3 {
+		t.Fatalf("tokens %v and %v while the exact call is out, want 3 each", a, b)
+	}
+	f.h.Deliver(f.p, f.h.Calls[2].Token, grpcOK(rlsResponse(2, []rlsStatus{{code: 2, resetSec: 1}})))
+	if a, b := recordOf(t, f, ipKey).Tokens, recordOf(t, f, allKey).Tokens; a != 4 || b != 4 {
+		t.Fatalf("tokens %v and %v after the exact rule rejected, want 4 each (given back)", a, b)
+	}
+	// Again, but a renewal of lease-ip is sent while the exact call is
+	// out: its report did not count the debited token, so it stays spent.
+	f.h.Start(f.p, exact)
+	f.now += 0.1
+	f.h.Tick(f.p) // periodic: both lease buckets renew
+	if len(f.h.Calls) != 6 {
+		t.Fatalf("%d calls, want the exact call and two renewals", len(f.h.Calls))
+	}
+	f.h.Deliver(f.p, f.h.Calls[3].Token, grpcOK(rlsResponse(2, []rlsStatus{{code: 2, resetSec: 1}})))
+	if a := recordOf(t, f, ipKey).Tokens; a != 3 {
+		t.Fatalf("lease-ip holds %v, want 3: a token debited before a report is not given back", a)
+	}
+}
+
+// TestLeaseShadowAndMixed: a lease rule of a shadow policy never rejects
+// nor waits; a lease rule without allowance in a request that makes an
+// exact call anyway joins that call as an exact take.
+func TestLeaseShadowAndMixed(t *testing.T) {
+	cfg := `{"bundle_version":1,"policies":[{"id":"w","spec":{"mode":"shadow","rules":[
+	 {"name":"lease-ip","scope":"cluster","mode":"lease","lease_max":8,"lease_ttl_ms":2000,"limit_keys":["ip:address"],"algorithm_config":{"rps":10,"burst":20}}]}}],
+	"settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100}}}`
+	f := newFixture(t, cfg)
+	if _, res := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000")); res.RequestAction != filter.Continue || len(f.h.Calls) != 0 {
+		t.Fatalf("shadow lease rule: %v with %d calls, want the request through", res.RequestAction, len(f.h.Calls))
+	}
+	if got := f.counter("lease-ip", filter.CounterShadowRejected); got != 1 {
+		t.Errorf("shadow_rejected = %d, want 1", got)
+	}
+
+	cfg = `{"rules":[
+	 {"name":"lease-ip","scope":"cluster","mode":"lease","lease_max":8,"lease_ttl_ms":2000,"limit_keys":["ip:address"],"algorithm_config":{"rps":10,"burst":20}},
+	 {"name":"exact","scope":"cluster","algorithm_config":{"rps":10,"burst":20}}],
+	"settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100}}}`
+	f = newFixture(t, cfg)
+	if _, res := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000")); res.RequestAction != filter.Pause || len(f.h.Calls) != 1 {
+		t.Fatalf("mixed: %v with %d calls, want one exact call", res.RequestAction, len(f.h.Calls))
+	}
+	d := decodeCall(t, f.h.Calls[0])
+	if len(d) != 2 || d[1].entries["tokengate_mode"] != "lease" || d[1].entries["tokengate_holder"] != "" || d[1].hits != 1 {
+		t.Fatalf("descriptors %+v, want the exact rule's and an exact take of the lease rule", d)
+	}
 }
 
 func TestLeaseConfigErrors(t *testing.T) {
@@ -455,16 +814,45 @@ func BenchmarkLeaseAdmit(b *testing.B) {
 		b.Fatal("configure")
 	}
 	req := filtertest.Get("/", "192.0.2.1:5000")
-	h.Start(p, req)
-	h.Deliver(p, h.Calls[0].Token, leaseAnswer(1, 0, "", 0))
-	now += 0.1
+	h.Start(p, req) // waits for the lease the tick asks for
 	h.Tick(p)
-	h.Deliver(p, h.Calls[1].Token, leaseAnswer(1, 1000000, "1", 0))
+	h.Deliver(p, h.Calls[0].Token, leaseAnswer(1, 1000000, "1", 0))
 	b.ReportAllocs()
 	for b.Loop() {
 		now += 1e-6
-		if res := h.Do(p, req); res.Status() != 200 || len(h.Calls) != 2 {
+		if res := h.Do(p, req); res.Status() != 200 || len(h.Calls) != 1 {
 			b.Fatalf("status %d, %d calls", res.Status(), len(h.Calls))
 		}
 	}
+}
+
+// TestLeaseReconfigureWhileWaiting: a configuration without a service
+// lets the requests waiting for a lease go on (no rule of the new
+// configuration limits them); one that keeps the service keeps them
+// waiting for their refill.
+func TestLeaseReconfigureWhileWaiting(t *testing.T) {
+	req := filtertest.Get("/", "192.0.2.1:5000")
+	f := newFixture(t, leaseCfg)
+	f.h.Start(f.p, req)
+	f.h.Tick(f.p)
+	if !f.p.OnConfigure([]byte(leaseCfg)) {
+		t.Fatal("configure")
+	}
+	if len(f.h.Continued) != 0 {
+		t.Fatalf("continued %v: the same service, the request keeps waiting", f.h.Continued)
+	}
+	f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 3, "1", 0))
+	if len(f.h.Continued) != 1 {
+		t.Fatalf("continued %v, want the request resumed by its grant", f.h.Continued)
+	}
+	f.h.Start(f.p, req)
+	f.h.Start(f.p, req)
+	f.h.Start(f.p, req) // waits
+	if !f.p.OnConfigure([]byte(`{"rules":[{"name":"l","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":1}}]}`)) {
+		t.Fatal("configure")
+	}
+	if len(f.h.Continued) != 2 {
+		t.Fatalf("continued %v, want the waiting request resumed when the service is gone", f.h.Continued)
+	}
+	f.h.Tick(f.p) // nothing left to do, no panic
 }

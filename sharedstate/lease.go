@@ -43,15 +43,26 @@ type LeaseRecord struct {
 	// Since: the observed local demand.
 	Used  float64
 	Since float64
-	// Claim is the refiller's claim deadline and Claimer its nonce.
+	// Claim is the deadline of the lease call in flight (0: none) and
+	// Claimer the sequence number of the last claim: every claim adds one,
+	// so a value that did not change means no lease request was sent.
 	Claim   float64
 	Claimer uint32
 	// Retry is the time until which the global bucket is known empty.
 	Retry float64
-	// Down is the time until which the service is taken to be failing (a
-	// lease call failed): a spent allowance then falls back to exact calls,
-	// and so to on_error, instead of waiting for a refill.
+	// Down is the time the last lease call failed (0 once one succeeds):
+	// the requests that were waiting for it meet on_error.
 	Down float64
+	// Hold is the time before which the periodic refill does not call
+	// again (one call per refill period and process).
+	Hold float64
+	// Ramp is the allowance size the last call aimed for, when the service
+	// granted all of it (0 otherwise): a request that finds the allowance
+	// spent may then ask at once for at least twice as much.
+	Ramp float64
+	// RTT is the measured round trip of lease calls, seconds (a moving
+	// average; 0 before the first answer).
+	RTT float64
 }
 
 // Spendable returns the tokens that may be spent at now: Tokens before
@@ -64,7 +75,8 @@ func (r *LeaseRecord) Spendable(now float64) float64 {
 }
 
 // AppendLeaseRecord appends the stored form of r,
-// "tokens:expiry:grant:used:since:claim:claimer:retry:down", to dst. Tokens and
+// "tokens:expiry:grant:used:since:claim:claimer:retry:down:hold:ramp:rtt",
+// to dst. Tokens and
 // Used are floored to 6 decimals (a stored allowance never holds more than
 // r), times are written with 6 decimals.
 func AppendLeaseRecord(dst []byte, r LeaseRecord) []byte {
@@ -83,8 +95,11 @@ func AppendLeaseRecord(dst []byte, r LeaseRecord) []byte {
 	dst = strconv.AppendUint(dst, uint64(r.Claimer), 10)
 	dst = append(dst, ':')
 	dst = appendMicro(dst, nonNeg(r.Retry))
-	dst = append(dst, ':')
-	return appendMicro(dst, nonNeg(r.Down))
+	for _, x := range [...]float64{r.Down, r.Hold, r.Ramp, r.RTT} {
+		dst = append(dst, ':')
+		dst = appendMicro(dst, nonNeg(x))
+	}
+	return dst
 }
 
 // nonNeg floors x to 6 decimals; NaN, negative and huge values become 0
@@ -102,7 +117,7 @@ var errLeaseRecord = errors.New("sharedstate: malformed lease record")
 // allocate unless it fails.
 func ParseLeaseRecord(b []byte) (LeaseRecord, error) {
 	var r LeaseRecord
-	var f [9][]byte
+	var f [12][]byte
 	n := 0
 	start := 0
 	for i := 0; i <= len(b); i++ {
@@ -118,7 +133,8 @@ func ParseLeaseRecord(b []byte) (LeaseRecord, error) {
 	if n != len(f) {
 		return r, errLeaseRecord
 	}
-	floats := [...]*float64{0: &r.Tokens, 1: &r.Expiry, 3: &r.Used, 4: &r.Since, 5: &r.Claim, 7: &r.Retry, 8: &r.Down}
+	floats := [...]*float64{0: &r.Tokens, 1: &r.Expiry, 3: &r.Used, 4: &r.Since, 5: &r.Claim, 7: &r.Retry, 8: &r.Down,
+		9: &r.Hold, 10: &r.Ramp, 11: &r.RTT}
 	for i, dst := range floats {
 		if dst == nil {
 			continue

@@ -373,9 +373,18 @@ func (r *report) print(w io.Writer) {
 			ratio = fmt.Sprintf("%.2f× the per-request cost of (8l) (req/s); p50 +%s ms, p99 +%s ms", mb.rps/mm.rps, f3(mm.p50-mb.p50), f3(mm.p99-mb.p99))
 		}
 		add("8m", "HTTP via tokengate-local: the same rule, cluster scope in lease mode (wrk)", mm.String(), ratio, "≤ 1.2× (8l)")
-		if cps, ok := leaseCalls(r.dir); ok {
-			add("8m'", "RLS calls a second for the hot key during (8m) (one proxy, lease_tick_ms 100)", fmt.Sprintf("%.1f calls/s", cps), "", "≤ processes / tick = 10/s")
+		if lc, ok := leaseCalls(r.dir, "http-m-"); ok {
+			res := fmt.Sprintf("%.1f calls/s", lc.steady)
+			if lo, ok := leaseCalls(r.dir, "http-mq-"); ok {
+				if mq := wrkRuns(r.dir, "http-mq-"); len(mq) > 0 {
+					res = fmt.Sprintf("%.1f calls/s at %.1f k req/s; %.1f calls/s at %.1f k req/s (-c %d)", lc.steady, mm.rps/1000, lo.steady, medianWrk(mq).rps/1000, lo.conns)
+				}
+			}
+			add("8m'", fmt.Sprintf("RLS calls a second for the hot key during (8m), from %.1f s in (one proxy, lease_tick_ms 100)", lc.coldSecs), res, "", "≤ processes / tick = 10/s, not growing with req/s")
+			add("8m''", fmt.Sprintf("RLS calls for the hot key in the first %.1f s of (8m), from cold (released while idle)", lc.coldSecs), fmt.Sprintf("%.0f calls", lc.cold), "", "bounded (first lease, doublings to lease_max)")
 		}
+		total := int(mm.rps * secsOf(r.dir, "http-m-"))
+		add("8m-w", "wrong rejections during (8m): non-2xx with the limit never reached (one proxy)", fmt.Sprintf("%d of about %d requests", mm.non2xx, total), "", "≤ (N-1) × lease_max = 0")
 	}
 
 	fmt.Fprintln(w, "| # | measurement | result | ratio | target |")
@@ -661,24 +670,52 @@ func v8ns(c v8Case) string {
 	return f0(c.NsPerReq) + " ns/req"
 }
 
-// leaseCalls returns the median of the RLS calls a second measured around
-// the lease-mode rounds (http-m-N.calls: "calls seconds").
-func leaseCalls(dir string) (float64, bool) {
-	files, _ := filepath.Glob(filepath.Join(dir, "http-m-*.calls"))
-	var v []float64
+// leaseRound is what a lease-mode round's .calls file says: the RLS calls
+// in its first coldSecs (cold) and a second after that (steady), at conns
+// connections.
+type leaseRound struct {
+	cold, steady, coldSecs float64
+	conns                  int
+}
+
+// leaseCalls returns the medians of the lease rounds' RLS calls
+// (PREFIXN.calls: "before mid after seconds cold-seconds connections").
+func leaseCalls(dir, prefix string) (leaseRound, bool) {
+	files, _ := filepath.Glob(filepath.Join(dir, prefix+"*.calls"))
+	var cold, steady []float64
+	var out leaseRound
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
 		}
-		var calls, secs float64
-		if n, _ := fmt.Sscan(string(b), &calls, &secs); n == 2 && secs > 0 {
-			v = append(v, calls/secs)
+		var before, mid, after, secs, coldSecs float64
+		var conns int
+		if n, _ := fmt.Sscan(string(b), &before, &mid, &after, &secs, &coldSecs, &conns); n == 6 && secs > coldSecs {
+			cold = append(cold, mid-before)
+			steady = append(steady, (after-mid)/(secs-coldSecs))
+			out.coldSecs, out.conns = coldSecs, conns
 		}
 	}
-	if len(v) == 0 {
-		return 0, false
+	if len(cold) == 0 {
+		return out, false
 	}
-	sort.Float64s(v)
-	return v[len(v)/2], true
+	sort.Float64s(cold)
+	sort.Float64s(steady)
+	out.cold, out.steady = cold[len(cold)/2], steady[len(steady)/2]
+	return out, true
+}
+
+// secsOf returns the seconds of the first lease round (its .calls file), 0
+// if none.
+func secsOf(dir, prefix string) float64 {
+	files, _ := filepath.Glob(filepath.Join(dir, prefix+"*.calls"))
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		var before, mid, after, secs float64
+		if n, _ := fmt.Sscan(string(b), &before, &mid, &after, &secs); n == 4 {
+			return secs
+		}
+	}
+	return 0
 }

@@ -64,8 +64,13 @@ type LeaseOp struct {
 type LeaseResult struct {
 	// OverLimit: tokens were wanted and none were free.
 	OverLimit bool
-	// Granted is the tokens granted (or, for a release, returned).
+	// Granted is the new tokens granted (or, for a release, the tokens
+	// returned).
 	Granted uint64
+	// Covered is the part of the reported unspent tokens the new grant
+	// carries over: the tokens the reported grant still held, whole. The
+	// new grant's amount is Covered + Granted (Quota.requests).
+	Covered uint64
 	// ID is the new grant's id (0 for a release).
 	ID uint64
 	// Tokens are the free tokens left in the global bucket.
@@ -110,13 +115,13 @@ func leaseResult(r rueidis.RedisResult) (LeaseResult, error) {
 	if err != nil {
 		return LeaseResult{}, err
 	}
-	if len(arr) != 6 {
-		return LeaseResult{}, fmt.Errorf("redis: lease script returned %d values, want 6", len(arr))
+	if len(arr) != 7 {
+		return LeaseResult{}, fmt.Errorf("redis: lease script returned %d values, want 7", len(arr))
 	}
-	var ints [3]int64
-	for i := range ints {
-		if ints[i], err = arr[i].AsInt64(); err != nil {
-			return LeaseResult{}, fmt.Errorf("redis: lease script: %w", err)
+	var ints [4]int64
+	for i, j := range [...]int{0, 1, 2, 6} {
+		if ints[i], err = arr[j].AsInt64(); err != nil || ints[i] < 0 {
+			return LeaseResult{}, fmt.Errorf("redis: lease script: value %d: %v", j, arr[j])
 		}
 	}
 	var fl [3]float64
@@ -129,7 +134,7 @@ func leaseResult(r rueidis.RedisResult) (LeaseResult, error) {
 			return LeaseResult{}, fmt.Errorf("redis: lease script: %w", err)
 		}
 	}
-	return LeaseResult{OverLimit: ints[0] == 2, Granted: uint64(ints[1]), ID: uint64(ints[2]),
+	return LeaseResult{OverLimit: ints[0] == 2, Granted: uint64(ints[1]), ID: uint64(ints[2]), Covered: uint64(ints[3]),
 		Tokens: fl[0], Retry: fl[1], ValidUntil: fl[2]}, nil
 }
 
@@ -264,7 +269,9 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 	}
 	if !l.release {
 		sec, frac := math.Modf(res.ValidUntil)
-		st.Quota = &rlsv3.RateLimitResponse_Quota{Requests: uint32(min(res.Granted, math.MaxUint32)), Id: strconv.FormatUint(res.ID, 10),
+		// The grant's whole amount: the reported tokens it carries over
+		// plus the new ones (docs/lease.md, wire protocol).
+		st.Quota = &rlsv3.RateLimitResponse_Quota{Requests: uint32(min(res.Covered+res.Granted, math.MaxUint32)), Id: strconv.FormatUint(res.ID, 10),
 			ExpirationSpecifier: &rlsv3.RateLimitResponse_Quota_ValidUntil{ValidUntil: &timestamppb.Timestamp{Seconds: int64(sec), Nanos: int32(frac * 1e9)}}}
 	}
 	resp = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st}}

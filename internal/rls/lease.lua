@@ -15,13 +15,14 @@
 --          otherwise Redis TIME
 --
 -- Invariant: L + H <= burst, H the sum of the live grants' amounts. The
--- refill is capped at burst - H with H as stored before this call, so that
--- capacity freed by a report or an expiry becomes refill room from this
--- call on, never retroactively (docs/lease.md, the accuracy bound).
+-- refill is capped at burst - H: room freed by a grant's expiry refills
+-- from that expiry on, room freed by a report or a release from this call
+-- on, never earlier (docs/lease.md, the accuracy bound).
 --
 -- take returns    {allowed (1/0), tokens}
--- lease returns   {code (1 OK, 2 OVER_LIMIT), granted, id, tokens, retry, valid_until}
--- release returns {1, returned, 0, tokens, "0", "0"}
+-- lease returns   {code (1 OK, 2 OVER_LIMIT), granted, id, tokens, retry, valid_until, covered}
+--                 (the new grant's amount is covered + granted)
+-- release returns {1, returned, 0, tokens, "0", "0", 0}
 -- Numbers that may be fractional are strings (Redis truncates Lua numbers).
 
 local rate = tonumber(ARGV[1])
@@ -72,36 +73,61 @@ local function held()
   return h
 end
 
--- Refill with the cap of the stored state.
-local cap = burst - held()
-if cap < 0 then cap = 0 end
-local tokens, last = cap, now
+-- Refill under the cap burst - H, H the live grants. A grant leaves H at
+-- its expiry, its room refilling from then on at the rate (its tokens do
+-- not come back to L: a dead proxy may have spent them); so the refill
+-- since the last call runs piecewise between the expiries that fell in it.
+-- Grants released or replaced by a report leave H only from this call on.
+local stored = nil
 if bval then
   local a, b = string.match(bval, '^(%d+%.?%d*):(%d+%.?%d*)$')
-  tokens, last = tonumber(a), tonumber(b)
-  if tokens == nil or last == nil or last <= 0 then
-    tokens, last = cap, now
+  local tk, ls = tonumber(a), tonumber(b)
+  if tk ~= nil and ls ~= nil and ls > 0 then stored = {tk, ls} end
+end
+local last = now
+if stored then last = stored[2] end
+if now < last and last - now > 1.0 then last = now end
+local h, expiring = 0, {}
+for _, list in pairs(holders) do
+  for _, g in ipairs(list) do
+    if g[3] > now then
+      h = h + g[2]
+    elseif g[3] > last then
+      h = h + g[2]
+      expiring[#expiring + 1] = g
+    end
   end
 end
-if tokens > cap then tokens = cap end
-if now < last then
-  if last - now > 1.0 then last = now end
+table.sort(expiring, function(x, y) return x[3] < y[3] end)
+local function capped(x)
+  local c = burst - h
+  if c < 0 then c = 0 end
+  if x > c then return c end
+  return x
+end
+local tokens
+if stored then
+  tokens = capped(stored[1])
+  local t = last
+  for _, g in ipairs(expiring) do
+    tokens = capped(tokens + (g[3] - t) * rate)
+    t = g[3]
+    h = h - g[2]
+  end
+  if now > t then tokens = capped(tokens + (now - t) * rate) end
 else
-  local add = (now - last) * rate
-  if add > 0 then
-    tokens = tokens + add
-    if tokens > cap then tokens = cap end
-  end
-  last = now
+  for _, g in ipairs(expiring) do h = h - g[2] end
+  tokens = capped(burst)
 end
+if now > last then last = now end
 
--- Expired grants leave H; their tokens do not come back to L.
-for h, list in pairs(holders) do
+-- Expired grants leave the record.
+for hd, list in pairs(holders) do
   local keep = {}
   for _, g in ipairs(list) do
     if g[3] > now then keep[#keep + 1] = g end
   end
-  holders[h] = keep
+  holders[hd] = keep
 end
 
 local result
@@ -121,6 +147,10 @@ if op == 'take' then
 else
   -- The holder's report: grants older than the reported one were carried
   -- into it; the reported one is covered by what follows (or returned).
+  -- Only what grant k still holds can be covered: a report naming a grant
+  -- that is gone (expired, or replaced by an answer the proxy never
+  -- applied) covers nothing, and the answer says so (covered), so that the
+  -- proxy stops counting those tokens.
   local list = holders[holder] or {}
   local keep, covered = {}, 0
   for _, g in ipairs(list) do
@@ -136,8 +166,11 @@ else
     tokens = tokens + covered
     local c = burst - held()
     if tokens > c then tokens = c end
-    result = {1, math.floor(covered), 0, nil, '0', '0'}
+    result = {1, math.floor(covered), 0, nil, '0', '0', 0}
   else
+    -- A renewal carries whole tokens: the answer's Quota.requests is an
+    -- integer.
+    covered = math.floor(covered)
     local want = math.floor(amount)
     if want < 0 then want = 0 end
     local g = math.floor(tokens)
@@ -154,7 +187,7 @@ else
       retry = (1 - tokens) / rate
       if retry < 0 then retry = 0 end
     end
-    result = {code, g, lastid, nil, fmt(retry), fmt(exp)}
+    result = {code, g, lastid, nil, fmt(retry), fmt(exp), covered}
   end
 end
 
@@ -169,8 +202,10 @@ else
   result[4] = tokstr
 end
 
--- Write: state, id counter, changed holders; TTL until full and every
--- grant expired, plus 1 s.
+-- Write: state, id counter, changed holders; TTL: until every grant has
+-- expired and then the bucket has refilled to full, plus 1 s. (The room a
+-- grant holds only starts to refill when it expires: a key that vanished
+-- earlier would come back full and admit the grants' tokens twice.)
 if op ~= 'take' or result[1] == 1 then
   redis.call('HSET', KEYS[1], 'b', tokstr .. ':' .. fmt(last), 'n', tostring(lastid))
   local maxexp = now
@@ -187,7 +222,7 @@ if op ~= 'take' or result[1] == 1 then
     end
   end
   local full = (burst - n / 1e6) / rate
-  local ttlms = math.ceil((math.max(full, maxexp - now) + 1) * 1000)
+  local ttlms = math.ceil((full + (maxexp - now) + 1) * 1000)
   redis.call('PEXPIRE', KEYS[1], ttlms)
 end
 return result
