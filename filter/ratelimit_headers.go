@@ -39,13 +39,39 @@ func (q *quota) appendRateLimit(dst []byte, quoted string) ([]byte, rateLimitVal
 	dst = append(dst, quoted...)
 	dst = append(dst, ";r="...)
 	n.remaining = len(dst)
-	dst = strconv.AppendInt(dst, q.remaining, 10)
+	dst = appendCount(dst, q.remaining)
 	n.remainingEnd = len(dst)
 	dst = append(dst, ";t="...)
 	n.reset = len(dst)
-	dst = strconv.AppendInt(dst, q.reset, 10)
+	dst = appendCount(dst, q.reset)
 	n.resetEnd = len(dst)
 	return dst, n
+}
+
+// appendCount appends v in decimal, as strconv.AppendInt(dst, v, 10) does.
+// Values in [0, 2^32), every count a header states but a burst beyond
+// four billion, are written in place with 32-bit divisions: in the wasm
+// guest strconv's path costs several calls and a copy through memmove.
+func appendCount(dst []byte, v int64) []byte {
+	if v < 0 || v >= 1<<32 {
+		return strconv.AppendInt(dst, v, 10)
+	}
+	u := uint32(v)
+	n := 1
+	for x := u; x >= 10; x /= 10 {
+		n++
+	}
+	l := len(dst)
+	if cap(dst)-l < n {
+		dst = append(dst, "0000000000"[:n]...)
+	}
+	dst = dst[:l+n]
+	for i := l + n - 1; i > l; i-- {
+		dst[i] = byte('0' + u%10)
+		u /= 10
+	}
+	dst[l] = byte('0' + u)
+	return dst
 }
 
 // appendRateLimitFields formats the RateLimit and RateLimit-Policy values
@@ -94,6 +120,13 @@ func (p *Plugin) setRateLimitHeaders(buf []byte, quotas []quota, best int, merge
 	}
 	b, f := appendRateLimitFields(buf, quotas, best, upList, upPolicy)
 	p.host.SetResponseHeader("ratelimit-limit", f.bestRule.planOf().limit)
+	if h := p.hbs; h != nil { // setHeader, without a call a header
+		h.SetResponseHeaderBytes("ratelimit-remaining", b[f.best.remaining:f.best.remainingEnd])
+		h.SetResponseHeaderBytes("ratelimit-reset", b[f.best.reset:f.best.resetEnd])
+		h.SetResponseHeaderBytes("ratelimit", b[f.list[0]:f.list[1]])
+		h.SetResponseHeaderBytes("ratelimit-policy", b[f.policy[0]:f.policy[1]])
+		return b
+	}
 	p.setHeader("ratelimit-remaining", b[f.best.remaining:f.best.remainingEnd])
 	p.setHeader("ratelimit-reset", b[f.best.reset:f.best.resetEnd])
 	p.setHeader("ratelimit", b[f.list[0]:f.list[1]])
