@@ -404,21 +404,24 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 		return
 	}
 	if slotted {
-		p.refreshSeed()
+		if seed, ok := p.seeds.Current(p.time()); ok {
+			p.seed = seed // refreshSeed's common case, without its calls
+		} else {
+			p.refreshSeed()
+		}
 	}
-	p.buildKeys(&p.rc.enforce)
-	p.buildKeys(&p.rc.shadow)
-	p.buildKeys(&p.rc.cluster)
-	p.buildKeys(&p.rc.lease)
-	p.buildKeys(&p.rc.inflight)
+	groups := [...]*group{&p.rc.enforce, &p.rc.shadow, &p.rc.cluster, &p.rc.lease, &p.rc.inflight}
+	for _, g := range groups {
+		if len(g.rules) > 0 { // a call costs the wasm guest; most groups are empty
+			p.buildKeys(g)
+		}
+	}
 	// One string holds every key of the request: keyBuf stays untouched
 	// until the next request.
 	keys := p.view(p.rc.keyBuf)
-	p.rc.enforce.setKeys(keys)
-	p.rc.shadow.setKeys(keys)
-	p.rc.cluster.setKeys(keys)
-	p.rc.lease.setKeys(keys)
-	p.rc.inflight.setKeys(keys)
+	for _, g := range groups {
+		g.setKeys(keys)
+	}
 }
 
 func (r *Rule) matches(req *request) bool {
