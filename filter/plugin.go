@@ -774,7 +774,7 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 	if len(s.quotas) == 0 || p.cfg == nil || !p.cfg.Settings.RateLimitHeaders {
 		return Continue
 	}
-	p.rc.hdrBuf = p.setRateLimitHeaders(p.rc.hdrBuf[:0], s.quotas, s.best, true)
+	p.rc.hdrBuf = p.setRateLimitHeaders(p.rc.hdrBuf[:0], s.quotas, s.best)
 	return Continue
 }
 

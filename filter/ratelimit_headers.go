@@ -14,7 +14,8 @@ import "strconv"
 // pass that bucket. The legacy RateLimit-Limit, RateLimit-Remaining and
 // RateLimit-Reset describe one rule: the one with the fewest tokens left,
 // or on a rejection the rule that rejected. An upstream's own RateLimit and
-// RateLimit-Policy values are kept, ours appended to them.
+// RateLimit-Policy lines are kept, ours added after them as lines of their
+// own.
 
 // rateLimitFields locates the values of the RateLimit headers in the buffer
 // they were formatted into.
@@ -75,14 +76,10 @@ func appendCount(dst []byte, v int64) []byte {
 }
 
 // appendRateLimitFields formats the RateLimit and RateLimit-Policy values
-// of quotas into b, after the upstream's values when there are any; best
-// indexes the quota the legacy headers describe.
-func appendRateLimitFields(b []byte, quotas []quota, best int, upList, upPolicy string) ([]byte, rateLimitFields) {
+// of quotas into b; best indexes the quota the legacy headers describe.
+func appendRateLimitFields(b []byte, quotas []quota, best int) ([]byte, rateLimitFields) {
 	var f rateLimitFields
 	f.list[0] = len(b)
-	if upList != "" {
-		b = append(append(b, upList...), ", "...)
-	}
 	for i := range quotas {
 		if i > 0 {
 			b = append(b, ", "...)
@@ -95,9 +92,6 @@ func appendRateLimitFields(b []byte, quotas []quota, best int, upList, upPolicy 
 	}
 	f.list[1] = len(b)
 	f.policy[0] = len(b)
-	if upPolicy != "" {
-		b = append(append(b, upPolicy...), ", "...)
-	}
 	for i := range quotas {
 		if i > 0 {
 			b = append(b, ", "...)
@@ -109,27 +103,25 @@ func appendRateLimitFields(b []byte, quotas []quota, best int, upList, upPolicy 
 }
 
 // setRateLimitHeaders sets the RateLimit headers of an admitted request on
-// its response, merging the upstream's list values, and returns buf for
-// reuse. The values are views of buf, which stays untouched until the next
-// request.
-func (p *Plugin) setRateLimitHeaders(buf []byte, quotas []quota, best int, merge bool) []byte {
-	var upList, upPolicy string
-	if merge {
-		upList, _ = p.host.ResponseHeader("ratelimit")
-		upPolicy, _ = p.host.ResponseHeader("ratelimit-policy")
-	}
-	b, f := appendRateLimitFields(buf, quotas, best, upList, upPolicy)
+// its response and returns buf for reuse. The values are views of buf,
+// which stays untouched until the next request. RateLimit and
+// RateLimit-Policy are added as lines of their own after any the upstream
+// sent (Structured Field Lists: several lines are one list, RFC 9110
+// section 5.3), so the upstream's are neither read nor replaced; the legacy
+// three are replaced.
+func (p *Plugin) setRateLimitHeaders(buf []byte, quotas []quota, best int) []byte {
+	b, f := appendRateLimitFields(buf, quotas, best)
 	p.host.SetResponseHeader("ratelimit-limit", f.bestRule.planOf().limit)
-	if h := p.hbs; h != nil { // setHeader, without a call a header
+	if h := p.hbs; h != nil { // no string conversions, no call a header
 		h.SetResponseHeaderBytes("ratelimit-remaining", b[f.best.remaining:f.best.remainingEnd])
 		h.SetResponseHeaderBytes("ratelimit-reset", b[f.best.reset:f.best.resetEnd])
-		h.SetResponseHeaderBytes("ratelimit", b[f.list[0]:f.list[1]])
-		h.SetResponseHeaderBytes("ratelimit-policy", b[f.policy[0]:f.policy[1]])
+		h.AddResponseHeaderBytes("ratelimit", b[f.list[0]:f.list[1]])
+		h.AddResponseHeaderBytes("ratelimit-policy", b[f.policy[0]:f.policy[1]])
 		return b
 	}
 	p.setHeader("ratelimit-remaining", b[f.best.remaining:f.best.remainingEnd])
 	p.setHeader("ratelimit-reset", b[f.best.reset:f.best.resetEnd])
-	p.setHeader("ratelimit", b[f.list[0]:f.list[1]])
-	p.setHeader("ratelimit-policy", b[f.policy[0]:f.policy[1]])
+	p.host.AddResponseHeader("ratelimit", string(b[f.list[0]:f.list[1]]))
+	p.host.AddResponseHeader("ratelimit-policy", string(b[f.policy[0]:f.policy[1]]))
 	return b
 }
