@@ -410,18 +410,31 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 			p.refreshSeed()
 		}
 	}
-	groups := [...]*group{&p.rc.enforce, &p.rc.shadow, &p.rc.cluster, &p.rc.lease, &p.rc.inflight}
-	for _, g := range groups {
-		if len(g.rules) > 0 { // a call costs the wasm guest; most groups are empty
-			p.buildKeys(g)
-		}
+	// Most groups are empty, and a call costs the wasm guest.
+	rc := &p.rc
+	if len(rc.enforce.rules) > 0 {
+		p.buildKeys(&rc.enforce)
+	}
+	if len(rc.shadow.rules) > 0 {
+		p.buildKeys(&rc.shadow)
+	}
+	if len(rc.cluster.rules) > 0 {
+		p.buildKeys(&rc.cluster)
+	}
+	if len(rc.lease.rules) > 0 {
+		p.buildKeys(&rc.lease)
+	}
+	if len(rc.inflight.rules) > 0 {
+		p.buildKeys(&rc.inflight)
 	}
 	// One string holds every key of the request: keyBuf stays untouched
 	// until the next request.
-	keys := p.view(p.rc.keyBuf)
-	for _, g := range groups {
-		g.setKeys(keys)
-	}
+	keys := p.view(rc.keyBuf)
+	rc.enforce.setKeys(keys)
+	rc.shadow.setKeys(keys)
+	rc.cluster.setKeys(keys)
+	rc.lease.setKeys(keys)
+	rc.inflight.setKeys(keys)
 }
 
 func (r *Rule) matches(req *request) bool {
