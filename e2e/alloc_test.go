@@ -22,13 +22,14 @@ func TestGuestSteadyStateAllocations(t *testing.T) {
 		status        int
 		wantHostCalls int
 	}{
-		// An admitted request reads the upstream's RateLimit and
-		// RateLimit-Policy (2 calls) to merge its own values in.
-		{"one rule", rule, 1, 200, 11},
+		// An admitted request: the clock, the client address, a get and
+		// a set of its bucket, a counter, and five response headers (the
+		// upstream's RateLimit lines are not read: ours are added).
+		{"one rule", rule, 1, 200, 9},
 		{"four rules", `{"rules":[` + rule + `,
 			{"name":"per-key","limit_keys":["header:x-api-key"],"algorithm_config":{"rps":1000000,"burst":1000000}},
 			{"name":"per-route","limit_keys":["method","path"],"algorithm_config":{"rps":1000000,"burst":1000000}},
-			{"name":"global","algorithm_config":{"rps":1000000,"burst":1000000}}]}`, 1, 200, 23},
+			{"name":"global","algorithm_config":{"rps":1000000,"burst":1000000}}]}`, 1, 200, 21},
 		{"many clients", rule, 5000, 200, -1},
 		{"rejected", `{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":0.001,"burst":1}}`, 1, 429, 7},
 	}

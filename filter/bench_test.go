@@ -96,6 +96,8 @@ func (h *zeroHost) Property(...string) ([]byte, bool)       { return []byte("10.
 func (h *zeroHost) PropertyString(...string) (string, bool) { return "10.0.0.1:40000", true }
 func (h *zeroHost) SetResponseHeader(string, string)        {}
 func (h *zeroHost) SetResponseHeaderBytes(string, []byte)   {}
+func (h *zeroHost) AddResponseHeader(string, string)        {}
+func (h *zeroHost) AddResponseHeaderBytes(string, []byte)   {}
 func (h *zeroHost) ResponseHeader(string) (string, bool)    { return "", false }
 
 func (h *zeroHost) SendLocalResponse(uint32, string, []byte, [][2]string, int32) error { return nil }

@@ -244,6 +244,13 @@ func (h *hookHost) SetResponseHeader(name, value string) {
 	h.Host.SetResponseHeader(name, value)
 }
 
+func (h *hookHost) AddResponseHeader(name, value string) {
+	if h.onSetHeader != nil {
+		h.onSetHeader()
+	}
+	h.Host.AddResponseHeader(name, value)
+}
+
 func (h *hookHost) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpc int32) error {
 	if h.onSend != nil {
 		h.onSend()

@@ -98,6 +98,9 @@ type Host interface {
 	// SetResponseHeader replaces a response header
 	// (proxy_replace_header_map_value).
 	SetResponseHeader(name, value string)
+	// AddResponseHeader adds a line to the response headers, keeping those
+	// of the same name (proxy_add_header_map_value).
+	AddResponseHeader(name, value string)
 	// SendLocalResponse replies to the client without contacting the
 	// upstream (proxy_send_local_response). grpcStatus is NoGRPCStatus for a
 	// plain HTTP reply.

@@ -46,13 +46,15 @@ func (r *Rule) planOf() *rulePlan {
 	return &r.plan
 }
 
-// headerBytesSetter is implemented by hosts that can set a response header
-// from a byte slice without converting it to a string first (filter/abi: the
-// host copies the value during the call).
+// headerBytesSetter is implemented by hosts that can set or add a response
+// header from a byte slice without converting it to a string first
+// (filter/abi: the host copies the value during the call).
 type headerBytesSetter interface {
 	// SetResponseHeaderBytes is SetResponseHeader with the value as bytes;
 	// the host must not keep value after the call.
 	SetResponseHeaderBytes(name string, value []byte)
+	// AddResponseHeaderBytes is AddResponseHeader with the value as bytes.
+	AddResponseHeaderBytes(name string, value []byte)
 }
 
 // propertyStringer is implemented by hosts that can return a property as a

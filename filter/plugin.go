@@ -404,21 +404,37 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 		return
 	}
 	if slotted {
-		p.refreshSeed()
+		if seed, ok := p.seeds.Current(p.time()); ok {
+			p.seed = seed // refreshSeed's common case, without its calls
+		} else {
+			p.refreshSeed()
+		}
 	}
-	p.buildKeys(&p.rc.enforce)
-	p.buildKeys(&p.rc.shadow)
-	p.buildKeys(&p.rc.cluster)
-	p.buildKeys(&p.rc.lease)
-	p.buildKeys(&p.rc.inflight)
+	// Most groups are empty, and a call costs the wasm guest.
+	rc := &p.rc
+	if len(rc.enforce.rules) > 0 {
+		p.buildKeys(&rc.enforce)
+	}
+	if len(rc.shadow.rules) > 0 {
+		p.buildKeys(&rc.shadow)
+	}
+	if len(rc.cluster.rules) > 0 {
+		p.buildKeys(&rc.cluster)
+	}
+	if len(rc.lease.rules) > 0 {
+		p.buildKeys(&rc.lease)
+	}
+	if len(rc.inflight.rules) > 0 {
+		p.buildKeys(&rc.inflight)
+	}
 	// One string holds every key of the request: keyBuf stays untouched
 	// until the next request.
-	keys := p.view(p.rc.keyBuf)
-	p.rc.enforce.setKeys(keys)
-	p.rc.shadow.setKeys(keys)
-	p.rc.cluster.setKeys(keys)
-	p.rc.lease.setKeys(keys)
-	p.rc.inflight.setKeys(keys)
+	keys := p.view(rc.keyBuf)
+	rc.enforce.setKeys(keys)
+	rc.shadow.setKeys(keys)
+	rc.cluster.setKeys(keys)
+	rc.lease.setKeys(keys)
+	rc.inflight.setKeys(keys)
 }
 
 func (r *Rule) matches(req *request) bool {
@@ -771,7 +787,7 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 	if len(s.quotas) == 0 || p.cfg == nil || !p.cfg.Settings.RateLimitHeaders {
 		return Continue
 	}
-	p.rc.hdrBuf = p.setRateLimitHeaders(p.rc.hdrBuf[:0], s.quotas, s.best, true)
+	p.rc.hdrBuf = p.setRateLimitHeaders(p.rc.hdrBuf[:0], s.quotas, s.best)
 	return Continue
 }
 

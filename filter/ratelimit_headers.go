@@ -14,7 +14,8 @@ import "strconv"
 // pass that bucket. The legacy RateLimit-Limit, RateLimit-Remaining and
 // RateLimit-Reset describe one rule: the one with the fewest tokens left,
 // or on a rejection the rule that rejected. An upstream's own RateLimit and
-// RateLimit-Policy values are kept, ours appended to them.
+// RateLimit-Policy lines are kept, ours added after them as lines of their
+// own.
 
 // rateLimitFields locates the values of the RateLimit headers in the buffer
 // they were formatted into.
@@ -39,24 +40,46 @@ func (q *quota) appendRateLimit(dst []byte, quoted string) ([]byte, rateLimitVal
 	dst = append(dst, quoted...)
 	dst = append(dst, ";r="...)
 	n.remaining = len(dst)
-	dst = strconv.AppendInt(dst, q.remaining, 10)
+	dst = appendCount(dst, q.remaining)
 	n.remainingEnd = len(dst)
 	dst = append(dst, ";t="...)
 	n.reset = len(dst)
-	dst = strconv.AppendInt(dst, q.reset, 10)
+	dst = appendCount(dst, q.reset)
 	n.resetEnd = len(dst)
 	return dst, n
 }
 
+// appendCount appends v in decimal, as strconv.AppendInt(dst, v, 10) does.
+// Values in [0, 2^32), every count a header states but a burst beyond
+// four billion, are written in place with 32-bit divisions: in the wasm
+// guest strconv's path costs several calls and a copy through memmove.
+func appendCount(dst []byte, v int64) []byte {
+	if v < 0 || v >= 1<<32 {
+		return strconv.AppendInt(dst, v, 10)
+	}
+	u := uint32(v)
+	n := 1
+	for x := u; x >= 10; x /= 10 {
+		n++
+	}
+	l := len(dst)
+	if cap(dst)-l < n {
+		dst = append(dst, "0000000000"[:n]...)
+	}
+	dst = dst[:l+n]
+	for i := l + n - 1; i > l; i-- {
+		dst[i] = byte('0' + u%10)
+		u /= 10
+	}
+	dst[l] = byte('0' + u)
+	return dst
+}
+
 // appendRateLimitFields formats the RateLimit and RateLimit-Policy values
-// of quotas into b, after the upstream's values when there are any; best
-// indexes the quota the legacy headers describe.
-func appendRateLimitFields(b []byte, quotas []quota, best int, upList, upPolicy string) ([]byte, rateLimitFields) {
+// of quotas into b; best indexes the quota the legacy headers describe.
+func appendRateLimitFields(b []byte, quotas []quota, best int) ([]byte, rateLimitFields) {
 	var f rateLimitFields
 	f.list[0] = len(b)
-	if upList != "" {
-		b = append(append(b, upList...), ", "...)
-	}
 	for i := range quotas {
 		if i > 0 {
 			b = append(b, ", "...)
@@ -69,9 +92,6 @@ func appendRateLimitFields(b []byte, quotas []quota, best int, upList, upPolicy 
 	}
 	f.list[1] = len(b)
 	f.policy[0] = len(b)
-	if upPolicy != "" {
-		b = append(append(b, upPolicy...), ", "...)
-	}
 	for i := range quotas {
 		if i > 0 {
 			b = append(b, ", "...)
@@ -83,20 +103,25 @@ func appendRateLimitFields(b []byte, quotas []quota, best int, upList, upPolicy 
 }
 
 // setRateLimitHeaders sets the RateLimit headers of an admitted request on
-// its response, merging the upstream's list values, and returns buf for
-// reuse. The values are views of buf, which stays untouched until the next
-// request.
-func (p *Plugin) setRateLimitHeaders(buf []byte, quotas []quota, best int, merge bool) []byte {
-	var upList, upPolicy string
-	if merge {
-		upList, _ = p.host.ResponseHeader("ratelimit")
-		upPolicy, _ = p.host.ResponseHeader("ratelimit-policy")
-	}
-	b, f := appendRateLimitFields(buf, quotas, best, upList, upPolicy)
+// its response and returns buf for reuse. The values are views of buf,
+// which stays untouched until the next request. RateLimit and
+// RateLimit-Policy are added as lines of their own after any the upstream
+// sent (Structured Field Lists: several lines are one list, RFC 9110
+// section 5.3), so the upstream's are neither read nor replaced; the legacy
+// three are replaced.
+func (p *Plugin) setRateLimitHeaders(buf []byte, quotas []quota, best int) []byte {
+	b, f := appendRateLimitFields(buf, quotas, best)
 	p.host.SetResponseHeader("ratelimit-limit", f.bestRule.planOf().limit)
+	if h := p.hbs; h != nil { // no string conversions, no call a header
+		h.SetResponseHeaderBytes("ratelimit-remaining", b[f.best.remaining:f.best.remainingEnd])
+		h.SetResponseHeaderBytes("ratelimit-reset", b[f.best.reset:f.best.resetEnd])
+		h.AddResponseHeaderBytes("ratelimit", b[f.list[0]:f.list[1]])
+		h.AddResponseHeaderBytes("ratelimit-policy", b[f.policy[0]:f.policy[1]])
+		return b
+	}
 	p.setHeader("ratelimit-remaining", b[f.best.remaining:f.best.remainingEnd])
 	p.setHeader("ratelimit-reset", b[f.best.reset:f.best.resetEnd])
-	p.setHeader("ratelimit", b[f.list[0]:f.list[1]])
-	p.setHeader("ratelimit-policy", b[f.policy[0]:f.policy[1]])
+	p.host.AddResponseHeader("ratelimit", string(b[f.list[0]:f.list[1]]))
+	p.host.AddResponseHeader("ratelimit-policy", string(b[f.policy[0]:f.policy[1]]))
 	return b
 }

@@ -84,7 +84,7 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 			quotas = append(quotas, q)
 		}
 		p.rc.quotas = quotas
-		b, f = appendRateLimitFields(b, quotas, w, "", "")
+		b, f = appendRateLimitFields(b, quotas, w)
 	}
 	p.rc.replyBuf = b
 	vals := p.view(b)

@@ -1,6 +1,7 @@
 package filter_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/tokengate/tokengate/filter"
@@ -88,17 +89,32 @@ func TestSeveralRulesListEveryRule(t *testing.T) {
 	}
 }
 
-// TestUpstreamRateLimitMerged is item 8: the upstream's own RateLimit and
-// RateLimit-Policy are kept, ours appended.
-func TestUpstreamRateLimitMerged(t *testing.T) {
+// TestUpstreamRateLimitKept is item 8: the upstream's own RateLimit and
+// RateLimit-Policy are kept, ours added after them as lines of their own
+// (both are lists, so the lines are one list: "api" then "edge"); the
+// legacy headers, which are not lists, are replaced.
+func TestUpstreamRateLimitKept(t *testing.T) {
 	f := newFixture(t, `{"name":"edge","algorithm_config":{"rps":5,"burst":10}}`)
 	req := filtertest.Get("/", "192.0.2.1:5000")
-	req.UpstreamHeaders = [][2]string{{"ratelimit", `"api";r=41;t=30`}, {"ratelimit-policy", `"api";q=50;w=60`}}
+	req.UpstreamHeaders = [][2]string{{"ratelimit", `"api";r=41;t=30`}, {"ratelimit-policy", `"api";q=50;w=60`},
+		{"ratelimit-remaining", "41"}}
 	res := f.do(req)
-	checkHeaders(t, "200", res, headerCase{
-		"ratelimit":        `"api";r=41;t=30, "edge";r=9;t=1`,
-		"ratelimit-policy": `"api";q=50;w=60, "edge";q=10;w=2`,
-	})
+	for name, want := range map[string][]string{
+		"ratelimit":           {`"api";r=41;t=30`, `"edge";r=9;t=1`},
+		"ratelimit-policy":    {`"api";q=50;w=60`, `"edge";q=10;w=2`},
+		"ratelimit-remaining": {"9"},
+		"ratelimit-limit":     {"10"},
+	} {
+		var got []string
+		for _, kv := range res.Headers {
+			if kv[0] == name {
+				got = append(got, kv[1])
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s lines %q, want %q", name, got, want)
+		}
+	}
 }
 
 // TestResponseSettings is item 9: what Envoy's local_ratelimit lets an

@@ -83,6 +83,17 @@ type SeedKeeper struct {
 	next  float64 // the time of the next read
 }
 
+// Current returns the seed to use at now and true when no read is due, the
+// case of nearly every call; otherwise call Seed. It is Seed's first test,
+// small enough to be inlined: in the wasm guest a call is not free.
+func (k *SeedKeeper) Current(now float64) (uint64, bool) {
+	interval := k.Interval
+	if !(interval > 0) {
+		interval = 1
+	}
+	return k.seed, k.known && now < k.next && now >= k.next-interval
+}
+
 // Seed returns the seed to use at now (seconds). random is called for a
 // seed only if none exists anywhere yet. When the store fails, Seed returns
 // the seed it had (0 if it never had one) with the error.
@@ -95,15 +106,15 @@ type SeedKeeper struct {
 // others adopt it at their next read, so for up to Interval an identity can
 // have one bucket per seed in use.
 func (k *SeedKeeper) Seed(st Store, now float64, random func() uint64) (uint64, error) {
-	interval := k.Interval
-	if !(interval > 0) {
-		interval = 1
-	}
 	// Between reads use the seed we know; a clock stepped back is a reason
 	// to read now rather than never. Until a read has succeeded, read every
 	// time: a worker must not keep a seed the others do not use.
-	if k.known && now < k.next && now >= k.next-interval {
-		return k.seed, nil
+	if seed, ok := k.Current(now); ok {
+		return seed, nil
+	}
+	interval := k.Interval
+	if !(interval > 0) {
+		interval = 1
 	}
 	k.next = now + interval
 	candidate := k.seed

@@ -463,10 +463,10 @@ type slotRead struct {
 
 func (u *Updater) lookSlot(key string, now float64) (slotRead, error) {
 	v, cas, err := u.Store.Get(key)
-	if errors.Is(err, ErrNotFound) {
-		return slotRead{key: key}, nil
-	}
 	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return slotRead{key: key}, nil
+		}
 		return slotRead{}, err
 	}
 	s, owner, hasOwner, perr := parseValue(v)

@@ -362,6 +362,15 @@ class Worker {
         else { hs[i] = [k, val]; for (let j = hs.length - 1; j > i; j--) if (hs[j][0] === k) hs.splice(j, 1); }
         return OK;
       },
+      // Envoy's addCopy: a line of its own, after any of the same name.
+      proxy_add_header_map_value(map, kptr, klen, vptr, vlen) {
+        const key = w.name(kptr, klen), val = w.str(vptr, vlen);
+        if (key === null || val === null) return INVALID_MEMORY_ACCESS;
+        const hs = w.headerMap(map);
+        if (!hs) return BAD_ARGUMENT;
+        hs.push([key.toLowerCase(), val]);
+        return OK;
+      },
       proxy_send_local_response(status, dptr, dlen, bptr, blen, hptr, hlen, grpcStatus) {
         const details = w.str(dptr, dlen), body = w.read(bptr, blen), raw = w.read(hptr, hlen);
         if (details === null || body === null || raw === null) return INVALID_MEMORY_ACCESS;

@@ -196,6 +196,16 @@ func (*host) SetResponseHeader(name, value string) {
 	proxyReplaceHeaderMapValue(mapResponseHeaders, ptr(name), uint32(len(name)), ptr(value), uint32(len(value)))
 }
 
+// AddResponseHeaderBytes is AddResponseHeader without converting value to
+// a string: the host copies it during the call.
+func (*host) AddResponseHeaderBytes(name string, value []byte) {
+	proxyAddHeaderMapValue(mapResponseHeaders, ptr(name), uint32(len(name)), bptr(value), uint32(len(value)))
+}
+
+func (*host) AddResponseHeader(name, value string) {
+	proxyAddHeaderMapValue(mapResponseHeaders, ptr(name), uint32(len(name)), ptr(value), uint32(len(value)))
+}
+
 func (*host) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) error {
 	headerMapBuf = appendHeaderMap(headerMapBuf[:0], headers)
 	hm := headerMapBuf

@@ -36,6 +36,9 @@ func proxyContinueStream(typ uint32) uint32
 //go:wasmimport env proxy_replace_header_map_value
 func proxyReplaceHeaderMapValue(mapType uint32, key unsafe.Pointer, keySize uint32, value unsafe.Pointer, valueSize uint32) uint32
 
+//go:wasmimport env proxy_add_header_map_value
+func proxyAddHeaderMapValue(mapType uint32, key unsafe.Pointer, keySize uint32, value unsafe.Pointer, valueSize uint32) uint32
+
 //go:wasmimport env proxy_send_local_response
 func proxySendLocalResponse(status uint32, details unsafe.Pointer, detailsSize uint32, body unsafe.Pointer, bodySize uint32, headers unsafe.Pointer, headersSize uint32, grpcStatus int32) uint32
 

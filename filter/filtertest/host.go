@@ -300,6 +300,12 @@ func (h *Host) SetResponseHeader(name, value string) {
 	h.Response.Headers = append(h.Response.Headers, [2]string{name, value})
 }
 
+// AddResponseHeader implements filter.Host: a line is added after any of
+// the same name, as Envoy's addCopy does.
+func (h *Host) AddResponseHeader(name, value string) {
+	h.Response.Headers = append(h.Response.Headers, [2]string{name, strings.Clone(value)})
+}
+
 // SendLocalResponse implements filter.Host.
 func (h *Host) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) error {
 	if h.Response.Local != nil {
