@@ -170,8 +170,8 @@ func (p *Plugin) leaseConfigure(cfg *Config) {
 		// No service to ask any more, and no cluster rule to decide:
 		// the waiting requests go on, as the new configuration admits.
 		for _, w := range p.lease.waiters {
-			if w.s.id == w.id && p.host.(Caller).SetEffectiveContext(w.id) {
-				w.s.resume()
+			if w.s.id == w.id && !w.s.ended && p.host.(Caller).SetEffectiveContext(w.id) {
+				w.s.proceed(w.pc)
 			}
 		}
 		clear(p.lease.waiters)
@@ -526,8 +526,8 @@ func (p *Plugin) leaseServe(now float64, periodic bool) {
 // leaseRetry tries a waiting request's allowances again and reports
 // whether it still waits; if not, w.outcome says how it ends.
 func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
-	if w.s.id != w.id {
-		w.outcome = waitGone // the stream ended and was reused
+	if w.s.id != w.id || w.s.ended {
+		w.outcome = waitGone // the stream ended (and may be reused)
 		p.leaseStopWaiting(w)
 		return false
 	}
@@ -611,8 +611,12 @@ func (p *Plugin) leaseStillShort(b *leaseBucket, cost, now float64) bool {
 // global bucket known empty), or on_error (the service failing, or no
 // refill in time).
 func (p *Plugin) leaseFinish(w *leaseWaiter) {
-	if w.outcome == waitGone || !p.host.(Caller).SetEffectiveContext(w.id) {
+	if w.outcome == waitGone {
 		return // the client left: its tokens stay spent
+	}
+	if !p.host.(Caller).SetEffectiveContext(w.id) {
+		w.s.dropHold(true) // gone: never continued
+		return
 	}
 	s, pc := w.s, w.pc
 	switch w.outcome {
@@ -634,7 +638,7 @@ func (p *Plugin) leaseFinish(w *leaseWaiter) {
 		}
 		s.clusterFailed(pc, reason, true)
 	default:
-		s.resume()
+		s.proceed(pc)
 	}
 }
 
