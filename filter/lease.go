@@ -59,10 +59,13 @@ type leaseBucket struct {
 	calling bool
 	mark    uint64
 	// seen is the pass in which left (the spendable tokens, -1 when the
-	// bucket is known empty or its service failing) was read: waiters
-	// that it cannot cover skip their compare-and-swap in that pass.
-	seen uint64
-	left float64
+	// bucket is known empty or its service failing) and the last exact
+	// take's tokens (taken, takenSeq) were read: waiters that they cannot
+	// cover skip their compare-and-swap in that pass.
+	seen     uint64
+	left     float64
+	taken    float64
+	takenSeq uint32
 }
 
 // leaseCall is a lease request in flight.
@@ -537,7 +540,7 @@ func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
 		if it.done {
 			continue
 		}
-		if p.leaseStillShort(it.b, it.cost, now) {
+		if p.leaseStillShort(it.b, it, now) {
 			waiting = true
 			continue
 		}
@@ -591,20 +594,23 @@ func (p *Plugin) leaseStopWaiting(w *leaseWaiter) {
 // certainly cannot cover cost while its global bucket is not known empty
 // nor its service failing: the request then keeps waiting, with no
 // compare-and-swap.
-func (p *Plugin) leaseStillShort(b *leaseBucket, cost, now float64) bool {
+func (p *Plugin) leaseStillShort(b *leaseBucket, it *leaseItem, now float64) bool {
 	if b.seen != p.lease.pass {
-		b.seen, b.left = p.lease.pass, -1
+		b.seen, b.left, b.taken = p.lease.pass, -1, 0
 		v, _, err := p.store.Get(b.key)
 		if err != nil {
 			return false
 		}
 		rec, err := sharedstate.ParseLeaseRecord(v)
-		if err != nil || now < rec.Retry || rec.Down > 0 || rec.Taken > 0 {
-			return false // leaseTake decides (an exact take's tokens are some waiters' only)
+		if err != nil || now < rec.Retry || rec.Down > 0 {
+			return false
 		}
-		b.left = rec.Spendable(now)
+		b.left, b.taken, b.takenSeq = rec.Spendable(now), rec.Taken, rec.TakenSeq
 	}
-	return b.left >= 0 && b.left < cost
+	if b.taken > 0 && b.takenSeq == nextClaim(it.seq) {
+		return false // an exact take was made for it: leaseTake decides
+	}
+	return b.left >= 0 && b.left < it.cost
 }
 
 // leaseFinish answers a request that is done waiting: resumed, 429 (a
