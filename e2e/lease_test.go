@@ -518,3 +518,68 @@ func allowance(t *testing.T, h *wasmhost.Host, key string) float64 {
 	}
 	return tokens
 }
+
+// TestLeaseFleetLowRate: a low-rate limit (10 a minute) with requests
+// alternating over the three proxies, each proxy seeing one every few
+// refill periods. No proxy holds a token it does not use (each request is
+// an exact take of its own), so the fleet admits exactly the burst before
+// its first 429, never more than burst + rate x T, and every 429 comes
+// once the bucket is spent; afterwards no proxy holds tokens and the
+// service records no grant.
+func TestLeaseFleetLowRate(t *testing.T) {
+	const rate, burst = 10.0 / 60, 10.0
+	f := startLeaseFleet(t, leaseRule(rate, burst, 5, "deny"))
+	start := time.Now()
+	var codes []int
+	for k := range 16 {
+		codes = append(codes, f.send(t, k%3, "slow"))
+		// Each proxy sees a request every three of these: well past its
+		// refill period, so its demand is never one a lease serves.
+		time.Sleep(2 * leaseTickMs * time.Millisecond / 3)
+	}
+	elapsed := time.Since(start).Seconds()
+	admitted, first429 := 0, -1
+	for k, c := range codes {
+		switch c {
+		case http.StatusOK:
+			admitted++
+			if first429 >= 0 {
+				// Only a token refilled since could admit it.
+				if float64(admitted) > burst+rate*elapsed {
+					t.Errorf("request %d admitted after a 429: %d admitted in %.2fs, over burst + rate x T", k, admitted, elapsed)
+				}
+			}
+		case http.StatusTooManyRequests:
+			if first429 < 0 {
+				first429 = k
+			}
+		default:
+			t.Errorf("request %d: status %d", k, c)
+		}
+	}
+	t.Logf("codes %v: %d admitted in %.2fs, first 429 at request %d; %d lease-mode calls", codes, admitted, elapsed, first429, f.leaseCalls())
+	if first429 != int(burst) {
+		t.Errorf("first 429 at request %d, want %v: the fleet admits exactly the burst before the bucket is spent", first429, burst)
+	}
+	if float64(admitted) > burst+rate*elapsed {
+		t.Errorf("%d admitted in %.2fs: over burst + rate x T", admitted, elapsed)
+	}
+	// One take per admitted request, and one refused take per proxy: then
+	// it knows the bucket empty until its retry time and answers 429
+	// without a call.
+	if n := f.leaseCalls(); n < uint64(admitted) || n > uint64(admitted+len(f.hosts)) {
+		t.Errorf("%d calls for %d admitted requests, want one take each and at most one refused take per proxy", n, admitted)
+	}
+	// Nothing held: no allowance in any proxy, no grant at the service.
+	for i, h := range f.hosts {
+		if a := allowance(t, h, "tl:lease:slow"); a != 0 {
+			t.Errorf("proxy %d holds %v tokens", i, a)
+		}
+	}
+	fields := f.redis.MustDo("HGETALL", "tl:{lease:slow}").([]any)
+	for i := 0; i+1 < len(fields); i += 2 {
+		if k := fields[i].(string); strings.HasPrefix(k, "h:") && fields[i+1].(string) != "" {
+			t.Errorf("the service records grants %s %q: a proxy leased tokens for requests one at a time", k, fields[i+1])
+		}
+	}
+}

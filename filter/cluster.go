@@ -172,6 +172,7 @@ func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrail
 	pc.s.call = 0
 	caller := p.host.(Caller)
 	if !caller.SetEffectiveContext(pc.s.id) {
+		pc.s.dropHold(true) // gone: never continued
 		return
 	}
 	resp, reason := p.readRLS(caller, numHeaders, bodySize)
@@ -280,7 +281,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 	if worst < 0 {
 		s.admitCluster(pc, resp)
 		s.rlsHeaders = resp.Headers
-		s.resume()
+		s.proceed(pc)
 		return
 	}
 	s.refundLocal(pc)
@@ -330,7 +331,7 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 	}
 	s.dropAwaiting() // the service took nothing (on_error: local settles in shared data)
 	if resumed && act == Continue {
-		s.resume()
+		s.proceed(pc)
 	}
 	return act
 }
@@ -400,7 +401,8 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 // cluster rules turned down.
 func (s *Stream) refundLocal(pc *pendingCall) {
 	p := s.p
-	s.dropCharges() // refunded whole: nothing is left to settle
+	s.dropHold(false) // refunded below with the rest
+	s.dropCharges()   // refunded whole: nothing is left to settle
 	p.leaseRefund(pc.lease)
 	if len(pc.local) == 0 {
 		return

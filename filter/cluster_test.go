@@ -460,10 +460,25 @@ func TestClusterCostExceedsBurst(t *testing.T) {
 			if got := f.counter(tc.rule, filter.CounterRejected); got != 1 {
 				t.Errorf("%s rejected = %d, want 1", tc.rule, got)
 			}
-			// A cost equal to the burst is the service's to decide.
+			// A cost equal to the burst is the service's to decide. A
+			// lease rule's request waits, and the worker's tick makes the
+			// call for it: an exact take of its cost (no lease could hold
+			// it), which admits it.
 			f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000", "x-cost", "10"))
+			if tc.name == "lease" {
+				f.h.Tick(f.p)
+			}
 			if len(f.h.Calls) != 1 {
-				t.Errorf("%d calls for a cost equal to the burst, want 1", len(f.h.Calls))
+				t.Fatalf("%d calls for a cost equal to the burst, want 1", len(f.h.Calls))
+			}
+			if tc.name == "lease" {
+				if n := exactTake(t, f.h, 0); n != 10 {
+					t.Fatalf("an exact take of %d, want the cost 10", n)
+				}
+				f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(1, 0, 0))
+				if len(f.h.Continued) != 1 {
+					t.Errorf("continued %v, want the request admitted", f.h.Continued)
+				}
 			}
 		})
 	}
@@ -620,16 +635,36 @@ func TestClusterJSON(t *testing.T) {
 
 	t.Run("lease calls go as JSON too", func(t *testing.T) {
 		f := newFixture(t, strings.Replace(leaseCfg, `"timeout_ms":50`, `"timeout_ms":50,"protocol":"json"`, 1))
+		// Cold: the request waits for the tick's exact take.
 		f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:1"))
+		f.h.Tick(f.p)
 		if len(f.h.Calls) != 1 {
 			t.Fatalf("%d calls", len(f.h.Calls))
 		}
-		if p, _ := findHeader(f.h.Calls[0].Headers, ":path"); p != "/json" || !bytes.Contains(f.h.Calls[0].Body, []byte(`{"key":"tokengate_mode","value":"lease"}`)) {
-			t.Errorf("cold lease call %s %s, want a JSON exact take", p, f.h.Calls[0].Body)
+		const take = `{"domain":"tokengate","descriptors":[{"entries":[{"key":"tokengate_rule","value":"lease-ip"},{"key":"key","value":"192.0.2.1"},{"key":"tokengate_mode","value":"lease"}],"hitsAddend":"1"}]}`
+		if p, _ := findHeader(f.h.Calls[0].Headers, ":path"); p != "/json" || string(f.h.Calls[0].Body) != take {
+			t.Errorf("cold call %s %s, want a JSON exact take %s", p, f.h.Calls[0].Body, take)
 		}
-		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, jsonAnswer("200", `{"overallCode":"OK","statuses":[{"code":"OK"}]}`))
+		resp := f.h.Deliver(f.p, f.h.Calls[0].Token, jsonAnswer("200", `{"overallCode":"OK","statuses":[{"code":"OK","limitRemaining":19}]}`))
 		if resp.Local != nil || len(f.h.Continued) != 1 {
 			t.Fatalf("reply %+v, continued %v; want resumed", resp.Local, f.h.Continued)
+		}
+		// Demand continues: the next call is a lease request.
+		f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:1"))
+		f.h.Tick(f.p)
+		if len(f.h.Calls) != 2 {
+			t.Fatalf("%d calls", len(f.h.Calls))
+		}
+		if p, _ := findHeader(f.h.Calls[1].Headers, ":path"); p != "/json" || !bytes.Contains(f.h.Calls[1].Body, []byte(`{"key":"tokengate_mode","value":"lease"}`)) ||
+			!bytes.Contains(f.h.Calls[1].Body, []byte(`{"key":"tokengate_holder","value":"`)) {
+			t.Errorf("lease call %s %s, want a JSON lease request", p, f.h.Calls[1].Body)
+		}
+		resp = f.h.Deliver(f.p, f.h.Calls[1].Token, jsonAnswer("200", `{"overallCode":"OK","statuses":[{"code":"OK","limitRemaining":16,"quota":{"requests":3,"id":"1"}}]}`))
+		if resp.Local != nil || len(f.h.Continued) != 2 {
+			t.Fatalf("reply %+v, continued %v; want resumed", resp.Local, f.h.Continued)
+		}
+		if r := record(t, f); r.Tokens != 2 || r.Grant != 1 {
+			t.Errorf("record %+v, want 2 held under grant 1", r)
 		}
 	})
 }

@@ -279,9 +279,6 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := checkClusterRules(cfg); err != nil {
 		return nil, err
 	}
-	if err := checkDelayRules(cfg); err != nil {
-		return nil, err
-	}
 	if len(cfg.rules) > MaxRules {
 		return nil, errAt("", "has "+strconv.Itoa(len(cfg.rules))+" rules (fallback limits included); at most "+
 			strconv.Itoa(MaxRules)+" are allowed, since every applying rule costs each request a shared-data update")

@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/filter/rlswire"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -73,6 +74,8 @@ type waiter struct {
 	// (rules with refund_on_cancel), copies owned by the waiter.
 	rules  []*Rule
 	refund []sharedstate.Request
+	// by is the rule whose reservation makes the wait.
+	by *Rule
 }
 
 // delayQueue is a plugin's held requests, a binary min-heap on (deadline,
@@ -222,14 +225,17 @@ func (s *Stream) unholdable(g *group, by int) int {
 	return -1
 }
 
-// hold pauses an admitted request for wait seconds: its tokens are taken,
-// and OnTick releases it at now+wait. unholdable must have said it can.
-// It reports false, holding nothing, if the host refused the tick the
-// request needs (the plugin then holds nothing more: noTicks).
-func (s *Stream) hold(g *group, now, wait float64) bool {
+// prepareHold makes the hold of a request its local buckets admitted into
+// their reservation, due at now+wait (by: the index of the rule whose
+// reservation makes the wait): its tokens are taken, and it counts against
+// max_pending from now on. The hold starts (startHold) once every other
+// rule (lease, cluster) has admitted the request too: a request is held
+// only when nothing else will turn it away. unholdable must have said it
+// can be held.
+func (s *Stream) prepareHold(g *group, now, wait float64, by int) {
 	p := s.p
 	p.delays.rebase(now)
-	w := &waiter{deadline: now + wait, s: s}
+	w := &waiter{deadline: now + wait, s: s, by: g.rules[by]}
 	for i, r := range g.rules {
 		if r.Delay.debt == 0 {
 			continue
@@ -240,7 +246,19 @@ func (s *Stream) hold(g *group, now, wait float64) bool {
 			w.refund = append(w.refund, cloneReqs(g.reqs[i:i+1])...)
 		}
 	}
+	s.pending = w
+}
+
+// startHold puts the prepared hold in the timer heap: OnTick releases the
+// request at its deadline. It reports false, holding nothing (the hold is
+// dropped), if the host refused the tick the request needs (the plugin then
+// holds nothing more: noTicks).
+func (s *Stream) startHold(now float64) bool {
+	p := s.p
+	w := s.pending
+	s.pending = nil
 	p.delays.push(w)
+	p.delays.rebase(now) // a clock stepped back since moves w with the rest
 	if !p.arm(p.host.(Ticker), now, false) {
 		p.delays.remove(w)
 		p.forget(w)
@@ -251,6 +269,79 @@ func (s *Stream) hold(g *group, now, wait float64) bool {
 		r.metrics.delayed.inc(p.host, 1)
 	}
 	return true
+}
+
+// dropHold forgets a prepared hold that will not start: the request was
+// rejected (its tokens are refunded with the rest), or, with cancelled,
+// its client left before its release (counted, and refunded if its rules
+// ask for it, as a held request whose client leaves).
+func (s *Stream) dropHold(cancelled bool) {
+	w := s.pending
+	if w == nil {
+		return
+	}
+	p := s.p
+	s.pending = nil
+	p.forget(w)
+	if cancelled {
+		p.cancelled(w, p.Clock())
+	}
+}
+
+// proceed goes on with a request every rule admitted after it was paused
+// for the rate-limit service or a lease (the effective context is set):
+// resumed, or, if its local buckets admitted it into their reservation,
+// held until the hold's deadline, counted from when they admitted it (at
+// once if it has passed). A hold the host cannot arm turns into a 429
+// naming the reserving rule, with the request's tokens given back where
+// they can be (pc).
+func (s *Stream) proceed(pc *pendingCall) {
+	w := s.pending
+	if w == nil {
+		s.resume()
+		return
+	}
+	p := s.p
+	now := p.Clock()
+	if w.deadline <= now {
+		s.pending = nil
+		p.forget(w)
+		for _, r := range w.rules {
+			r.metrics.delayed.inc(p.host, 1)
+		}
+		s.resume()
+		return
+	}
+	if s.startHold(now) {
+		return // OnTick releases it
+	}
+	s.refundLocal(pc)
+	w.by.metrics.rejected.inc(p.host, 1)
+	wait := w.deadline - now
+	st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: wait}
+	s.sendClusterRejection(pc, w.by, st, retryAfterHash(wait, pc.idHash), nil)
+}
+
+// holdNow starts the prepared hold of a request every rule admitted in
+// proxy_on_request_headers, or, if the host refuses the tick, rejects it as
+// one that cannot be held, giving back the lease tokens it took too.
+func (s *Stream) holdNow(req *request, now float64) Action {
+	p := s.p
+	w := s.pending
+	if s.startHold(now) {
+		return Pause
+	}
+	if len(p.rc.lease.reqs) > 0 {
+		p.leaseRefund(p.lease.debits)
+	}
+	g := &p.rc.enforce
+	by := 0
+	for i, r := range g.rules {
+		if r == w.by {
+			by = i
+		}
+	}
+	return s.refuseHold(req, g, now, w.deadline-now, by)
 }
 
 // refuseHold rejects a request that fits the reservation but cannot be
@@ -356,6 +447,21 @@ func (p *Plugin) OnTick() {
 		}
 	}
 	p.arm(t, now, true)
+}
+
+// abandon forgets what a stream that ended was waiting for: the rate-limit
+// service's answer (dropped when it comes), a lease (its waiter is dropped
+// at the next retry) and a hold not yet started. Nothing continues the
+// stream after this; in Envoy a tick or an answer may still come between
+// proxy_on_done and proxy_on_delete, when its context still exists.
+func (s *Stream) abandon() {
+	p := s.p
+	s.ended = true
+	if s.call != 0 {
+		p.takeCall(s.call)
+		s.call = 0
+	}
+	s.dropHold(true)
 }
 
 // forget drops w from its rules' pending counts.

@@ -61,23 +61,3 @@ func delayConfig(path string, v ljson.Result, r *Rule) error {
 	r.Delay = d
 	return nil
 }
-
-// checkDelayRules refuses delayed admission where it cannot work: in a
-// configuration with cluster-scope rules (a request held for its local
-// buckets and paused for the rate-limit service at once is not supported).
-func checkDelayRules(cfg *Config) error {
-	var delayed, cluster *Rule
-	for _, r := range cfg.rules {
-		if r.Delay.debt > 0 && delayed == nil {
-			delayed = r
-		}
-		if r.Cluster && cluster == nil {
-			cluster = r
-		}
-	}
-	if delayed != nil && cluster != nil {
-		return errAt("", "rule "+strconv.Quote(delayed.Name)+" delays requests (max_reserved) and rule "+
-			strconv.Quote(cluster.Name)+` has "scope": "cluster": one configuration cannot have both`)
-	}
-	return nil
-}

@@ -398,9 +398,6 @@ func TestDelayConfig(t *testing.T) {
 		{"pending zero", `{"name":"g","algorithm_config":{"rps":1,"burst":1,"max_reserved":1,"max_pending":0}}`, "algorithm_config.max_pending: must be an integer from 1 to 1048576, got 0"},
 		{"refund not bool", `{"name":"g","algorithm_config":{"rps":1,"burst":1,"max_reserved":1,"refund_on_cancel":"yes"}}`, "algorithm_config.refund_on_cancel: must be true or false, got a string"},
 		{"fixed window", `{"name":"g","algorithm":"fixed_window","algorithm_config":{"limit":1,"window_seconds":1,"max_reserved":1}}`, `max_reserved: unknown field`},
-		{"with cluster scope", `{"rules":[{"name":"g","algorithm_config":{"rps":1,"burst":1,"max_reserved":1}},
-			{"name":"c","scope":"cluster","algorithm_config":{"rps":1,"burst":1}}],"settings":{"rls":{"cluster":"rls"}}}`,
-			`rule "g" delays requests (max_reserved) and rule "c" has "scope": "cluster"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

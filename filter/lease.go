@@ -15,8 +15,12 @@ import (
 // bucket, kept in shared data. The allowance is refilled by one lease call
 // per bucket and process at a time, from proxy_on_tick: once a refill
 // period, and at once (the next tick, 1 ms on) when a request finds it
-// spent; such a request waits for that refill, and every request arriving
+// spent; such a request waits for that call, and every request arriving
 // meanwhile shares it, so the calls do not grow with the request rate.
+// A process that holds no lease (cold) does not take one for a request or
+// two: the call the waiting requests share is then an exact take of their
+// total cost, which leaves nothing held; leasing starts when requests keep
+// coming within a refill period of it.
 
 // Descriptor entries of a lease request; see docs/lease.md.
 const (
@@ -55,10 +59,13 @@ type leaseBucket struct {
 	calling bool
 	mark    uint64
 	// seen is the pass in which left (the spendable tokens, -1 when the
-	// bucket is known empty or its service failing) was read: waiters
-	// that it cannot cover skip their compare-and-swap in that pass.
-	seen uint64
-	left float64
+	// bucket is known empty or its service failing) and the last exact
+	// take's tokens (taken, takenSeq) were read: waiters that they cannot
+	// cover skip their compare-and-swap in that pass.
+	seen     uint64
+	left     float64
+	taken    float64
+	takenSeq uint32
 }
 
 // leaseCall is a lease request in flight.
@@ -69,18 +76,26 @@ type leaseCall struct {
 	seq     uint32
 	sent    float64
 	unspent float64 // the report: tokens held when the call was sent
-	want    float64 // new tokens asked for
+	want    float64 // new tokens asked for (an exact take: its cost)
 	release bool
+	// exact is an exact take (no holder) for the requests counted in
+	// LeaseRecord.Wait when the claim pool was made; retake is the take
+	// of what the global bucket had left that follows an exact take
+	// refused for more than that.
+	exact, retake bool
+	pool          uint32
 }
 
 // leaseDebit is a request's debit of one allowance, kept to give it back if
-// another rule rejects the request (leaseRefund).
+// another rule rejects the request (leaseRefund). taken marks a debit of an
+// exact take's tokens (LeaseRecord.Taken), seq then being its TakenSeq.
 type leaseDebit struct {
 	key    string
 	cost   float64
 	grant  uint64
 	expiry float64
 	seq    uint32
+	taken  bool
 }
 
 // leaseWaiter is a request paused until the allowances it needs are
@@ -117,6 +132,11 @@ type leaseItem struct {
 	// alt is the shared-data bucket on_error: local decides it with.
 	alt  sharedstate.Request
 	done bool
+	// seq is the record's Claimer when the request was counted in Wait:
+	// the exact take claimed next is for it. uncounted: taken out of Wait
+	// again (leaseStopWaiting).
+	seq       uint32
+	uncounted bool
 }
 
 // leaseState is a plugin's lease-mode state.
@@ -153,8 +173,8 @@ func (p *Plugin) leaseConfigure(cfg *Config) {
 		// No service to ask any more, and no cluster rule to decide:
 		// the waiting requests go on, as the new configuration admits.
 		for _, w := range p.lease.waiters {
-			if w.s.id == w.id && p.host.(Caller).SetEffectiveContext(w.id) {
-				w.s.resume()
+			if w.s.id == w.id && !w.s.ended && p.host.(Caller).SetEffectiveContext(w.id) {
+				w.s.proceed(w.pc)
 			}
 		}
 		clear(p.lease.waiters)
@@ -187,20 +207,43 @@ const (
 	leaseBroken                // shared data failed
 )
 
+// nextClaim is the claim sequence number that follows seq (0 is skipped).
+func nextClaim(seq uint32) uint32 {
+	if seq++; seq == 0 {
+		seq = 1
+	}
+	return seq
+}
+
 // leaseTake debits cost from the allowance under key if it holds that
 // much, appending the debit to p.lease.debits. Otherwise it says why
-// (leaseDown: a lease call failed after failedSince), and with
-// demand adds cost to the demand the refill is sized from.
-func (p *Plugin) leaseTake(key string, cost, now, failedSince float64, demand bool) (leaseOutcome, float64) {
+// (leaseDown: a lease call failed after failedSince), and with demand (a
+// new request) adds cost to the demand the refill is sized from, and with
+// wait to Wait as well, returning the Claimer it was counted under.
+//
+// A request that waits (counted, with the Claimer seq it was counted
+// under) spends first from the tokens of the exact take claimed for it.
+func (p *Plugin) leaseTake(key string, cost, now, failedSince float64, demand, wait, counted bool, seq uint32) (leaseOutcome, float64, uint32) {
 	out := leaseShort
 	var retry float64
 	var d leaseDebit
 	_, _, err := p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
+		if counted && rec.Taken >= cost && rec.TakenSeq == nextClaim(seq) {
+			// Taken for this request: counted already.
+			out = leaseAdmitted
+			d = leaseDebit{key: key, cost: cost, seq: rec.TakenSeq, taken: true}
+			rec.Taken -= cost
+			return true
+		}
 		switch {
 		case rec.Spendable(now) >= cost:
 			out = leaseAdmitted
 			d = leaseDebit{key: key, cost: cost, grant: rec.Grant, expiry: rec.Expiry, seq: rec.Claimer}
 			rec.Tokens -= cost
+			if counted && rec.Claimer == seq {
+				// No call counted it yet: no exact take is for it.
+				rec.Wait = math.Max(0, rec.Wait-cost)
+			}
 		case now < rec.Retry:
 			out, retry = leaseEmpty, rec.Retry-now
 			return false
@@ -219,15 +262,33 @@ func (p *Plugin) leaseTake(key string, cost, now, failedSince float64, demand bo
 			rec.Since = now
 		}
 		rec.Used += cost
+		if out == leaseShort && wait {
+			rec.Wait += cost
+			seq = rec.Claimer
+		}
 		return true
 	})
 	if err != nil {
-		return leaseBroken, 0
+		return leaseBroken, 0, 0
 	}
 	if out == leaseAdmitted {
 		p.lease.debits = append(p.lease.debits, d)
 	}
-	return out, retry
+	return out, retry, seq
+}
+
+// leaseUncount takes the cost of a request that stops waiting without
+// being admitted (rejected, failed, gone) out of Wait, if it is still
+// counted there (no call claimed since it was, under seq): an exact take
+// must not take tokens for a request that no longer waits.
+func (p *Plugin) leaseUncount(key string, cost float64, seq uint32) {
+	_, _, _ = p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
+		if rec.Claimer != seq || rec.Wait <= 0 {
+			return false
+		}
+		rec.Wait = math.Max(0, rec.Wait-cost)
+		return true
+	})
 }
 
 // leaseAdmit debits the request's lease buckets (p.rc.lease). A bucket
@@ -246,12 +307,17 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	var (
 		empty      *Rule
 		emptyRetry float64
-		short      []int // rules the allowance cannot cover
-		broken     []int // rules whose shared data failed: exact calls
+		short      []int    // rules the allowance cannot cover
+		seqs       []uint32 // the Claimer each was counted under
+		broken     []int    // rules whose shared data failed: exact calls
 	)
+	// The request waits for its process's call unless it makes an exact
+	// call anyway, or the host cannot resume it.
+	_, ticks := p.host.(Ticker)
+	canWait := ticks && p.lease.refill > 0 && len(p.rc.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
-		out, retry := p.leaseTake(lr.Key, lr.Cost, now, math.Inf(1), true)
+		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, math.Inf(1), true, canWait && !r.shadow, false, 0)
 		if out != leaseAdmitted && out != leaseBroken {
 			p.leaseRemember(r, lr.Key, lr.Owner)
 		}
@@ -273,6 +339,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 			}
 		case leaseShort:
 			short = append(short, i)
+			seqs = append(seqs, seq)
 		case leaseBroken:
 			broken = append(broken, i)
 		}
@@ -284,6 +351,13 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
 		pc.grpc = true
 	}
+	if empty != nil || len(broken) > 0 {
+		for k, i := range short {
+			if canWait && !g.rules[i].shadow {
+				p.leaseUncount(g.reqs[i].Key, g.reqs[i].Cost, seqs[k])
+			}
+		}
+	}
 	if empty != nil {
 		empty.metrics.rejected.inc(p.host, 1)
 		s.refundLocal(pc)
@@ -291,9 +365,8 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 		s.sendClusterRejection(pc, empty, st, retryAfterHash(emptyRetry, pc.idHash), nil)
 		return Pause
 	}
-	_, ticks := p.host.(Ticker)
-	if len(broken) == 0 && ticks && p.lease.refill > 0 && len(p.rc.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters {
-		return s.leaseWait(pc, short, now)
+	if len(broken) == 0 && canWait {
+		return s.leaseWait(pc, short, seqs, now)
 	}
 	// An exact take for each, in the call the request makes: its cluster
 	// rules' call, or one of its own.
@@ -316,9 +389,9 @@ func altRequest(lr *sharedstate.Request) sharedstate.Request {
 }
 
 // leaseWait pauses the request until the allowances of its rules short are
-// refilled: the next tick asks for the refill, and every request waiting
-// for it shares the answer.
-func (s *Stream) leaseWait(pc *pendingCall, short []int, now float64) Action {
+// refilled (seqs: the Claimer each was counted under): the next tick asks
+// for the refill, and every request waiting for it shares the answer.
+func (s *Stream) leaseWait(pc *pendingCall, short []int, seqs []uint32, now float64) Action {
 	p := s.p
 	g := &p.rc.lease
 	rls := p.cfg.Settings.RLS
@@ -329,14 +402,14 @@ func (s *Stream) leaseWait(pc *pendingCall, short []int, now float64) Action {
 		// period, and answered (or failed) within the timeout: past a
 		// period more, a call was lost without a callback.
 		deadline: now + float64(2*rls.LeaseTickMs+rls.TimeoutMs)/1000}
-	for _, i := range short {
+	for k, i := range short {
 		lr := &g.reqs[i]
 		b := p.leaseRemember(g.rules[i], lr.Key, lr.Owner)
 		if b == nil {
 			b = &leaseBucket{r: g.rules[i], key: strings.Clone(lr.Key), comp: strings.Clone(lr.Owner)}
 		}
 		alt := cloneReqs([]sharedstate.Request{altRequest(lr)})[0]
-		w.items = append(w.items, leaseItem{b: b, cost: lr.Cost, alt: alt})
+		w.items = append(w.items, leaseItem{b: b, cost: lr.Cost, alt: alt, seq: seqs[k]})
 	}
 	p.lease.waiters = append(p.lease.waiters, w)
 	p.leaseSetPeriod()
@@ -364,6 +437,15 @@ func (p *Plugin) leaseRefund(ds []leaseDebit) {
 	now := p.Clock()
 	for _, d := range ds {
 		_, _, _ = p.lease.upd.Update(d.key, func(rec *sharedstate.LeaseRecord) bool {
+			if d.taken {
+				// Back to the exact take it came from, for the requests
+				// it was taken for; another take replaced it: lost.
+				if rec.TakenSeq != d.seq {
+					return false
+				}
+				rec.Taken += d.cost
+				return true
+			}
 			if rec.Grant != d.grant || rec.Expiry != d.expiry || rec.Claimer != d.seq || now >= rec.Expiry {
 				return false
 			}
@@ -447,8 +529,9 @@ func (p *Plugin) leaseServe(now float64, periodic bool) {
 // leaseRetry tries a waiting request's allowances again and reports
 // whether it still waits; if not, w.outcome says how it ends.
 func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
-	if w.s.id != w.id {
-		w.outcome = waitGone // the stream ended and was reused
+	if w.s.id != w.id || w.s.ended {
+		w.outcome = waitGone // the stream ended (and may be reused)
+		p.leaseStopWaiting(w)
 		return false
 	}
 	down, waiting := false, false
@@ -457,12 +540,12 @@ func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
 		if it.done {
 			continue
 		}
-		if p.leaseStillShort(it.b, it.cost, now) {
+		if p.leaseStillShort(it.b, it, now) {
 			waiting = true
 			continue
 		}
 		p.lease.debits = p.lease.debits[:0]
-		out, retry := p.leaseTake(it.b.key, it.cost, now, w.pc.now, false)
+		out, retry, _ := p.leaseTake(it.b.key, it.cost, now, w.pc.now, false, false, true, it.seq)
 		it.b.seen = 0 // changed: read it again
 		switch out {
 		case leaseAdmitted:
@@ -486,21 +569,34 @@ func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
 		w.outcome = waitDown
 	case !waiting:
 		w.outcome = waitAdmitted
+		return false
 	case now >= w.deadline:
 		w.outcome = waitLate
 	default:
 		return true
 	}
+	p.leaseStopWaiting(w)
 	return false
+}
+
+// leaseStopWaiting uncounts the allowances a request that is done waiting
+// without being admitted still waited for.
+func (p *Plugin) leaseStopWaiting(w *leaseWaiter) {
+	for i := range w.items {
+		if it := &w.items[i]; !it.done && !it.uncounted {
+			p.leaseUncount(it.b.key, it.cost, it.seq)
+			it.uncounted = true
+		}
+	}
 }
 
 // leaseStillShort reports whether b's allowance, read once per pass,
 // certainly cannot cover cost while its global bucket is not known empty
 // nor its service failing: the request then keeps waiting, with no
 // compare-and-swap.
-func (p *Plugin) leaseStillShort(b *leaseBucket, cost, now float64) bool {
+func (p *Plugin) leaseStillShort(b *leaseBucket, it *leaseItem, now float64) bool {
 	if b.seen != p.lease.pass {
-		b.seen, b.left = p.lease.pass, -1
+		b.seen, b.left, b.taken = p.lease.pass, -1, 0
 		v, _, err := p.store.Get(b.key)
 		if err != nil {
 			return false
@@ -509,17 +605,24 @@ func (p *Plugin) leaseStillShort(b *leaseBucket, cost, now float64) bool {
 		if err != nil || now < rec.Retry || rec.Down > 0 {
 			return false
 		}
-		b.left = rec.Spendable(now)
+		b.left, b.taken, b.takenSeq = rec.Spendable(now), rec.Taken, rec.TakenSeq
 	}
-	return b.left >= 0 && b.left < cost
+	if b.taken > 0 && b.takenSeq == nextClaim(it.seq) {
+		return false // an exact take was made for it: leaseTake decides
+	}
+	return b.left >= 0 && b.left < it.cost
 }
 
 // leaseFinish answers a request that is done waiting: resumed, 429 (a
 // global bucket known empty), or on_error (the service failing, or no
 // refill in time).
 func (p *Plugin) leaseFinish(w *leaseWaiter) {
-	if w.outcome == waitGone || !p.host.(Caller).SetEffectiveContext(w.id) {
+	if w.outcome == waitGone {
 		return // the client left: its tokens stay spent
+	}
+	if !p.host.(Caller).SetEffectiveContext(w.id) {
+		w.s.dropHold(true) // gone: never continued
+		return
 	}
 	s, pc := w.s, w.pc
 	switch w.outcome {
@@ -541,7 +644,7 @@ func (p *Plugin) leaseFinish(w *leaseWaiter) {
 		}
 		s.clusterFailed(pc, reason, true)
 	default:
-		s.resume()
+		s.proceed(pc)
 	}
 }
 
@@ -614,12 +717,19 @@ func leaseRTT(rec *sharedstate.LeaseRecord, timeout float64) float64 {
 }
 
 // leaseTick looks after one bucket and reports whether to keep it. urgent
-// is a refill that requests wait for: it is sent at once unless a call is
-// in flight, the bucket is known empty, the service failing, or the last
-// call was less than a refill period ago and not granted in full; it asks
-// for at least twice the allowance the last full grant aimed for, so that
-// refills that follow each other within a period are few (the allowance
-// doubles each time, up to lease_max).
+// is a call that requests wait for: it is sent at once unless a call is in
+// flight, the bucket is known empty, the service failing, or the last call
+// was less than a refill period ago and not granted in full.
+//
+// The process leases only while it shows demand a lease serves. Cold (no
+// live grant, and no call granted in full within the refill period), the
+// call for the waiting requests is an exact take of their total cost
+// (Wait), which leaves nothing held; so is a call for more than lease_max
+// could hold. Warm, it is a lease request for at least twice the allowance
+// the last full grant or take aimed for, so that calls that follow each
+// other within a period are few (the allowance doubles each time, up to
+// lease_max). The periodic refill renews only a live grant (or a shadow
+// rule's, whose requests never wait).
 func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 	if b.calling {
 		return true
@@ -634,6 +744,7 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 		release
 		forget
 		roll
+		exact
 	)
 	act := none
 	var want, unspent float64
@@ -646,7 +757,7 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 		}
 		// One call per refill period and process: the periodic refill
 		// waits for the period's end (less a tenth, for ticks that come
-		// a little early), a request's refill for all of it, unless the
+		// a little early), a request's call for all of it, unless the
 		// last call was granted in full (a ramp).
 		switch {
 		case urgent && rec.Ramp > 0:
@@ -654,14 +765,32 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 			return false
 		}
 		u := rec.Spendable(now)
+		live := rec.Grant != 0 && now < rec.Expiry
+		warm := live || rec.Ramp > 0 && now < rec.Hold
 		target := leaseSize(rec, l, tick, timeout, now)
 		horizon := tick + leaseRTT(rec, timeout)
 		demand := rec.Used > 0
 		switch {
+		case urgent && rec.Wait > 0 && (!warm || rec.Wait > l.Max):
+			if rec.Taken > 0 && now < rec.Hold {
+				// The last take's tokens are still some waiting
+				// requests' (other workers resume them at their next
+				// tick): one take at a time.
+				return false
+			}
+			act = exact
+			want = ceilTokens(rec.Wait)
 		case urgent:
 			act = renew
 			target = math.Min(math.Max(target, 2*rec.Ramp), l.Max)
 			want = math.Max(1, ceilTokens(target-u))
+		case !live && !b.r.shadow:
+			// Holding no lease: requests that find nothing wait, and
+			// their calls take what they need.
+			if now-rec.Since >= leaseIdleForgetFactor*l.TTL {
+				act = forget
+			}
+			return false
 		case demand && (u < target || rec.Expiry-now < horizon+tick):
 			act = renew
 			want = math.Max(0, ceilTokens(target-u))
@@ -681,14 +810,11 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 			return false
 		}
 		unspent, grant = sharedstateFloor(u), rec.Grant
-		rec.Claimer++
-		if rec.Claimer == 0 {
-			rec.Claimer = 1
-		}
+		rec.Claimer = nextClaim(rec.Claimer)
 		seq = rec.Claimer
 		rec.Claim = now + timeout + leaseClaimSlack
 		rec.Hold = now + tick
-		rec.Used, rec.Since = 0, now
+		rec.Used, rec.Since, rec.Wait = 0, now, 0
 		rec.Tokens = u // expired tokens are worthless
 		if act == release {
 			// Nobody spends what is being returned, and the bucket is
@@ -707,24 +833,34 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 		return true
 	}
 	lc := &leaseCall{b: b, seq: seq, sent: now, unspent: unspent, want: want, release: act == release}
+	if act == exact {
+		lc.unspent, lc.exact, lc.pool = 0, true, seq
+	}
+	p.leaseDispatch(lc, grant, now)
+	return true
+}
+
+// leaseDispatch sends lc (its claim is made) and records it in flight; a
+// call that cannot be sent fails at once.
+func (p *Plugin) leaseDispatch(lc *leaseCall, grant uint64, now float64) {
+	b := lc.b
 	token, err := p.leaseSend(b, lc, grant)
 	if err != nil {
 		p.metrics.rlsErrors.inc(p.host, 1)
 		p.warnf(now, "event=rls_error rule="+b.r.Name+" reason="+strconv.Quote("lease dispatch: "+err.Error()))
 		p.leaseApply(lc, now, nil, 0)
-		return true
+		return
 	}
 	lc.token = token
 	b.calling = true
 	p.lease.calls = append(p.lease.calls, lc)
 	p.metrics.leaseCalls.inc(p.host, 1)
-	return true
 }
 
 // sharedstateFloor floors x to the 6 decimals the service is told.
 func sharedstateFloor(x float64) float64 { return math.Floor(x*1e6) / 1e6 }
 
-// leaseSend dispatches a lease request (or release) for b.
+// leaseSend dispatches a lease request, release or exact take for b.
 func (p *Plugin) leaseSend(b *leaseBucket, lc *leaseCall, grant uint64) (uint32, error) {
 	caller, ok := p.host.(Caller)
 	if !ok {
@@ -735,11 +871,18 @@ func (p *Plugin) leaseSend(b *leaseBucket, lc *leaseCall, grant uint64) (uint32,
 		{Key: DescriptorRuleKey, Value: b.r.Name},
 		{Key: DescriptorKeyKey, Value: strings.ToValidUTF8(b.comp, "\uFFFD")},
 		{Key: DescriptorModeKey, Value: descriptorModeLease},
-		{Key: DescriptorHolderKey, Value: p.leaseHolder()},
-		{Key: DescriptorGrantKey, Value: strconv.FormatUint(grant, 10)},
-		{Key: DescriptorUnspentKey, Value: strconv.FormatFloat(lc.unspent, 'f', -1, 64)},
-		{Key: DescriptorWantKey, Value: strconv.FormatFloat(lc.want, 'f', 0, 64)},
 	}
+	if lc.exact {
+		// An exact take: no holder, the cost in hits_addend, as a
+		// request's exact call takes from a lease bucket.
+		return callRLS(caller, rls, []rlswire.Descriptor{{Entries: entries, HitsAddend: uint64(lc.want)}})
+	}
+	entries = append(entries,
+		rlswire.Entry{Key: DescriptorHolderKey, Value: p.leaseHolder()},
+		rlswire.Entry{Key: DescriptorGrantKey, Value: strconv.FormatUint(grant, 10)},
+		rlswire.Entry{Key: DescriptorUnspentKey, Value: strconv.FormatFloat(lc.unspent, 'f', -1, 64)},
+		rlswire.Entry{Key: DescriptorWantKey, Value: strconv.FormatFloat(lc.want, 'f', 0, 64)},
+	)
 	if lc.release {
 		entries = append(entries, rlswire.Entry{Key: DescriptorReleaseKey, Value: "1"})
 	}
@@ -792,14 +935,14 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 		switch {
 		case len(resp.Statuses) != 1:
 			reason = "lease answer with " + strconv.Itoa(len(resp.Statuses)) + " statuses"
-		case !lc.release && !resp.Statuses[0].HasQuota:
+		case !lc.release && !lc.exact && !resp.Statuses[0].HasQuota:
 			reason = "lease answer without a quota"
 		default:
 			st = &resp.Statuses[0]
 		}
 	}
 	var id uint64
-	if st != nil && st.HasQuota {
+	if st != nil && st.HasQuota && !lc.exact {
 		n, err := strconv.ParseUint(st.Quota.ID, 10, 64)
 		if err != nil || n == 0 {
 			st, reason = nil, "lease grant id "+strconv.Quote(st.Quota.ID)
@@ -810,7 +953,9 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 		p.metrics.rlsErrors.inc(p.host, 1)
 		p.warnf(now, "event=rls_error rule="+lc.b.r.Name+" reason="+strconv.Quote("lease: "+reason))
 	}
-	p.leaseApply(lc, now, st, id)
+	if retake := p.leaseApply(lc, now, st, id); retake != nil {
+		p.leaseDispatch(retake, 0, now)
+	}
 	p.leaseServe(now, false)
 }
 
@@ -824,10 +969,17 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 // The proxy holds that amount less what it spent since it sent the report
 // (docs/lease.md): never a token the service does not count, even when it
 // carried over less than reported (a report naming a grant that is gone).
-func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, grant uint64) {
+//
+// An exact take's tokens are the waiting requests' it was claimed for
+// (Taken, TakenSeq); a take refused because the bucket had fewer tokens
+// than asked, but some, is followed by a take of what it had (returned,
+// its claim made: the caller sends it), so that the requests it can cover
+// are not turned away.
+func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, grant uint64) (retake *leaseCall) {
 	l := lc.b.r.Lease
 	rtt := math.Max(now-lc.sent, leaseMinRTT)
-	_, _, _ = p.lease.upd.Update(lc.b.key, func(rec *sharedstate.LeaseRecord) bool {
+	_, wrote, _ := p.lease.upd.Update(lc.b.key, func(rec *sharedstate.LeaseRecord) bool {
+		retake = nil
 		if rec.Claimer != lc.seq || rec.Claim == 0 {
 			return false
 		}
@@ -848,6 +1000,34 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, gran
 		rec.Down = 0
 		if lc.release {
 			rec.Hold, rec.Ramp = 0, 0
+			return true
+		}
+		if lc.exact {
+			left := float64(st.LimitRemaining)
+			switch {
+			case st.Code != rlswire.CodeOverLimit:
+				rec.Taken, rec.TakenSeq = lc.want, lc.pool
+				rec.Ramp = lc.want
+				if lc.retake {
+					// The bucket had less than the waiting requests
+					// needed, and now has nothing: the rest get 429 until
+					// the period ends.
+					rec.Ramp = 0
+					retry := rec.Hold
+					if retry <= now {
+						retry = now + float64(p.cfg.Settings.RLS.LeaseTickMs)/1000
+					}
+					rec.Retry = math.Max(rec.Retry, retry)
+				}
+			case !lc.retake && left >= 1 && left < lc.want:
+				rec.Ramp = 0
+				rec.Claimer = nextClaim(rec.Claimer)
+				rec.Claim = now + float64(p.cfg.Settings.RLS.TimeoutMs)/1000 + leaseClaimSlack
+				retake = &leaseCall{b: lc.b, seq: rec.Claimer, sent: now, want: left, exact: true, retake: true, pool: lc.pool}
+			default:
+				rec.Ramp = 0
+				rec.Retry = math.Max(rec.Retry, now+st.UntilReset)
+			}
 			return true
 		}
 		total := float64(st.Quota.Requests)
@@ -876,4 +1056,8 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, gran
 		}
 		return true
 	})
+	if !wrote {
+		return nil
+	}
+	return retake
 }

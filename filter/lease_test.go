@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -154,18 +155,43 @@ func leaseCall(t *testing.T, h *filtertest.Host, i int) map[string]string {
 	return d[0].entries
 }
 
+// exactTake decodes call i of h, checks that it is an exact take from a
+// lease rule's bucket (no holder: nothing is held) dispatched with no
+// stream effective, and returns its cost.
+func exactTake(t *testing.T, h *filtertest.Host, i int) uint64 {
+	t.Helper()
+	if i >= len(h.Calls) {
+		t.Fatalf("call %d of %d", i, len(h.Calls))
+	}
+	d := decodeCall(t, h.Calls[i])
+	if len(d) != 1 || d[0].entries["tokengate_mode"] != "lease" || d[0].entries["tokengate_holder"] != "" || d[0].entries["tokengate_want"] != "" {
+		t.Fatalf("call %d: %+v, want an exact take", i, d)
+	}
+	if h.Calls[i].Stream != 0 {
+		t.Fatalf("exact take %d made while stream %d was effective", i, h.Calls[i].Stream)
+	}
+	return d[0].hits
+}
+
+// takeAnswer is the service's answer to an exact take: its code, the
+// tokens it left (limit_remaining) and, for OVER_LIMIT, the wait.
+func takeAnswer(code, left, resetSec uint64) filtertest.CallResponse {
+	return grpcOK(rlsResponse(code, []rlsStatus{{code, left, resetSec}}))
+}
+
 // TestLeaseMode walks a lease rule through its life on the test host with
-// a fake clock: the cold request waits for the refill it triggers, and the
-// requests arriving meanwhile share it; admissions from the allowance make
-// no call; a spent allowance triggers one immediate refill that the
-// waiting requests share; known empty (429 without a call until the retry
-// time); expiry; reports; a lost answer; release of idle tokens; one
-// refiller per process; the service down; refunds.
+// a fake clock: the cold requests wait for one exact take of their total
+// cost, and leasing starts when requests keep coming; admissions from the
+// allowance make no call; a spent allowance triggers one immediate refill
+// that the waiting requests share; known empty (429 without a call until
+// the retry time); expiry; reports; a lost answer; release of idle tokens;
+// one refiller per process; the service down; refunds.
 func TestLeaseMode(t *testing.T) {
 	req := filtertest.Get("/", "192.0.2.1:5000")
 
 	// warm returns a fixture whose allowance holds 8 tokens (grant 7),
-	// sent at epoch; its refill period ends at epoch+0.1.
+	// sent at epoch; its refill period ends at epoch+0.1. Its first
+	// request took its token exactly, its second started the lease.
 	warm := func(t *testing.T, cfg string) *fixture {
 		t.Helper()
 		f := newFixture(t, cfg)
@@ -177,20 +203,33 @@ func TestLeaseMode(t *testing.T) {
 			t.Fatalf("cold request: action %v, %d calls, tick %d ms; want it to wait, the tick at 1 ms", res.RequestAction, len(f.h.Calls), f.h.TickPeriod())
 		}
 		f.h.Tick(f.p)
-		e := leaseCall(t, f.h, 0)
-		// No rate seen yet: 1 request over a refill period (10/s), for a
-		// tick plus the timeout (no round trip measured), twice: 3.
-		if e["tokengate_grant"] != "0" || e["tokengate_unspent"] != "0" || e["tokengate_want"] != "3" || e["tokengate_release"] != "" ||
-			e["tokengate_rule"] != "lease-ip" || e["key"] != "192.0.2.1" || e["tokengate_mode"] != "lease" {
-			t.Fatalf("cold lease request %v", e)
+		if n := exactTake(t, f.h, 0); n != 1 {
+			t.Fatalf("cold: an exact take of %d, want 1", n)
 		}
 		// While the call is out, more ticks send nothing.
 		f.h.Tick(f.p)
 		if len(f.h.Calls) != 1 {
-			t.Fatalf("%d calls: a second lease request while one is out", len(f.h.Calls))
+			t.Fatalf("%d calls: a second call while one is out", len(f.h.Calls))
 		}
-		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 9, "7", 0))
-		if len(f.h.Continued) != 1 {
+		f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(1, 19, 0))
+		if r := record(t, f); len(f.h.Continued) != 1 || r.Tokens != 0 || r.Taken != 0 || r.Grant != 0 {
+			t.Fatalf("continued %v, record %+v; want the request admitted and nothing held", f.h.Continued, r)
+		}
+		// A second request within the refill period: demand continues,
+		// and its call is a lease request.
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
+			t.Fatalf("second request %v, want it to wait", res.RequestAction)
+		}
+		f.h.Tick(f.p)
+		e := leaseCall(t, f.h, 1)
+		// 1 request over a refill period (10/s), for a tick plus twice the
+		// measured round trip (the minimum sample, 0.1 ms), twice: 3.
+		if e["tokengate_grant"] != "0" || e["tokengate_unspent"] != "0" || e["tokengate_want"] != "3" || e["tokengate_release"] != "" ||
+			e["tokengate_rule"] != "lease-ip" || e["key"] != "192.0.2.1" || e["tokengate_mode"] != "lease" {
+			t.Fatalf("first lease request %v", e)
+		}
+		f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 9, "7", 0))
+		if len(f.h.Continued) != 2 {
 			t.Fatalf("continued %v, want the waiting request", f.h.Continued)
 		}
 		if r := record(t, f); r.Tokens != 8 || r.Grant != 7 || r.Claim != 0 || r.Expiry != epoch+2 {
@@ -199,7 +238,7 @@ func TestLeaseMode(t *testing.T) {
 		return f
 	}
 
-	t.Run("cold: requests wait for one refill and share it", func(t *testing.T) {
+	t.Run("cold: the waiting requests share one exact take of their cost; more demand starts the lease", func(t *testing.T) {
 		f := newFixture(t, leaseCfg)
 		for range 3 {
 			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
@@ -208,21 +247,33 @@ func TestLeaseMode(t *testing.T) {
 		}
 		f.now += 0.001
 		f.h.Tick(f.p)
-		e := leaseCall(t, f.h, 0)
-		// 3 requests in a period: 30/s x 0.15 s x 2 = 9, capped at lease_max 8.
-		if e["tokengate_want"] != "8" || len(f.h.Calls) != 1 {
-			t.Fatalf("%d calls, want one lease request for lease_max 8: %v", len(f.h.Calls), e)
+		if n := exactTake(t, f.h, 0); n != 3 || len(f.h.Calls) != 1 {
+			t.Fatalf("%d calls, the first an exact take of %d; want one take of 3", len(f.h.Calls), n)
 		}
-		// A fourth request arrives while the call is out: it waits too.
+		// A fourth request arrives while the take is out: it waits, for
+		// the next call.
 		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 1 {
-			t.Fatalf("request while the refill is out: %v with %d calls", res.RequestAction, len(f.h.Calls))
+			t.Fatalf("request while the take is out: %v with %d calls", res.RequestAction, len(f.h.Calls))
 		}
-		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 8, "1", 0))
+		f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(1, 17, 0))
+		if len(f.h.Continued) != 3 {
+			t.Fatalf("continued %v, want the three requests the take was for", f.h.Continued)
+		}
+		// The fourth is demand within the refill period: the answering
+		// worker asks for a lease at once, for at least twice the take.
+		e := leaseCall(t, f.h, 1)
+		if e["tokengate_want"] != "6" || len(f.h.Calls) != 2 {
+			t.Fatalf("%d calls, then %v; want a lease request for 6", len(f.h.Calls), e)
+		}
+		if r := record(t, f); r.Taken != 0 || r.Tokens != 0 {
+			t.Fatalf("record %+v: the take's tokens are spent, nothing held yet", r)
+		}
+		f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 6, "1", 0))
 		if len(f.h.Continued) != 4 {
 			t.Fatalf("continued %v, want all four waiting requests", f.h.Continued)
 		}
-		if r := record(t, f); r.Tokens != 4 {
-			t.Fatalf("record %+v, want 8 - 4 left", r)
+		if r := record(t, f); r.Tokens != 5 {
+			t.Fatalf("record %+v, want 6 - 1 left", r)
 		}
 		if got := f.counter("lease-ip", filter.CounterAllowed); got != 4 {
 			t.Errorf("allowed = %d, want 4", got)
@@ -236,6 +287,71 @@ func TestLeaseMode(t *testing.T) {
 		}
 	})
 
+	t.Run("a take refused for more than the bucket has takes what it has", func(t *testing.T) {
+		f := newFixture(t, leaseCfg)
+		for range 3 {
+			f.h.Start(f.p, req)
+		}
+		f.h.Tick(f.p)
+		if n := exactTake(t, f.h, 0); n != 3 {
+			t.Fatalf("an exact take of %d, want 3", n)
+		}
+		// Only 2 left: refused. The answering worker takes the 2 at once,
+		// for the same requests.
+		f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(2, 2, 1))
+		if len(f.h.Calls) != 2 || f.h.Response.Local != nil || len(f.h.Continued) != 0 {
+			t.Fatalf("%d calls, reply %+v, continued %v; want a second take and the requests waiting", len(f.h.Calls), f.h.Response.Local, f.h.Continued)
+		}
+		if n := exactTake(t, f.h, 1); n != 2 {
+			t.Fatalf("second take of %d, want 2", n)
+		}
+		resp := f.h.Deliver(f.p, f.h.Calls[1].Token, takeAnswer(1, 0, 0))
+		if len(f.h.Continued) != 2 || resp.Local == nil || resp.Local.Status != 429 {
+			t.Fatalf("continued %v, reply %+v; want two admitted and the third a 429", f.h.Continued, resp.Local)
+		}
+		if r := record(t, f); r.Taken != 0 || r.Wait != 0 || r.Retry != epoch+0.1 {
+			t.Fatalf("record %+v, want the take spent and the bucket empty until the period ends", r)
+		}
+		// Refused again: the bucket is empty until its reset.
+		f2 := newFixture(t, leaseCfg)
+		for range 3 {
+			f2.h.Start(f2.p, req)
+		}
+		f2.h.Tick(f2.p)
+		f2.h.Deliver(f2.p, f2.h.Calls[0].Token, takeAnswer(2, 2, 1))
+		f2.h.Deliver(f2.p, f2.h.Calls[1].Token, takeAnswer(2, 0, 4))
+		if len(f2.h.Calls) != 2 || len(f2.h.Continued) != 0 || f2.counter("lease-ip", filter.CounterRejected) != 3 {
+			t.Fatalf("%d calls, continued %v, %d rejected; want all three rejected after two takes",
+				len(f2.h.Calls), f2.h.Continued, f2.counter("lease-ip", filter.CounterRejected))
+		}
+		if r := record(t, f2); r.Retry != epoch+4 {
+			t.Fatalf("record %+v, want the bucket empty for 4 s", r)
+		}
+	})
+
+	t.Run("cold again once the refill period is over: each request taken exactly, nothing held", func(t *testing.T) {
+		f := newFixture(t, leaseCfg)
+		for i := range 4 {
+			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
+				t.Fatalf("request %d: %v, want it to wait", i, res.RequestAction)
+			}
+			f.h.Tick(f.p)
+			if n := exactTake(t, f.h, i); n != 1 || len(f.h.Calls) != i+1 {
+				t.Fatalf("request %d: %d calls, an exact take of %d; want one take of 1", i, len(f.h.Calls), n)
+			}
+			f.h.Deliver(f.p, f.h.Calls[i].Token, takeAnswer(1, uint64(19-i), 0))
+			if r := record(t, f); len(f.h.Continued) != i+1 || r.Tokens != 0 || r.Taken != 0 || r.Wait != 0 {
+				t.Fatalf("request %d: continued %v, record %+v; want it admitted and nothing held", i, f.h.Continued, r)
+			}
+			// A tick a period later: no lease to renew, nothing to send.
+			f.now += 0.101
+			f.h.Tick(f.p)
+			if len(f.h.Calls) != i+1 {
+				t.Fatalf("request %d: a periodic call for a process that holds no lease", i)
+			}
+		}
+	})
+
 	t.Run("admitted from the allowance; spent: one immediate refill, shared", func(t *testing.T) {
 		f := warm(t, leaseCfg)
 		for i := range 8 {
@@ -243,7 +359,7 @@ func TestLeaseMode(t *testing.T) {
 				t.Fatalf("request %d: %v %d, want admitted locally", i, res.RequestAction, res.Status())
 			}
 		}
-		if len(f.h.Calls) != 1 {
+		if len(f.h.Calls) != 2 {
 			t.Fatalf("%d calls: admissions from the allowance must not call", len(f.h.Calls))
 		}
 		// Spent: the next requests wait; one refill goes out at the next
@@ -255,20 +371,25 @@ func TestLeaseMode(t *testing.T) {
 		}
 		f.now += 0.01
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 2 {
+		if len(f.h.Calls) != 3 {
 			t.Fatalf("%d calls, want one immediate refill", len(f.h.Calls))
 		}
-		if e := leaseCall(t, f.h, 1); e["tokengate_want"] != "8" || e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "0" {
+		if e := leaseCall(t, f.h, 2); e["tokengate_want"] != "8" || e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "0" {
 			t.Fatalf("refill %v, want lease_max 8 reporting grant 7 spent", e)
 		}
-		f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 8, "8", 0))
-		if len(f.h.Continued) != 4 || record(t, f).Tokens != 5 {
+		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 8, "8", 0))
+		if len(f.h.Continued) != 5 || record(t, f).Tokens != 5 {
 			t.Fatalf("continued %v, record %+v; want the three waiting requests resumed, 5 left", f.h.Continued, record(t, f))
 		}
-		// Once the allowance has expired, a request waits for a refill.
+		// Once the allowance has expired, a request waits, and the
+		// process is cold again: its call is an exact take.
 		f.now += 2.1
-		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 2 {
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause || len(f.h.Calls) != 3 {
 			t.Fatalf("expired allowance: %v with %d calls, want it to wait", res.RequestAction, len(f.h.Calls))
+		}
+		f.h.Tick(f.p)
+		if n := exactTake(t, f.h, 3); n != 1 {
+			t.Fatalf("after the lease expired: an exact take of %d, want 1", n)
 		}
 	})
 
@@ -277,15 +398,17 @@ func TestLeaseMode(t *testing.T) {
 		for range 8 {
 			f.h.Start(f.p, req)
 		}
-		s, _ := f.h.Start(f.p, req) // waits
-		_ = s
+		f.h.Start(f.p, req) // waits
 		f.h.Tick(f.p)
-		resp := f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(2, 0, "8", 3))
+		resp := f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(2, 0, "8", 3))
 		if resp.Local == nil || resp.Local.Status != 429 {
 			t.Fatalf("reply %+v, want 429 for the waiting request", resp.Local)
 		}
+		if r := record(t, f); r.Wait != 0 {
+			t.Fatalf("record %+v: a rejected request still counted as waiting", r)
+		}
 		_, res := f.h.Start(f.p, req)
-		if res.Status() != 429 || len(f.h.Calls) != 2 {
+		if res.Status() != 429 || len(f.h.Calls) != 3 {
 			t.Fatalf("status %d with %d calls, want a local 429", res.Status(), len(f.h.Calls))
 		}
 		if ra, _ := findHeader(res.Response.Local.Headers, "retry-after"); ra < "3" {
@@ -293,7 +416,7 @@ func TestLeaseMode(t *testing.T) {
 		}
 		f.now += 1
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 2 {
+		if len(f.h.Calls) != 3 {
 			t.Errorf("a tick asked for a lease of a bucket known empty")
 		}
 		f.now += 2.01
@@ -301,8 +424,10 @@ func TestLeaseMode(t *testing.T) {
 			t.Fatalf("after the retry time: %v, want the request to wait for a refill", res.RequestAction)
 		}
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 3 {
-			t.Fatalf("%d calls after the retry time, want a refill", len(f.h.Calls))
+		// The grant has expired meanwhile: the process is cold, and takes
+		// exactly what waits.
+		if n := exactTake(t, f.h, 3); n != 1 || len(f.h.Calls) != 4 {
+			t.Fatalf("%d calls after the retry time, the last a take of %d; want one exact take of 1", len(f.h.Calls), n)
 		}
 	})
 
@@ -316,14 +441,14 @@ func TestLeaseMode(t *testing.T) {
 		f.h.Tick(f.p)
 		// 2 of the 8 asked for, nothing left: one serves the waiting
 		// request, one the next, then 429 locally until epoch+0.11.
-		f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswerLeft(1, 2, "8", 0, 0))
-		if len(f.h.Continued) != 2 {
+		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswerLeft(1, 2, "8", 0, 0))
+		if len(f.h.Continued) != 3 {
 			t.Fatalf("continued %v", f.h.Continued)
 		}
 		if _, res := f.h.Start(f.p, req); res.Status() != 200 {
 			t.Fatalf("second token: %d", res.Status())
 		}
-		if _, res := f.h.Start(f.p, req); res.Status() != 429 || len(f.h.Calls) != 2 {
+		if _, res := f.h.Start(f.p, req); res.Status() != 429 || len(f.h.Calls) != 3 {
 			t.Fatalf("after a partial grant: %d with %d calls, want a local 429", res.Status(), len(f.h.Calls))
 		}
 		f.now += 0.1
@@ -331,9 +456,10 @@ func TestLeaseMode(t *testing.T) {
 			t.Fatalf("next refill period: %v, want the request to wait", res.RequestAction)
 		}
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 3 {
+		if len(f.h.Calls) != 4 {
 			t.Fatalf("%d calls, want the refill", len(f.h.Calls))
 		}
+		leaseCall(t, f.h, 3) // the grant lives: a lease request
 	})
 
 	t.Run("renewal reports the unspent tokens; the answer counts what was spent meanwhile", func(t *testing.T) {
@@ -343,16 +469,16 @@ func TestLeaseMode(t *testing.T) {
 		}
 		f.now += 0.1
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 2 {
+		if len(f.h.Calls) != 3 {
 			t.Fatalf("%d calls, want a renewal", len(f.h.Calls))
 		}
-		if e := leaseCall(t, f.h, 1); e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "2" {
+		if e := leaseCall(t, f.h, 2); e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "2" {
 			t.Fatalf("renewal %v, want grant 7 and 2 unspent", e)
 		}
 		// One more request spends while the call is out. The new grant is
 		// 2 carried over + 5: 7, less the one spent since the report.
 		f.h.Start(f.p, req)
-		f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 7, "9", 0))
+		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 7, "9", 0))
 		if r := record(t, f); r.Tokens != 6 || r.Grant != 9 || r.Expiry != epoch+0.1+2 {
 			t.Fatalf("record %+v, want 6 under grant 9", r)
 		}
@@ -370,17 +496,17 @@ func TestLeaseMode(t *testing.T) {
 		}
 		f.now += 0.1
 		f.h.Tick(f.p)
-		f.h.Deliver(f.p, f.h.Calls[1].Token, filtertest.CallResponse{}) // timed out
+		f.h.Deliver(f.p, f.h.Calls[2].Token, filtertest.CallResponse{}) // timed out
 		if r := record(t, f); r.Tokens != 2 || r.Grant != 7 || r.Claim != 0 {
 			t.Fatalf("record %+v, want the 2 held tokens kept under grant 7", r)
 		}
 		f.h.Start(f.p, req) // 1 left
 		f.now += 0.1
 		f.h.Tick(f.p)
-		if e := leaseCall(t, f.h, 2); e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "1" {
+		if e := leaseCall(t, f.h, 3); e["tokengate_grant"] != "7" || e["tokengate_unspent"] != "1" {
 			t.Fatalf("renewal %v", e)
 		}
-		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 3, "11", 0))
+		f.h.Deliver(f.p, f.h.Calls[3].Token, leaseAnswer(1, 3, "11", 0))
 		if r := record(t, f); r.Tokens != 3 || r.Grant != 11 {
 			t.Fatalf("record %+v, want only the 3 new tokens (the service carried none over)", r)
 		}
@@ -425,27 +551,31 @@ func TestLeaseMode(t *testing.T) {
 		f.h.Tick(f.p)
 		h2.Tick(p2)
 		if n := len(f.h.Calls) + len(h2.Calls); n != 1 {
-			t.Fatalf("%d calls, want one lease request for both workers", n)
+			t.Fatalf("%d calls, want one call for both workers", n)
 		}
-		// Worker 1 applies the grant (all it asked for: 2 requests in a
-		// period, 6) and resumes its request; worker 2's request is
-		// resumed by its next tick, with no call.
-		if e := leaseCall(t, f.h, 0); e["tokengate_want"] != "6" {
-			t.Fatalf("lease request %v, want 6", e)
+		// Worker 1 took exactly what both workers' requests cost, and
+		// resumes its request; worker 2's request is resumed by its next
+		// tick, with no call.
+		if n := exactTake(t, f.h, 0); n != 2 {
+			t.Fatalf("an exact take of %d, want 2", n)
 		}
-		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 6, "1", 0))
+		f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(1, 18, 0))
 		f.now += 0.001
 		if got := h2.Tick(p2); len(got) != 1 || len(h2.Calls) != 0 {
 			t.Fatalf("worker 2 resumed %v with %d calls, want its request and no call", got, len(h2.Calls))
 		}
-		// 4 left. Worker 2 spends them, and its next request waits: the
-		// last grant was full, so its refill goes out at once.
-		for range 5 {
-			h2.Start(p2, req)
+		if r := record(t, f); r.Taken != 0 {
+			t.Fatalf("record %+v: the take's tokens not all spent by the requests it was for", r)
 		}
+		// Worker 2's next request waits; the take was granted in full, so
+		// its call, a lease request for twice as much, goes out at once.
+		h2.Start(p2, req)
 		h2.Tick(p2)
 		if len(h2.Calls) != 1 {
-			t.Fatalf("worker 2: %d calls, want the refill", len(h2.Calls))
+			t.Fatalf("worker 2: %d calls, want the lease request", len(h2.Calls))
+		}
+		if e := leaseCall(t, h2, 0); e["tokengate_want"] != "4" {
+			t.Fatalf("lease request %v, want 4", e)
 		}
 		// ... worker 2 dies with it. Worker 1's requests wait until the
 		// claim lapses (timeout + 1 s), then it asks.
@@ -458,9 +588,13 @@ func TestLeaseMode(t *testing.T) {
 		f.h.Start(f.p, req)
 		f.h.Tick(f.p)
 		if len(f.h.Calls) != 2 {
-			t.Fatalf("worker 1: %d calls, want a refill once the claim lapsed", len(f.h.Calls))
+			t.Fatalf("worker 1: %d calls, want a call once the claim lapsed", len(f.h.Calls))
 		}
-		leaseCall(t, f.h, 1)
+		// Its first request gave up (on_error) and is no longer counted:
+		// the take is for the one still waiting.
+		if n := exactTake(t, f.h, 1); n != 1 {
+			t.Fatalf("an exact take of %d, want 1", n)
+		}
 	})
 
 	t.Run("one periodic refill per period per process, whatever the workers' phases", func(t *testing.T) {
@@ -480,16 +614,16 @@ func TestLeaseMode(t *testing.T) {
 		f.now += 0.08
 		h2.Tick(p2)
 		f.h.Tick(f.p)
-		if len(f.h.Calls)+len(h2.Calls) != 1 {
+		if len(f.h.Calls)+len(h2.Calls) != 2 {
 			t.Fatalf("%d calls: a second refill within one period", len(f.h.Calls)+len(h2.Calls))
 		}
 		f.now += 0.015
 		f.h.Tick(f.p)
 		h2.Tick(p2)
-		if len(f.h.Calls)+len(h2.Calls) != 2 {
+		if len(f.h.Calls)+len(h2.Calls) != 3 {
 			t.Fatalf("%d calls: want one refill a period later", len(f.h.Calls)+len(h2.Calls))
 		}
-		leaseCall(t, f.h, 1)
+		leaseCall(t, f.h, 2)
 	})
 
 	t.Run("the timer keeps the refill period; early ticks do not refill", func(t *testing.T) {
@@ -508,25 +642,39 @@ func TestLeaseMode(t *testing.T) {
 				t.Fatalf("tick period %d ms with a lease rule and nothing waiting, want 100", got)
 			}
 		}
-		if len(f.h.Calls) != 2 {
+		if len(f.h.Calls) != 3 {
 			t.Fatalf("%d calls after ten 10 ms ticks, want one refill", len(f.h.Calls))
 		}
 	})
 
-	t.Run("a grant answered after the claim lapsed is dropped", func(t *testing.T) {
+	t.Run("an answer that comes after its claim was replaced is dropped", func(t *testing.T) {
+		// Another worker's claim replaces ours.
+		replace := func(f *fixture, key string) {
+			v, cas, _ := f.h.Store.Get(key)
+			r, _ := sharedstate.ParseLeaseRecord(v)
+			r.Claimer++
+			f.h.Store.Set(key, sharedstate.AppendLeaseRecord(nil, r), cas)
+		}
 		f := newFixture(t, leaseCfg)
 		f.h.Start(f.p, req)
 		f.h.Tick(f.p)
-		tok := f.h.Calls[0].Token
-		// Another worker's claim replaced ours.
-		k := "tl:lease-ip:192.0.2.1"
-		v, cas, _ := f.h.Store.Get(k)
-		r, _ := sharedstate.ParseLeaseRecord(v)
-		r.Claimer++
-		f.h.Store.Set(k, sharedstate.AppendLeaseRecord(nil, r), cas)
-		f.h.Deliver(f.p, tok, leaseAnswer(1, 8, "3", 0))
-		if r := record(t, f); r.Tokens != 0 || r.Grant != 0 {
-			t.Fatalf("record %+v: a grant without our claim was applied", r)
+		exactTake(t, f.h, 0)
+		replace(f, "tl:lease-ip:192.0.2.1")
+		f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(1, 19, 0))
+		if r := record(t, f); r.Taken != 0 || len(f.h.Continued) != 0 {
+			t.Fatalf("record %+v, continued %v: a take without our claim was applied", r, f.h.Continued)
+		}
+		// A lease request's grant, on a warm bucket.
+		f = warm(t, leaseCfg)
+		for range 9 {
+			f.h.Start(f.p, req) // the 9th waits
+		}
+		f.h.Tick(f.p)
+		leaseCall(t, f.h, 2)
+		replace(f, "tl:lease-ip:192.0.2.1")
+		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 8, "3", 0))
+		if r := record(t, f); r.Tokens != 0 || r.Grant != 7 || len(f.h.Continued) != 2 {
+			t.Fatalf("record %+v, continued %v: a grant without our claim was applied", r, f.h.Continued)
 		}
 	})
 
@@ -539,7 +687,7 @@ func TestLeaseMode(t *testing.T) {
 		}
 		f.now += 0.1
 		f.h.Tick(f.p)
-		f.h.Deliver(f.p, f.h.Calls[1].Token, filtertest.CallResponse{})
+		f.h.Deliver(f.p, f.h.Calls[2].Token, filtertest.CallResponse{})
 		for range 2 {
 			if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Continue {
 				t.Fatal("held tokens not spent while the service is down")
@@ -553,15 +701,15 @@ func TestLeaseMode(t *testing.T) {
 		}
 		f.now += 0.05
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 2 {
+		if len(f.h.Calls) != 3 {
 			t.Fatalf("%d calls: a retry within the refill period of the failed call", len(f.h.Calls))
 		}
 		f.now += 0.051
 		f.h.Tick(f.p)
-		if len(f.h.Calls) != 3 {
+		if len(f.h.Calls) != 4 {
 			t.Fatalf("%d calls, want the retry a period after the failed one", len(f.h.Calls))
 		}
-		if resp := f.h.Deliver(f.p, f.h.Calls[2].Token, filtertest.CallResponse{}); resp.Local == nil || resp.Local.Status != 503 {
+		if resp := f.h.Deliver(f.p, f.h.Calls[3].Token, filtertest.CallResponse{}); resp.Local == nil || resp.Local.Status != 503 {
 			t.Fatalf("reply %+v, want on_error's 503", resp.Local)
 		}
 		// The service is back: a waiting request gets the next grant.
@@ -570,8 +718,8 @@ func TestLeaseMode(t *testing.T) {
 			t.Fatalf("%v, want the request to wait", res.RequestAction)
 		}
 		f.h.Tick(f.p)
-		f.h.Deliver(f.p, f.h.Calls[3].Token, leaseAnswer(1, 4, "12", 0))
-		if n := len(f.h.Continued); n != 2 || f.h.Continued[n-1] != 11 {
+		f.h.Deliver(f.p, f.h.Calls[4].Token, leaseAnswer(1, 4, "12", 0))
+		if n := len(f.h.Continued); n != 3 || f.h.Continued[n-1] != 12 {
 			t.Fatalf("continued %v, want the waiting request resumed", f.h.Continued)
 		}
 		if r := record(t, f); r.Down != 0 || r.Tokens != 3 {
@@ -600,9 +748,17 @@ func TestLeaseMode(t *testing.T) {
 		s, _ := f.h.Start(f.p, req)
 		f.h.Tick(f.p)
 		f.h.End(s, 1)
-		f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 3, "1", 0))
+		f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(1, 19, 0))
 		if len(f.h.Continued) != 0 {
 			t.Fatalf("continued %v: a stream that ended", f.h.Continued)
+		}
+		// Its token was taken for it, as an exact call's would be: it
+		// stays with that take, which no other request spends.
+		if r := record(t, f); r.Taken != 1 || r.Tokens != 0 {
+			t.Fatalf("record %+v", r)
+		}
+		if _, res := f.h.Start(f.p, req); res.RequestAction != filter.Pause {
+			t.Fatalf("next request: %v, want it to wait (the left request's token is not its)", res.RequestAction)
 		}
 	})
 }
@@ -617,15 +773,24 @@ func TestLeaseSizing(t *testing.T) {
 	"settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100}}}`
 	req := filtertest.Get("/", "192.0.2.1:5000")
 	f := newFixture(t, cfg)
+	// Cold, the first request is taken exactly; the answer takes 2 ms (the
+	// round trip is measured).
 	f.h.Start(f.p, req)
 	f.h.Tick(f.p)
-	// Nothing measured: 1 request a period (10/s) x (0.1 + 0.05 s) x 2 = 3.
-	if e := leaseCall(t, f.h, 0); e["tokengate_want"] != "3" {
-		t.Fatalf("first request %v, want 3", e)
-	}
-	// The answer takes 2 ms (the round trip is measured) and grants 50.
+	exactTake(t, f.h, 0)
 	f.now += 0.002
-	f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 50, "1", 0))
+	f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(1, 1999, 0))
+	// The next one is demand within the refill period: 1 request a
+	// period (10/s) x (0.1 s + twice the round trip) x 2 = 3 (before any
+	// round trip was measured it would be 0.1 + timeout_ms: 3 as well).
+	f.h.Start(f.p, req)
+	f.h.Tick(f.p)
+	if e := leaseCall(t, f.h, 1); e["tokengate_want"] != "3" {
+		t.Fatalf("first lease request %v, want 3", e)
+	}
+	// The answer takes 2 ms too and grants 50.
+	f.now += 0.002
+	f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 50, "1", 0))
 	if r := record(t, f); math.Abs(r.RTT-0.002) > 1e-9 || r.Tokens != 49 || r.Used != 1 {
 		t.Fatalf("record %+v, want RTT 0.002, 49 left, 1 used", r)
 	}
@@ -640,10 +805,10 @@ func TestLeaseSizing(t *testing.T) {
 		}
 	}
 	f.h.Tick(f.p)
-	if e := leaseCall(t, f.h, 1); e["tokengate_want"] != "15" || e["tokengate_unspent"] != "29" {
+	if e := leaseCall(t, f.h, 2); e["tokengate_want"] != "15" || e["tokengate_unspent"] != "29" {
 		t.Fatalf("periodic refill %v, want 15 more for 29 held", e)
 	}
-	f.h.Deliver(f.p, f.h.Calls[1].Token, leaseAnswer(1, 44, "2", 0))
+	f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 44, "2", 0))
 	// Ten times the rate: capped at lease_max 100.
 	start = f.now
 	for i := range 200 {
@@ -678,16 +843,27 @@ func TestLeaseAllOrNothing(t *testing.T) {
 	"settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100}}}`
 	req := filtertest.Get("/", "192.0.2.1:5000")
 	f := newFixture(t, cfg)
-	// Both lease buckets warm: the first request waits for both refills.
+	// Both lease buckets warm: the first request waits for an exact take
+	// from each, the second for a lease of each.
 	f.h.Start(f.p, req)
 	f.h.Tick(f.p)
 	if len(f.h.Calls) != 2 {
-		t.Fatalf("%d calls, want a refill for each lease rule", len(f.h.Calls))
+		t.Fatalf("%d calls, want a take for each lease rule", len(f.h.Calls))
 	}
 	for i := range 2 {
+		exactTake(t, f.h, i)
+		f.h.Deliver(f.p, f.h.Calls[i].Token, takeAnswer(1, 19, 0))
+	}
+	f.h.Start(f.p, req)
+	f.h.Tick(f.p)
+	if len(f.h.Calls) != 4 {
+		t.Fatalf("%d calls, want a lease request for each lease rule", len(f.h.Calls))
+	}
+	for i := 2; i < 4; i++ {
+		leaseCall(t, f.h, i)
 		f.h.Deliver(f.p, f.h.Calls[i].Token, leaseAnswer(1, 5, strconv.Itoa(i+1), 0))
 	}
-	if len(f.h.Continued) != 1 {
+	if len(f.h.Continued) != 2 {
 		t.Fatalf("continued %v", f.h.Continued)
 	}
 	ipKey, allKey := "tl:lease-ip:192.0.2.1", "tl:lease-all:"
@@ -714,13 +890,13 @@ func TestLeaseAllOrNothing(t *testing.T) {
 	// it rejects: both lease tokens come back.
 	exact := filtertest.Get("/", "192.0.2.1:5000", "x-exact", "a")
 	_, res := f.h.Start(f.p, exact)
-	if res.RequestAction != filter.Pause || len(f.h.Calls) != 3 {
+	if res.RequestAction != filter.Pause || len(f.h.Calls) != 5 {
 		t.Fatalf("%v with %d calls, want the exact call", res.RequestAction, len(f.h.Calls))
 	}
 	if a, b := recordOf(t, f, ipKey).Tokens, recordOf(t, f, allKey).Tokens; a != 3 || b != 3 {
 		t.Fatalf("tokens %v and %v while the exact call is out, want 3 each", a, b)
 	}
-	f.h.Deliver(f.p, f.h.Calls[2].Token, grpcOK(rlsResponse(2, []rlsStatus{{code: 2, resetSec: 1}})))
+	f.h.Deliver(f.p, f.h.Calls[4].Token, grpcOK(rlsResponse(2, []rlsStatus{{code: 2, resetSec: 1}})))
 	if a, b := recordOf(t, f, ipKey).Tokens, recordOf(t, f, allKey).Tokens; a != 4 || b != 4 {
 		t.Fatalf("tokens %v and %v after the exact rule rejected, want 4 each (given back)", a, b)
 	}
@@ -729,10 +905,10 @@ func TestLeaseAllOrNothing(t *testing.T) {
 	f.h.Start(f.p, exact)
 	f.now += 0.1
 	f.h.Tick(f.p) // periodic: both lease buckets renew
-	if len(f.h.Calls) != 6 {
+	if len(f.h.Calls) != 8 {
 		t.Fatalf("%d calls, want the exact call and two renewals", len(f.h.Calls))
 	}
-	f.h.Deliver(f.p, f.h.Calls[3].Token, grpcOK(rlsResponse(2, []rlsStatus{{code: 2, resetSec: 1}})))
+	f.h.Deliver(f.p, f.h.Calls[5].Token, grpcOK(rlsResponse(2, []rlsStatus{{code: 2, resetSec: 1}})))
 	if a := recordOf(t, f, ipKey).Tokens; a != 3 {
 		t.Fatalf("lease-ip holds %v, want 3: a token debited before a report is not given back", a)
 	}
@@ -814,13 +990,21 @@ func BenchmarkLeaseAdmit(b *testing.B) {
 		b.Fatal("configure")
 	}
 	req := filtertest.Get("/", "192.0.2.1:5000")
-	h.Start(p, req) // waits for the lease the tick asks for
+	// The way a cold process warms up: its first request waits for an
+	// exact take, the next (demand continues) for a lease.
+	h.Start(p, req)
 	h.Tick(p)
-	h.Deliver(p, h.Calls[0].Token, leaseAnswer(1, 1000000, "1", 0))
+	h.Deliver(p, h.Calls[0].Token, takeAnswer(1, 999999, 0))
+	h.Start(p, req)
+	h.Tick(p)
+	h.Deliver(p, h.Calls[1].Token, leaseAnswer(1, 1000000, "1", 0))
+	if len(h.Continued) != 2 {
+		b.Fatalf("continued %v", h.Continued)
+	}
 	b.ReportAllocs()
 	for b.Loop() {
 		now += 1e-6
-		if res := h.Do(p, req); res.Status() != 200 || len(h.Calls) != 1 {
+		if res := h.Do(p, req); res.Status() != 200 || len(h.Calls) != 2 {
 			b.Fatalf("status %d, %d calls", res.Status(), len(h.Calls))
 		}
 	}
@@ -841,12 +1025,10 @@ func TestLeaseReconfigureWhileWaiting(t *testing.T) {
 	if len(f.h.Continued) != 0 {
 		t.Fatalf("continued %v: the same service, the request keeps waiting", f.h.Continued)
 	}
-	f.h.Deliver(f.p, f.h.Calls[0].Token, leaseAnswer(1, 3, "1", 0))
+	f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(1, 19, 0))
 	if len(f.h.Continued) != 1 {
-		t.Fatalf("continued %v, want the request resumed by its grant", f.h.Continued)
+		t.Fatalf("continued %v, want the request resumed by its take", f.h.Continued)
 	}
-	f.h.Start(f.p, req)
-	f.h.Start(f.p, req)
 	f.h.Start(f.p, req) // waits
 	if !f.p.OnConfigure([]byte(`{"rules":[{"name":"l","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":1}}]}`)) {
 		t.Fatal("configure")
@@ -855,4 +1037,117 @@ func TestLeaseReconfigureWhileWaiting(t *testing.T) {
 		t.Fatalf("continued %v, want the waiting request resumed when the service is gone", f.h.Continued)
 	}
 	f.h.Tick(f.p) // nothing left to do, no panic
+}
+
+// TestLeaseLowRateFleet: a low-rate limit (10 a minute) with requests
+// spread one at a time over five processes (five hosts, each its own
+// shared data), against a service that keeps the global bucket. No
+// process ever holds a token it does not use: every request is an exact
+// take of its own cost (no lease request, no periodic call), the process
+// holds nothing after it, the global bucket is spent by admitted requests
+// only, and no request is refused while the bucket has a token for it.
+func TestLeaseLowRateFleet(t *testing.T) {
+	cfg := `{"rules":[{"name":"lease-ip","scope":"cluster","mode":"lease","lease_max":5,"lease_ttl_ms":2000,
+	 "limit_keys":["ip:address"],"algorithm_config":{"rps":0.16666666666666666,"burst":10}}],
+	"settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100}}}`
+	global := bucket.Limit{Rate: 10.0 / 60, Burst: 10}
+	now := epoch
+	gs := global.Full(now)
+	type proc struct {
+		h *filtertest.Host
+		p *filter.Plugin
+	}
+	procs := make([]proc, 5)
+	for i := range procs {
+		h := filtertest.New()
+		p := filter.NewPlugin(h)
+		p.Clock = func() float64 { return now }
+		if !p.OnConfigure([]byte(cfg)) {
+			t.Fatal("configure")
+		}
+		procs[i] = proc{h, p}
+	}
+	req := filtertest.Get("/", "192.0.2.1:5000")
+	// serve answers every call a process made that is not answered yet,
+	// as the service would: an exact take from the global bucket. A lease
+	// request fails the test: nothing here is demand a lease serves.
+	answered := make([]int, len(procs))
+	spent := 0.0
+	serve := func(i int) {
+		pr := procs[i]
+		for ; answered[i] < len(pr.h.Calls); answered[i]++ {
+			c := pr.h.Calls[answered[i]]
+			d := decodeCall(t, c)
+			if len(d) != 1 || d[0].entries["tokengate_holder"] != "" {
+				t.Fatalf("process %d at %.1fs: %+v, want an exact take (a lease would hold tokens for nobody)", i, now-epoch, d)
+			}
+			var res bucket.Result
+			gs, res = global.Take(gs, now, float64(d[0].hits))
+			code := uint64(1)
+			if res.Allowed {
+				spent += float64(d[0].hits)
+			} else {
+				code = 2
+			}
+			// duration_until_reset to the nanosecond, as tokengate-rls
+			// sends it.
+			sec, frac := math.Modf(res.RetryAfter)
+			st := pb(nil).uint(1, code).uint(3, uint64(math.Floor(res.Tokens))).bytes(4, pb(nil).uint(1, uint64(sec)).uint(2, uint64(frac*1e9)))
+			m := pb(nil).uint(1, code).bytes(2, st)
+			framed := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(m)))
+			pr.h.Deliver(pr.p, c.Token, grpcOK(append(framed, m...)))
+		}
+	}
+	var admitted, rejected int
+	for k := range 240 { // one request every 0.5 s, for two minutes
+		i := k % len(procs)
+		pr := procs[i]
+		before := global.Refill(gs, now).Tokens
+		n := len(pr.h.Continued)
+		_, res := pr.h.Start(pr.p, req)
+		reply := res.Response.Local // a 429 at once: known empty
+		if reply == nil {
+			if res.RequestAction != filter.Pause {
+				t.Fatalf("request %d at process %d: %v, want it to wait for its take", k, i, res.RequestAction)
+			}
+			pr.h.Tick(pr.p)
+			serve(i)
+			reply = pr.h.Response.Local
+		}
+		ok := len(pr.h.Continued) == n+1
+		switch {
+		case ok:
+			admitted++
+		case reply != nil && reply.Status == 429:
+			rejected++
+			if before >= 1 {
+				t.Errorf("request %d at %.1fs: 429 while the global bucket held %.2f tokens", k, now-epoch, before)
+			}
+		default:
+			t.Fatalf("request %d: neither admitted nor rejected (%+v), calls %d, record %+v", k, pr.h.Response.Local, len(pr.h.Calls), recordOf(t, &fixture{h: pr.h}, "tl:lease-ip:192.0.2.1"))
+		}
+		if !ok && before >= 1 || ok && before < 1 {
+			t.Errorf("request %d at %.1fs: admitted %v with %.2f tokens in the global bucket", k, now-epoch, ok, before)
+		}
+		if r := recordOf(t, &fixture{h: pr.h}, "tl:lease-ip:192.0.2.1"); r.Spendable(now) != 0 || r.Taken != 0 || r.Wait != 0 {
+			t.Fatalf("request %d: process %d holds %+v after it", k, i, r)
+		}
+		// Half a second in 100 ms ticks, on every process: no periodic
+		// call from a process that holds nothing.
+		for range 5 {
+			now += 0.1
+			for j := range procs {
+				procs[j].h.Tick(procs[j].p)
+				serve(j)
+			}
+		}
+	}
+	// The global bucket gave exactly what was admitted.
+	t.Logf("%d admitted, %d rejected; the global bucket spent %.2f", admitted, rejected, spent)
+	if math.Abs(spent-float64(admitted)) > 1e-6 {
+		t.Errorf("the global bucket spent %.2f tokens for %d admitted requests", spent, admitted)
+	}
+	if rejected == 0 || admitted < 20 {
+		t.Errorf("%d admitted, %d rejected: the test must run the bucket dry", admitted, rejected)
+	}
 }

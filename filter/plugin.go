@@ -237,15 +237,10 @@ const maxFreeStreams = 64
 // HTTP context (proxy_on_delete); s must not be used afterwards.
 func (s *Stream) Release() {
 	p := s.p
-	if p != nil && s.call != 0 {
-		// The stream ended while the rate-limit service was deciding: its
-		// answer will find no call and be dropped.
-		p.takeCall(s.call)
-		s.call = 0
-	}
 	if p != nil {
+		s.abandon() // a host that skipped proxy_on_done
 		s.cancelWait()
-		s.finish() // a host that skipped proxy_on_done
+		s.finish()
 	}
 	if p == nil || len(p.free) >= maxFreeStreams {
 		return
@@ -268,8 +263,13 @@ type Stream struct {
 	call       uint32
 	rlsHeaders [][2]string
 	// waiter is the request's place in the plugin's timer heap while it
-	// is held for its reservation (delay.go).
-	waiter *waiter
+	// is held for its reservation (delay.go); pending is its hold while
+	// the rate-limit service or a lease decides its other rules, before
+	// it starts. ended is set once the stream has ended (proxy_on_done):
+	// nothing resumes it after that.
+	waiter  *waiter
+	pending *waiter
+	ended   bool
 	// quotas describe, for the response headers, the bucket of every
 	// enforced rule that admitted the request; best indexes the one with
 	// the fewest tokens left, which the legacy headers describe.
@@ -343,17 +343,24 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 			return act
 		}
 	}
+	// Local rules first: a request they reject never reaches the service;
+	// one they admit is refunded if a lease or cluster rule rejects it.
+	// One they admit into a reservation is held only once those admit it
+	// too (s.pending; delay.go).
 	if len(p.rc.lease.reqs) > 0 {
 		if act = s.leaseAdmit(&req, now); act != Continue {
 			return act
 		}
 	}
-	if len(p.rc.cluster.reqs) == 0 {
-		return Continue
+	if len(p.rc.cluster.reqs) > 0 {
+		if act = s.askCluster(&req, now); act != Continue {
+			return act
+		}
 	}
-	// Local rules first: a request they reject never reaches the service;
-	// one they admit is refunded if a cluster rule rejects it.
-	return s.askCluster(&req, now)
+	if s.pending != nil {
+		return s.holdNow(&req, now)
+	}
+	return Continue
 }
 
 // time returns the current request's time, reading the clock once.
@@ -616,12 +623,18 @@ func (s *Stream) decide(req *request, now float64) Action {
 		return s.undecided(req, g, now, out.Err)
 	case out.Allowed:
 		wait := p.rc.wait
+		held := false
 		if wait > 0 {
 			if over := s.unholdable(g, p.rc.waitRule); over >= 0 {
 				return s.refuseHold(req, g, now, wait, over)
 			}
-			if !s.hold(g, now, wait) {
-				return s.refuseHold(req, g, now, wait, p.rc.waitRule)
+			s.prepareHold(g, now, wait, p.rc.waitRule)
+			if len(p.rc.lease.reqs) == 0 && len(p.rc.cluster.reqs) == 0 {
+				// Nothing else to ask: held now.
+				if !s.startHold(now) {
+					return s.refuseHold(req, g, now, wait, p.rc.waitRule)
+				}
+				held = true
 			}
 		}
 		s.quotas, s.best = s.quotas[:0], 0
@@ -637,8 +650,8 @@ func (s *Stream) decide(req *request, now float64) Action {
 		if settles {
 			s.track(g)
 		}
-		if wait > 0 {
-			return Pause // held: OnTick releases it (delay.go)
+		if held {
+			return Pause // OnTick releases it (delay.go)
 		}
 		return Continue
 	}

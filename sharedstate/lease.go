@@ -63,6 +63,16 @@ type LeaseRecord struct {
 	// RTT is the measured round trip of lease calls, seconds (a moving
 	// average; 0 before the first answer).
 	RTT float64
+	// Wait is the cost of the requests that started waiting since the
+	// last claim: what an exact take for them asks.
+	Wait float64
+	// Taken is what is left of the tokens the last exact take took from
+	// the global bucket for the requests counted in Wait when it was
+	// claimed, and TakenSeq that claim's sequence number: only those
+	// requests (counted while Claimer was TakenSeq's predecessor) may
+	// spend them.
+	Taken    float64
+	TakenSeq uint32
 }
 
 // Spendable returns the tokens that may be spent at now: Tokens before
@@ -75,10 +85,9 @@ func (r *LeaseRecord) Spendable(now float64) float64 {
 }
 
 // AppendLeaseRecord appends the stored form of r,
-// "tokens:expiry:grant:used:since:claim:claimer:retry:down:hold:ramp:rtt",
-// to dst. Tokens and
-// Used are floored to 6 decimals (a stored allowance never holds more than
-// r), times are written with 6 decimals.
+// "tokens:expiry:grant:used:since:claim:claimer:retry:down:hold:ramp:rtt:wait:taken:takenseq",
+// to dst. Tokens, Used, Wait and Taken are floored to 6 decimals (a stored
+// allowance never holds more than r), times are written with 6 decimals.
 func AppendLeaseRecord(dst []byte, r LeaseRecord) []byte {
 	dst = appendMicro(dst, nonNeg(r.Tokens))
 	dst = append(dst, ':')
@@ -95,11 +104,12 @@ func AppendLeaseRecord(dst []byte, r LeaseRecord) []byte {
 	dst = strconv.AppendUint(dst, uint64(r.Claimer), 10)
 	dst = append(dst, ':')
 	dst = appendMicro(dst, nonNeg(r.Retry))
-	for _, x := range [...]float64{r.Down, r.Hold, r.Ramp, r.RTT} {
+	for _, x := range [...]float64{r.Down, r.Hold, r.Ramp, r.RTT, r.Wait, r.Taken} {
 		dst = append(dst, ':')
 		dst = appendMicro(dst, nonNeg(x))
 	}
-	return dst
+	dst = append(dst, ':')
+	return strconv.AppendUint(dst, uint64(r.TakenSeq), 10)
 }
 
 // nonNeg floors x to 6 decimals; NaN, negative and huge values become 0
@@ -117,7 +127,7 @@ var errLeaseRecord = errors.New("sharedstate: malformed lease record")
 // allocate unless it fails.
 func ParseLeaseRecord(b []byte) (LeaseRecord, error) {
 	var r LeaseRecord
-	var f [12][]byte
+	var f [15][]byte
 	n := 0
 	start := 0
 	for i := 0; i <= len(b); i++ {
@@ -134,7 +144,7 @@ func ParseLeaseRecord(b []byte) (LeaseRecord, error) {
 		return r, errLeaseRecord
 	}
 	floats := [...]*float64{0: &r.Tokens, 1: &r.Expiry, 3: &r.Used, 4: &r.Since, 5: &r.Claim, 7: &r.Retry, 8: &r.Down,
-		9: &r.Hold, 10: &r.Ramp, 11: &r.RTT}
+		9: &r.Hold, 10: &r.Ramp, 11: &r.RTT, 12: &r.Wait, 13: &r.Taken}
 	for i, dst := range floats {
 		if dst == nil {
 			continue
@@ -150,10 +160,11 @@ func ParseLeaseRecord(b []byte) (LeaseRecord, error) {
 	}
 	g, ok := parseUint(f[2])
 	c, ok2 := parseUint(f[6])
-	if !ok || !ok2 || c > 1<<32-1 {
+	ts, ok3 := parseUint(f[14])
+	if !ok || !ok2 || !ok3 || c > 1<<32-1 || ts > 1<<32-1 {
 		return r, errLeaseRecord
 	}
-	r.Grant, r.Claimer = g, uint32(c)
+	r.Grant, r.Claimer, r.TakenSeq = g, uint32(c), uint32(ts)
 	return r, nil
 }
 

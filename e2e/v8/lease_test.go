@@ -78,14 +78,14 @@ func wantEntries(t *testing.T, what string, d rlsDescriptor, want map[string]str
 }
 
 // leaseRecord returns the allowance record of key in a shared step's
-// entries, split into its nine fields (docs/lease.md).
+// entries, split into its fifteen fields (docs/lease.md).
 func leaseRecord(t *testing.T, r result, key string) []string {
 	t.Helper()
 	for _, e := range r.Entries {
 		if e.Key == key {
 			f := strings.Split(e.Value, ":")
-			if len(f) != 9 {
-				t.Fatalf("%s = %q, want nine fields", key, e.Value)
+			if len(f) != 15 {
+				t.Fatalf("%s = %q, want fifteen fields", key, e.Value)
 			}
 			return f
 		}
@@ -94,13 +94,23 @@ func leaseRecord(t *testing.T, r result, key string) []string {
 	return nil
 }
 
+// released returns the one request a tick finished.
+func released(t *testing.T, what string, r result) result {
+	t.Helper()
+	if len(r.Released) != 1 {
+		t.Fatalf("%s: the tick finished %d requests, want one", what, len(r.Released))
+	}
+	return r.Released[0]
+}
+
 // TestLeaseUnderV8 runs a lease-mode rule (docs/lease.md) on two V8
-// workers: the cold request's exact take, the refill sent from
-// proxy_on_tick and answered to the root context, admissions from the
-// allowance with no call on either worker, the spent allowance answering
-// 429 locally, one refill per tick per process whichever workers tick,
-// and a failed refill sending the next request to an exact call and so to
-// on_error.
+// workers: the cold request held until proxy_on_tick's exact take of its
+// cost, answered to the root context; the next one, demand within the
+// refill period, held for the lease request the tick sends; admissions from
+// the allowance with no call on either worker; a spent allowance's request
+// held for the next call, one per period per process whichever workers
+// tick; and the service failing: the request that waits for the next call
+// gets on_error.
 func TestLeaseUnderV8(t *testing.T) {
 	const cfg = `{"rules":[
 	  {"name":"lease-ip","scope":"cluster","mode":"lease","lease_max":8,"lease_ttl_ms":2000,
@@ -109,127 +119,148 @@ func TestLeaseUnderV8(t *testing.T) {
 	const key = "tl:lease-ip:192.0.2.1"
 	a := func(w int) step { return onWorker(w, get("/", "192.0.2.1:1")) }
 	steps := []step{
-		withRLS(a(0), map[string]any{"codes": []int{1}}), // 1: cold: an exact take
-		advance(50), tick(), // 3: the refill request, left unanswered
-		tick(), // 4: a call is out: nothing more
-		tickRLS(map[string]any{"codes": []int{1}, "grant": 8, "id": "7"}), // 5: the grant arrives
-		shared(), // 6
+		a(0), // 1: cold: held
+		tickRLS(map[string]any{"codes": []int{1}, "remaining": 19}), // 2: the exact take, admitted
+		a(0),                // 3: demand within the period: held
+		advance(50), tick(), // 5: the lease request, left unanswered
+		tick(), // 6: a call is out: nothing more
+		tickRLS(map[string]any{"codes": []int{1}, "grant": 9, "id": "7"}), // 7: the grant arrives
+		shared(), // 8
 	}
-	for i := range 8 { // 7..14: the allowance, on both workers
+	for i := range 8 { // 9..16: the allowance, on both workers
 		steps = append(steps, a(i%2))
 	}
 	steps = append(steps,
-		a(1), // 15: spent but live: 429 with no call
-		metric("tokengate.rule.lease-ip.allowed"), metric("tokengate.rule.lease-ip.rejected"), // 16, 17
-		advance(100), tickRLS(map[string]any{"codes": []int{1}, "grant": 8, "id": "8"}), // 19: one refill, both workers ticking
-		shared(), // 20
+		a(1), // 17: spent: held for the next call
+		metric("tokengate.rule.lease-ip.allowed"), metric("tokengate.rule.lease-ip.rejected"), // 18, 19
+		advance(100), tickRLS(map[string]any{"codes": []int{1}, "grant": 8, "id": "8"}), // 21: one refill, both workers ticking
+		shared(), // 22
 	)
-	for i := range 8 { // 21..28
+	for i := range 7 { // 23..29
 		steps = append(steps, a(i%2))
 	}
 	steps = append(steps,
-		advance(100), tickRLS(map[string]any{"fail": true}), // 30: the service is down
-		shared(), // 31
-		withRLS(a(0), map[string]any{"fail": true}),                     // 32: spent, service down: exact call, on_error deny
-		metric("tokengate.rls_errors"), metric("tokengate.lease_calls"), // 33, 34
+		advance(100), tickRLS(map[string]any{"fail": true}), // 31: the service is down
+		shared(),                                            // 32
+		a(0),                                                // 33: spent: held for the next call
+		advance(100), tickRLS(map[string]any{"fail": true}), // 35: which fails: on_error deny
+		metric("tokengate.rls_errors"), metric("tokengate.lease_calls"), // 36, 37
 	)
 	r := run(t, cfg, 2, []string{"rls"}, steps...)
 	mustStart(t, r)
 
-	cold := r[1]
-	if cold.Status != 200 || !cold.Paused || cold.Continued != 1 || len(cold.Calls) != 1 {
-		t.Fatalf("cold request: %d paused %v continued %d, %d calls; want an exact call that admits", cold.Status, cold.Paused, cold.Continued, len(cold.Calls))
+	if cold := r[1]; !cold.Held || len(cold.Calls) != 0 {
+		t.Fatalf("cold request: held %v, %d calls; want it held, no call of its own", cold.Held, len(cold.Calls))
 	}
-	d := oneDescriptor(t, cold.Calls[0].Body)
+	// Worker 0's tick takes the request's cost exactly: no holder, nothing
+	// held afterwards.
+	take := r[2]
+	if len(take.Calls) != 1 || take.Calls[0].Worker != 0 {
+		t.Fatalf("first tick: calls %+v, want one exact take from worker 0", take.Calls)
+	}
+	d := oneDescriptor(t, take.Calls[0].Body)
 	wantEntries(t, "exact take", d, map[string]string{"tokengate_rule": "lease-ip", "key": "192.0.2.1", "tokengate_mode": "lease"})
-	if d.hits != 1 || cold.Calls[0].Cluster != "rls" || cold.Calls[0].Timeout != 50 {
-		t.Errorf("exact take: hits %d, cluster %q, timeout %d; want 1, rls, 50", d.hits, cold.Calls[0].Cluster, cold.Calls[0].Timeout)
+	if d.hits != 1 || take.Calls[0].Cluster != "rls" || take.Calls[0].Timeout != 50 {
+		t.Errorf("exact take: hits %d, cluster %q, timeout %d; want 1, rls, 50", d.hits, take.Calls[0].Cluster, take.Calls[0].Timeout)
+	}
+	if x := released(t, "exact take", take); x.Status != 200 || x.Continued != 1 {
+		t.Errorf("cold request after its take: %d continued %d, want admitted", x.Status, x.Continued)
 	}
 
-	// The refill: one call, from worker 0 (the only one that saw the
-	// bucket), made by proxy_on_tick. Demand 1 over max(0.05 s, one tick)
-	// = 10/s; over tick + timeout (0.15 s) that is 1.5: want 2.
-	refill := r[3]
-	if len(refill.Calls) != 1 || refill.Calls[0].Worker != 0 || refill.Periods[0] != 100 || refill.Periods[1] != 100 {
-		t.Fatalf("first tick: calls %+v, periods %v; want one lease request from worker 0, ticks of 100 ms", refill.Calls, refill.Periods)
+	// The lease request: one call, from worker 0 (the only one that saw
+	// the bucket), made by proxy_on_tick, while worker 0 polls at 1 ms for
+	// its waiting request. Demand 1 over max(0.05 s, one tick) = 10/s, over
+	// tick + twice the measured round trip (0.1 ms: a fixed clock), twice:
+	// 3, at least twice the take.
+	lease := r[5]
+	if !r[3].Held || len(lease.Calls) != 1 || lease.Calls[0].Worker != 0 || lease.Periods[0] != 1 || lease.Periods[1] != 100 {
+		t.Fatalf("second request held %v; tick: calls %+v, periods %v; want one lease request from worker 0, ticks of 1 and 100 ms",
+			r[3].Held, lease.Calls, lease.Periods)
 	}
-	d = oneDescriptor(t, refill.Calls[0].Body)
+	d = oneDescriptor(t, lease.Calls[0].Body)
 	holder := d.entries["tokengate_holder"]
 	if !regexp.MustCompile(`^[0-9a-f]{16}$`).MatchString(holder) {
 		t.Errorf("holder %q, want 16 hex digits", holder)
 	}
 	wantEntries(t, "lease request", d, map[string]string{"tokengate_rule": "lease-ip", "key": "192.0.2.1", "tokengate_mode": "lease",
-		"tokengate_holder": holder, "tokengate_grant": "0", "tokengate_unspent": "0", "tokengate_want": "2"})
-	if len(r[4].Calls) != 0 || len(r[5].Calls) != 0 {
-		t.Errorf("ticks while the refill was out: calls %+v, %+v; want none", r[4].Calls, r[5].Calls)
+		"tokengate_holder": holder, "tokengate_grant": "0", "tokengate_unspent": "0", "tokengate_want": "3"})
+	if len(r[6].Calls) != 0 || len(r[7].Calls) != 0 || len(r[6].Released) != 0 {
+		t.Errorf("ticks while the lease request was out: calls %+v, %+v, released %d; want none", r[6].Calls, r[7].Calls, len(r[6].Released))
 	}
-	// The grant, applied by the root context: 8 tokens of grant 7,
-	// expiring at the dispatch + ttl, the demand window reset at the
-	// dispatch.
-	rec := leaseRecord(t, r[6], key)
-	if got, want := strings.Join(rec[:5], ":"), "8.000000:1700000002.050000:7:0.000000:1700000000.050000"; got != want {
+	if x := released(t, "the grant", r[7]); x.Status != 200 {
+		t.Errorf("second request after the grant: %d, want admitted", x.Status)
+	}
+	// The grant, applied by the root context: 9 tokens of grant 7 less the
+	// waiting request's, expiring at the dispatch + ttl, the demand window
+	// started at the dispatch (with the request it admitted).
+	rec := leaseRecord(t, r[8], key)
+	if got, want := strings.Join(rec[:5], ":"), "8.000000:1700000002.050000:7:1.000000:1700000000.050000"; got != want {
 		t.Errorf("record after the grant: %s, want %s", got, want)
 	}
-	for _, e := range r[6].Entries {
+	for _, e := range r[8].Entries {
 		if e.Key == "tl:holder" && e.Value != holder {
 			t.Errorf("tl:holder %q, the requests said %q", e.Value, holder)
 		}
 	}
 
-	for i, x := range r[7:15] {
+	for i, x := range r[9:17] {
 		if x.Status != 200 || x.Paused || len(x.Calls) != 0 {
 			t.Errorf("request %d from the allowance (worker %d): %d paused %v, %d calls; want admitted with no call", i+1, x.Worker, x.Status, x.Paused, len(x.Calls))
 		}
 	}
-	spent := r[15]
-	if spent.Status != 429 || spent.Continued != 0 || len(spent.Calls) != 0 || spent.header("x-tokengate-rule") != "lease-ip" {
-		t.Errorf("spent allowance: %d continued %d, %d calls, rule %q; want a local 429", spent.Status, spent.Continued, len(spent.Calls), spent.header("x-tokengate-rule"))
+	if spent := r[17]; !spent.Held || len(spent.Calls) != 0 {
+		t.Errorf("spent allowance: held %v, %d calls; want it held for the next call", spent.Held, len(spent.Calls))
 	}
-	if r[16].Value != "9" || r[17].Value != "1" {
-		t.Errorf("allowed %s, rejected %s; want 9 and 1", r[16].Value, r[17].Value)
+	if r[18].Value != "10" || r[19].Value != "0" {
+		t.Errorf("allowed %s, rejected %s; want 10 and 0", r[18].Value, r[19].Value)
 	}
 
 	// Both workers tick; one refills (the claim), asking for lease_max:
-	// demand 9 in 0.1 s is 13.5 over the horizon, capped at 8.
-	if len(r[19].Calls) != 1 {
-		t.Fatalf("second refill: %d calls from both workers' ticks, want one", len(r[19].Calls))
+	// demand 10 in 0.1 s is 20 over the horizon, capped at 8. Worker 1's
+	// waiting request is admitted from it at its own tick.
+	if len(r[21].Calls) != 1 {
+		t.Fatalf("second refill: %d calls from both workers' ticks, want one", len(r[21].Calls))
 	}
-	d = oneDescriptor(t, r[19].Calls[0].Body)
+	d = oneDescriptor(t, r[21].Calls[0].Body)
 	wantEntries(t, "renewal", d, map[string]string{"tokengate_rule": "lease-ip", "key": "192.0.2.1", "tokengate_mode": "lease",
 		"tokengate_holder": holder, "tokengate_grant": "7", "tokengate_unspent": "0", "tokengate_want": "8"})
-	rec = leaseRecord(t, r[20], key)
-	if got, want := strings.Join(rec[:5], ":"), "8.000000:1700000002.150000:8:0.000000:1700000000.150000"; got != want {
+	if x := released(t, "the renewal", r[21]); x.Status != 200 || x.Worker != 1 {
+		t.Errorf("worker 1's waiting request: %d on worker %d, want admitted on worker 1", x.Status, x.Worker)
+	}
+	rec = leaseRecord(t, r[22], key)
+	if got, want := strings.Join(rec[:5], ":"), "7.000000:1700000002.150000:8:1.000000:1700000000.150000"; got != want {
 		t.Errorf("record after the second grant: %s, want %s", got, want)
 	}
-	for i, x := range r[21:29] {
+	for i, x := range r[23:30] {
 		if x.Status != 200 || x.Paused {
 			t.Errorf("request %d of the second allowance: %d paused %v", i+1, x.Status, x.Paused)
 		}
 	}
 
-	// The service fails the third refill (sent at +0.25 s): down is set
-	// for a ttl, the claim is held only until 0.9 ticks after the dispatch,
-	// and the spent allowance's next request is decided by an exact call,
-	// which fails too: on_error deny, 503.
-	if len(r[30].Calls) != 1 {
-		t.Fatalf("third refill: %d calls, want one", len(r[30].Calls))
+	// The service fails the third refill (sent at +0.25 s): down is set,
+	// the claim cleared, the next call due a period after the failed one.
+	if len(r[31].Calls) != 1 {
+		t.Fatalf("third refill: %d calls, want one", len(r[31].Calls))
 	}
-	d = oneDescriptor(t, r[30].Calls[0].Body)
+	d = oneDescriptor(t, r[31].Calls[0].Body)
 	if d.entries["tokengate_grant"] != "8" || d.entries["tokengate_want"] != "8" || d.entries["tokengate_unspent"] != "0" {
 		t.Errorf("third refill %v, want grant 8, unspent 0, want 8", d.entries)
 	}
-	rec = leaseRecord(t, r[31], key)
-	if rec[0] != "0.000000" || rec[2] != "8" || !near(t, rec[5], 1700000000.34) || !near(t, rec[8], 1700000002.25) {
-		t.Errorf("record after the failed refill %v: want no tokens, grant 8 kept, the claim until +0.34 s, down until +2.25 s", rec)
+	rec = leaseRecord(t, r[32], key)
+	if rec[0] != "0.000000" || rec[2] != "8" || rec[5] != "0.000000" || !near(t, rec[8], 1700000000.25) || !near(t, rec[9], 1700000000.35) {
+		t.Errorf("record after the failed refill %v: want no tokens, grant 8 kept, no claim, down at +0.25 s, the next call from +0.35 s", rec)
 	}
-	down := r[32]
-	if down.Status != 503 || !down.Paused || len(down.Calls) != 1 || down.header("x-tokengate-reason") != "rls_error" {
-		t.Errorf("spent while down: %d paused %v, %d calls, reason %q; want an exact call and on_error deny's 503",
-			down.Status, down.Paused, len(down.Calls), down.header("x-tokengate-reason"))
-	} else if d := oneDescriptor(t, down.Calls[0].Body); d.entries["tokengate_holder"] != "" || d.hits != 1 {
-		t.Errorf("exact call while down: %v hits %d, want an exact take of 1", d.entries, d.hits)
+	// The next request waits for that call, which fails too: on_error deny.
+	if !r[33].Held || len(r[33].Calls) != 0 {
+		t.Errorf("spent while down: held %v, %d calls; want it held for the next call", r[33].Held, len(r[33].Calls))
 	}
-	if r[33].Value != "2" || r[34].Value != "3" {
-		t.Errorf("rls_errors %s, lease_calls %s; want 2 (the failed refill and exact call) and 3", r[33].Value, r[34].Value)
+	if len(r[35].Calls) != 1 {
+		t.Fatalf("fourth call: %d calls, want one", len(r[35].Calls))
+	}
+	if down := released(t, "the failed call", r[35]); down.Status != 503 || down.header("x-tokengate-reason") != "rls_error" {
+		t.Errorf("the request that waited: %d, reason %q; want on_error deny's 503", down.Status, down.header("x-tokengate-reason"))
+	}
+	if r[36].Value != "3" || r[37].Value != "5" {
+		t.Errorf("rls_errors %s, lease_calls %s; want 3 (the two failed calls, and on_error for the request) and 5", r[36].Value, r[37].Value)
 	}
 }
