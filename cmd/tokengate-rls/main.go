@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -47,6 +48,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	listen := fs.String("listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service")
 	admin := fs.String("admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /ready and /json")
 	drain := fs.Duration("drain", 5*time.Second, "how long shutdown waits for calls in flight")
+	pprofOn := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) on the admin listener under /debug/pprof/")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -90,7 +92,11 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	ready := rls.NewReadiness(store, time.Second, func(msg string) { fmt.Fprintln(logw, "tokengate-rls:", msg) })
 	defer ready.Stop()
-	hs := &http.Server{Handler: rls.AdminHandler(srv, metrics, ready), ReadHeaderTimeout: 5 * time.Second}
+	handler := rls.AdminHandler(srv, metrics, ready)
+	if *pprofOn {
+		handler = withPprof(handler)
+	}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(gl) }()
@@ -119,4 +125,18 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	sctx, cancel := context.WithTimeout(context.Background(), *drain)
 	defer cancel()
 	return hs.Shutdown(sctx)
+}
+
+// withPprof serves net/http/pprof's handlers under /debug/pprof/ and the
+// rest with h. Registered on a mux of our own: importing net/http/pprof
+// also registers them on http.DefaultServeMux, which nothing here serves.
+func withPprof(h http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/", h)
+	return mux
 }

@@ -129,3 +129,43 @@ func TestRunFlags(t *testing.T) {
 		t.Errorf("two addresses without -redis-cluster: got %v", err)
 	}
 }
+
+// TestRunPprof: -pprof serves /debug/pprof/ beside the admin paths; without
+// it the path is not found.
+func TestRunPprof(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, on := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		listening := make(chan [2]string, 1)
+		errc := make(chan error, 1)
+		args := []string{"-config", cfg, "-redis", "127.0.0.1:1", "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}
+		if on {
+			args = append(args, "-pprof")
+		}
+		go func() { errc <- run(ctx, args, io.Discard, listening) }()
+		var admin string
+		select {
+		case a := <-listening:
+			admin = "http://" + a[1]
+		case err := <-errc:
+			t.Fatalf("run: %v", err)
+		}
+		want := http.StatusNotFound
+		if on {
+			want = http.StatusOK
+		}
+		if code, body := get(t, admin+"/debug/pprof/"); code != want || on && !strings.Contains(body, "goroutine") {
+			t.Errorf("-pprof %v: /debug/pprof/ answered %d, want %d", on, code, want)
+		}
+		if code, body := get(t, admin+"/metrics"); code != http.StatusOK || !strings.Contains(body, "tokengate_rls_requests_total") {
+			t.Errorf("-pprof %v: /metrics answered %d", on, code)
+		}
+		cancel()
+		if err := <-errc; err != nil {
+			t.Fatalf("run after shutdown: %v", err)
+		}
+	}
+}
