@@ -21,9 +21,6 @@ import (
 	"syscall"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-
 	"github.com/tokengate/tokengate/internal/rls"
 )
 
@@ -48,12 +45,16 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	listen := fs.String("listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service")
 	admin := fs.String("admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /ready and /json")
 	drain := fs.Duration("drain", 5*time.Second, "how long shutdown waits for calls in flight")
+	workers := fs.Uint("stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
 	pprofOn := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) on the admin listener under /debug/pprof/")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *workers > 1<<16 {
+		return fmt.Errorf("-stream-workers %d: at most 65536", *workers)
 	}
 	if *configPath == "" {
 		return errors.New("-config is required")
@@ -88,8 +89,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 		return err
 	}
 	srv := rls.NewServer(cfg, store, metrics)
-	gs := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	gs := rls.NewGRPCServer(srv, uint32(*workers))
 	ready := rls.NewReadiness(store, time.Second, func(msg string) { fmt.Fprintln(logw, "tokengate-rls:", msg) })
 	defer ready.Stop()
 	handler := rls.AdminHandler(srv, metrics, ready)

@@ -116,6 +116,7 @@ func TestRunFlags(t *testing.T) {
 		{nil, "-config is required"},
 		{[]string{"-config", "/nonexistent.json"}, "no such file"},
 		{[]string{"-config", "x", "extra"}, "unexpected arguments"},
+		{[]string{"-config", "x", "-stream-workers", "70000"}, "at most 65536"},
 	} {
 		err := run(context.Background(), tc.args, io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
