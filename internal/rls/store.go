@@ -33,6 +33,8 @@ type Op struct {
 	// lease.lua), whose grants last TTL seconds.
 	Lease bool
 	TTL   float64
+	// limitArgs, when set, are num(Rate) and num(Burst) (Config.limitArgs).
+	limitArgs *[2]string
 }
 
 // Outcome is what the script decided for one Op.
@@ -153,9 +155,9 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 		return out
 	}
 	c := *cp
-	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
-	defer cancel()
 	start := time.Now()
+	ctx, cancel := s.bound(ctx, start)
+	defer cancel()
 	cmds := make(rueidis.Commands, len(ops))
 	for i, op := range ops {
 		if op.Lease {
@@ -199,16 +201,39 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 	return out
 }
 
-func (op Op) args() []string {
-	a := []string{num(op.Rate), num(op.Burst), num(op.Cost)}
-	if op.Now != "" {
-		a = append(a, op.Now)
+// bound returns ctx with the store's timeout from now, unless ctx ends
+// sooner anyway (Envoy's default timeout for the service, 20 ms, is
+// shorter than ours): then it saves a timer per request.
+func (s *Store) bound(ctx context.Context, now time.Time) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && dl.Sub(now) <= s.opt.Timeout {
+		return ctx, func() {}
 	}
-	return a
+	return context.WithDeadline(ctx, now.Add(s.opt.Timeout))
+}
+
+func (op Op) args() []string {
+	rate, burst := op.limitStrings()
+	if op.Now != "" {
+		return []string{rate, burst, num(op.Cost), op.Now}
+	}
+	return []string{rate, burst, num(op.Cost)}
+}
+
+// limitStrings are op's rate and burst as script arguments.
+func (op Op) limitStrings() (rate, burst string) {
+	if op.limitArgs != nil {
+		return op.limitArgs[0], op.limitArgs[1]
+	}
+	return num(op.Rate), num(op.Burst)
 }
 
 // num formats f so that Lua's tonumber reads back the same float64.
-func num(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+func num(f float64) string {
+	if f == 1 { // the usual cost
+		return "1"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
+}
 
 func outcome(r rueidis.RedisResult) Outcome {
 	arr, err := r.ToArray()
