@@ -42,6 +42,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	redisAddrs := fs.String("redis", "127.0.0.1:6379", "Redis `address`es, comma-separated (several need -redis-cluster)")
 	cluster := fs.Bool("redis-cluster", false, "the addresses are seed nodes of a Redis Cluster")
 	timeout := fs.Duration("redis-timeout", 25*time.Millisecond, "bound on each request's Redis round trip")
+	flushDelay := fs.Duration("redis-flush-delay", 20*time.Microsecond, "how long a Redis connection's writer may wait, under concurrent load, to batch commands into one write (0: none)")
 	listen := fs.String("listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service")
 	admin := fs.String("admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /ready and /json")
 	drain := fs.Duration("drain", 5*time.Second, "how long shutdown waits for calls in flight")
@@ -52,6 +53,9 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *flushDelay < 0 {
+		return fmt.Errorf("-redis-flush-delay %v: must not be negative", *flushDelay)
 	}
 	if *workers > 1<<16 {
 		return fmt.Errorf("-stream-workers %d: at most 65536", *workers)
@@ -69,10 +73,11 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	}
 	metrics := rls.NewMetrics(cfg)
 	store, err := rls.NewStore(rls.StoreOptions{
-		Addrs:   strings.Split(*redisAddrs, ","),
-		Cluster: *cluster,
-		Timeout: *timeout,
-		Observe: metrics.ObserveRedis,
+		Addrs:      strings.Split(*redisAddrs, ","),
+		Cluster:    *cluster,
+		Timeout:    *timeout,
+		Observe:    metrics.ObserveRedis,
+		FlushDelay: *flushDelay,
 	})
 	if err != nil {
 		return err

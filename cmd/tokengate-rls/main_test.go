@@ -117,6 +117,7 @@ func TestRunFlags(t *testing.T) {
 		{[]string{"-config", "/nonexistent.json"}, "no such file"},
 		{[]string{"-config", "x", "extra"}, "unexpected arguments"},
 		{[]string{"-config", "x", "-stream-workers", "70000"}, "at most 65536"},
+		{[]string{"-config", "x", "-redis-flush-delay", "-1us"}, "must not be negative"},
 	} {
 		err := run(context.Background(), tc.args, io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
