@@ -17,6 +17,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -24,7 +25,19 @@ import (
 	"github.com/tokengate/tokengate/internal/rls"
 )
 
+// defaultGCPercent is the garbage collector's GOGC when the environment
+// sets none. The live heap is small (a few megabytes: connection buffers,
+// the configuration) and every call allocates a few kilobytes, mostly in
+// grpc-go, so at Go's default of 100 the collector ran about 50 times a
+// second under load and took about a tenth of the CPU; at 400 the heap
+// may grow to five times the live heap (about 15 MB) and the collector
+// runs a fifth as often.
+const defaultGCPercent = 400
+
 func main() {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(defaultGCPercent)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
