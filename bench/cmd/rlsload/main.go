@@ -64,6 +64,11 @@ type options struct {
 	cpuprofile               string
 }
 
+// envoyWindow is Envoy's default initial_stream_window_size and
+// initial_connection_window_size for HTTP/2 (envoy.config.core.v3.
+// Http2ProtocolOptions).
+const envoyWindow = 256 << 20
+
 // Result is the JSON line rlsload prints.
 type Result struct {
 	Name      string  `json:"name"`
@@ -127,7 +132,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	var clients []*grpc.ClientConn
 	for range o.conns {
-		cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			// Static flow-control windows, of the size Envoy's HTTP/2
+			// codec opens by default (256 MiB): grpc-go's client would
+			// otherwise send a PING about every round trip to estimate
+			// the bandwidth-delay product, which Envoy, the services'
+			// real client, never does, and which both services answer.
+			grpc.WithStaticStreamWindowSize(envoyWindow), grpc.WithStaticConnWindowSize(envoyWindow))
 		if err != nil {
 			return err
 		}
