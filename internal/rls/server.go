@@ -370,16 +370,22 @@ func responseHeaders(quotas []quota, best int, rateLimit, over bool) []*corev3.H
 	if n == 0 {
 		return nil
 	}
-	hs := make([]corev3.HeaderValue, n)
-	ptrs := make([]*corev3.HeaderValue, n)
+	// The messages and the slice of pointers to them: one allocation.
+	all := new(struct {
+		hs   [6]corev3.HeaderValue
+		ptrs [6]*corev3.HeaderValue
+	})
+	hs, ptrs := all.hs[:n], all.ptrs[:n]
 	for i := range hs {
 		ptrs[i] = &hs[i]
 	}
 	b := quotas[best]
 	if rateLimit {
-		// The values that are not constant, written into one buffer and
-		// made one string: remaining, reset, the list, the policy.
-		var buf []byte
+		// The values that are not constant, written into one buffer (on
+		// the stack unless there are many rules) and made one string:
+		// remaining, reset, the list, the policy.
+		var room [256]byte
+		buf := room[:0]
 		buf = strconv.AppendInt(buf, b.remaining, 10)
 		remaining := len(buf)
 		buf = strconv.AppendInt(buf, b.reset, 10)
@@ -403,16 +409,16 @@ func responseHeaders(quotas []quota, best int, rateLimit, over bool) []*corev3.H
 			}
 			buf = append(buf, pol...)
 		}
-		all := string(buf)
+		vals := string(buf)
 		limit, _, _ := b.rule.HeaderPlan()
-		hs[0] = corev3.HeaderValue{Key: "ratelimit-limit", Value: limit}
-		hs[1] = corev3.HeaderValue{Key: "ratelimit-remaining", Value: all[:remaining]}
-		hs[2] = corev3.HeaderValue{Key: "ratelimit-reset", Value: all[remaining:reset]}
-		hs[3] = corev3.HeaderValue{Key: "ratelimit", Value: all[reset:list]}
-		hs[4] = corev3.HeaderValue{Key: "ratelimit-policy", Value: all[list:]}
+		hs[0].Key, hs[0].Value = "ratelimit-limit", limit
+		hs[1].Key, hs[1].Value = "ratelimit-remaining", vals[:remaining]
+		hs[2].Key, hs[2].Value = "ratelimit-reset", vals[remaining:reset]
+		hs[3].Key, hs[3].Value = "ratelimit", vals[reset:list]
+		hs[4].Key, hs[4].Value = "ratelimit-policy", vals[list:]
 	}
 	if over {
-		hs[n-1] = corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(retryAfterSeconds(b.retry), 10)}
+		hs[n-1].Key, hs[n-1].Value = "retry-after", strconv.FormatInt(retryAfterSeconds(b.retry), 10)
 	}
 	return ptrs
 }
