@@ -408,9 +408,11 @@ type rlsResult struct {
 	Errors    int64   `json:"errors"`
 	Decisions int64   `json:"decisions"`
 	Clients   int     `json:"clients"`
-	// CPU per decision, µs: the service's and Redis's.
+	// CPU per decision, µs: the service's, Redis's and the load
+	// generator's own (which the services do not get meanwhile).
 	ServiceCPUus float64 `json:"service_cpu_us"`
 	RedisCPUus   float64 `json:"redis_cpu_us"`
+	LoadCPUus    float64 `json:"load_cpu_us"`
 }
 
 func (x rlsResult) String() string {
@@ -421,6 +423,9 @@ func (x rlsResult) String() string {
 	s := fmt.Sprintf("%s decisions/s, p50 %s ms, p99 %s ms (%s)", si(x.PerSecond), f3(x.P50us/1e3), f3(x.P99us/1e3), clients)
 	if x.ServiceCPUus > 0 {
 		s += fmt.Sprintf("; CPU per decision: service %.0f µs, Redis %.0f µs", x.ServiceCPUus, x.RedisCPUus)
+		if x.LoadCPUus > 0 {
+			s += fmt.Sprintf(", rlsload %.0f µs", x.LoadCPUus)
+		}
 	}
 	if x.Errors > 0 {
 		s += fmt.Sprintf(", %d errors", x.Errors)

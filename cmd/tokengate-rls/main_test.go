@@ -119,6 +119,8 @@ func TestRunFlags(t *testing.T) {
 		{nil, "-config is required"},
 		{[]string{"-config", "/nonexistent.json"}, "no such file"},
 		{[]string{"-config", "x", "extra"}, "unexpected arguments"},
+		{[]string{"-config", "x", "-stream-workers", "70000"}, "at most 65536"},
+		{[]string{"-config", "x", "-redis-flush-delay", "-1us"}, "must not be negative"},
 	} {
 		err := run(context.Background(), tc.args, io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -179,5 +181,45 @@ func TestTimeoutsAgree(t *testing.T) {
 	}
 	if len(timeouts) < 6 {
 		t.Errorf("found %d timeouts, want the default and every shipped one: %v", len(timeouts), timeouts)
+	}
+}
+
+// TestRunPprof: -pprof serves /debug/pprof/ beside the admin paths; without
+// it the path is not found.
+func TestRunPprof(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, on := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		listening := make(chan [2]string, 1)
+		errc := make(chan error, 1)
+		args := []string{"-config", cfg, "-redis", "127.0.0.1:1", "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}
+		if on {
+			args = append(args, "-pprof")
+		}
+		go func() { errc <- run(ctx, args, io.Discard, listening) }()
+		var admin string
+		select {
+		case a := <-listening:
+			admin = "http://" + a[1]
+		case err := <-errc:
+			t.Fatalf("run: %v", err)
+		}
+		want := http.StatusNotFound
+		if on {
+			want = http.StatusOK
+		}
+		if code, body := get(t, admin+"/debug/pprof/"); code != want || on && !strings.Contains(body, "goroutine") {
+			t.Errorf("-pprof %v: /debug/pprof/ answered %d, want %d", on, code, want)
+		}
+		if code, body := get(t, admin+"/metrics"); code != http.StatusOK || !strings.Contains(body, "tokengate_rls_requests_total") {
+			t.Errorf("-pprof %v: /metrics answered %d", on, code)
+		}
+		cancel()
+		if err := <-errc; err != nil {
+			t.Fatalf("run after shutdown: %v", err)
+		}
 	}
 }

@@ -27,6 +27,9 @@ type Config struct {
 	domains map[string][]*filter.RLSDescriptor
 	// rules are every rule the service can decide, in configuration order.
 	rules []*filter.Rule
+	// limitArgs are each rule's rate and burst as the Redis scripts'
+	// arguments, formatted once.
+	limitArgs map[*filter.Rule]*[2]string
 }
 
 // ParseConfig parses a tokengate JSON configuration for the service. A
@@ -51,6 +54,10 @@ func ParseConfig(data []byte) (*Config, error) {
 				c.rules = append(c.rules, n.Rule)
 			}
 		})
+	}
+	c.limitArgs = make(map[*filter.Rule]*[2]string, len(c.rules))
+	for _, r := range c.rules {
+		c.limitArgs[r] = &[2]string{num(r.Limit.Rate), num(r.Limit.Burst)}
 	}
 	return c, nil
 }

@@ -87,9 +87,9 @@ func (s *Store) Lease(ctx context.Context, op LeaseOp) (LeaseResult, error) {
 		return LeaseResult{}, ErrNotConnected
 	}
 	c := *cp
-	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
-	defer cancel()
 	start := time.Now()
+	ctx, cancel := s.bound(ctx, start)
+	defer cancel()
 	mode := "lease"
 	if op.Release {
 		mode = "release"
@@ -141,7 +141,8 @@ func leaseResult(r rueidis.RedisResult) (LeaseResult, error) {
 // leaseArgs are the lease script's arguments for an exact take (Op.Lease):
 // its answer has the token-bucket script's shape.
 func (op Op) leaseArgs() []string {
-	a := []string{num(op.Rate), num(op.Burst), num(op.TTL), "take", num(op.Cost)}
+	rate, burst := op.limitStrings()
+	a := []string{rate, burst, num(op.TTL), "take", num(op.Cost)}
 	if op.Now != "" {
 		a = append(a, "", "0", "0", op.Now)
 	}
@@ -232,8 +233,8 @@ func (c *Config) leaseTake(l leaseEntries) (r *filter.Rule, key string, lease bo
 // request or release. ok is false for any other request.
 func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, ok bool, err error) {
 	ds := req.GetDescriptors()
-	if len(ds) != 1 {
-		return nil, false, nil
+	if len(ds) != 1 || len(ds[0].GetEntries()) < 3 || ds[0].GetEntries()[2].GetKey() != filter.DescriptorModeKey {
+		return nil, false, nil // not lease mode (parseLease): skip the copy
 	}
 	entries := make([]Entry, 0, len(ds[0].GetEntries()))
 	for _, e := range ds[0].GetEntries() {

@@ -71,8 +71,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if resp, ok, err := s.shouldSettle(ctx, req); ok {
 		return resp, err // settlements after the response (settle.go)
 	}
-	items := make([]item, 0, len(req.Descriptors))
-	var entries []Entry
+	// Room for the common requests (the filter sends one descriptor per
+	// cluster rule) without allocating.
+	var itemBuf [2]item
+	var entryBuf [4]Entry
+	items, entries := itemBuf[:0], entryBuf[:0]
 	for i, d := range req.Descriptors {
 		entries = entries[:0]
 		for _, e := range d.GetEntries() {
@@ -97,25 +100,22 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		if cost == 0 {
 			cost = 1
 		}
-		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt}
+		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt, limitArgs: s.cfg.limitArgs[r]}
 		if lease {
 			op.Lease, op.TTL = true, r.Lease.TTL
 		}
 		items = append(items, item{idx: i, rule: r, op: op})
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
-	resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors))
-	for i := range resp.Statuses {
-		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-	}
+	resp, parts := newResponse(len(req.Descriptors))
 	if len(items) == 0 {
 		s.metrics.request(reqOK)
 		return resp, nil
 	}
 
-	ops := make([]Op, len(items))
+	var opBuf [2]Op
+	ops := opBuf[:0]
 	for i := range items {
-		ops[i] = items[i].op
+		ops = append(ops, items[i].op)
 	}
 	for i, o := range s.store.Run(ctx, ops) {
 		items[i].out = o
@@ -140,17 +140,20 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			continue
 		}
 		l := it.rule.Limit
-		st.CurrentLimit = currentLimit(it.rule)
+		p := &parts[it.idx]
+		p.limit = currentLimitOf(it.rule)
+		st.CurrentLimit = &p.limit
 		st.LimitRemaining = remaining(it.out.Tokens)
 		if it.out.Allowed {
 			it.full = l.ResetAfter(it.out.Tokens)
-			st.DurationUntilReset = duration(it.full)
+			setDuration(&p.untilReset, it.full)
 		} else {
 			_, res := l.Take(bucket.State{Tokens: it.out.Tokens, Last: 1}, 1, it.op.Cost)
 			it.retry, it.full = res.RetryAfter, l.ResetAfter(it.out.Tokens)
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			st.DurationUntilReset = duration(it.retry)
+			setDuration(&p.untilReset, it.retry)
 		}
+		st.DurationUntilReset = &p.untilReset
 		switch {
 		case it.rule.Shadow() && !it.out.Allowed:
 			s.metrics.decision(it.rule, codeShadowOver)
@@ -187,17 +190,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	} else {
 		s.metrics.request(reqOK)
 	}
-	if s.cfg.File.Settings.RateLimitHeaders && len(quotas) > 0 {
-		resp.ResponseHeadersToAdd = rateLimitHeaders(quotas, best)
-	}
-	if enforceOver && len(quotas) > 0 {
+	if len(quotas) > 0 {
 		// Envoy's own ratelimit filter adds these headers to its 429 and
-		// writes no Retry-After of its own: the wait until the rejecting
-		// bucket with the longest wait could admit the request, in whole
-		// seconds, at least 1 (our filter replaces it with its jittered
-		// one).
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			&corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(retryAfterSeconds(quotas[best].retry), 10)})
+		// writes no Retry-After of its own: on OVER_LIMIT, the wait until
+		// the rejecting bucket with the longest wait could admit the
+		// request, in whole seconds, at least 1 (our filter replaces it
+		// with its jittered one).
+		resp.ResponseHeadersToAdd = responseHeaders(quotas, best, s.cfg.File.Settings.RateLimitHeaders, enforceOver)
 	}
 	return resp, nil
 }
@@ -251,31 +250,60 @@ func (s *Server) settle(ctx context.Context, items []item) (error, bool) {
 	return enforceErr, enforceOver
 }
 
-// currentLimit states a rule's rate as Envoy's RateLimit: whole requests
-// per the shortest unit that holds at least one.
-func currentLimit(r *filter.Rule) *rlsv3.RateLimitResponse_RateLimit {
+// currentLimitOf states a rule's rate as Envoy's RateLimit: whole
+// requests per the shortest unit that holds at least one.
+func currentLimitOf(r *filter.Rule) rlsv3.RateLimitResponse_RateLimit {
 	rate := r.Limit.Rate
-	units := []struct {
-		secs float64
-		unit rlsv3.RateLimitResponse_RateLimit_Unit
-	}{
-		{1, rlsv3.RateLimitResponse_RateLimit_SECOND},
-		{60, rlsv3.RateLimitResponse_RateLimit_MINUTE},
-		{3600, rlsv3.RateLimitResponse_RateLimit_HOUR},
-		{86400, rlsv3.RateLimitResponse_RateLimit_DAY},
-	}
-	u := units[len(units)-1]
-	for _, c := range units {
+	u := limitUnits[len(limitUnits)-1]
+	for _, c := range limitUnits {
 		if rate*c.secs >= 1 {
 			u = c
 			break
 		}
 	}
-	return &rlsv3.RateLimitResponse_RateLimit{
+	return rlsv3.RateLimitResponse_RateLimit{
 		Name:            r.Name,
 		RequestsPerUnit: uint32(min(math.Floor(rate*u.secs), math.MaxUint32)),
 		Unit:            u.unit,
 	}
+}
+
+var limitUnits = [...]struct {
+	secs float64
+	unit rlsv3.RateLimitResponse_RateLimit_Unit
+}{
+	{1, rlsv3.RateLimitResponse_RateLimit_SECOND},
+	{60, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+	{3600, rlsv3.RateLimitResponse_RateLimit_HOUR},
+	{86400, rlsv3.RateLimitResponse_RateLimit_DAY},
+}
+
+// currentLimit is currentLimitOf in a message of its own.
+func currentLimit(r *filter.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	l := new(rlsv3.RateLimitResponse_RateLimit)
+	*l = currentLimitOf(r)
+	return l
+}
+
+// statusParts are the messages of one descriptor's status, allocated
+// together (newResponse).
+type statusParts struct {
+	status     rlsv3.RateLimitResponse_DescriptorStatus
+	limit      rlsv3.RateLimitResponse_RateLimit
+	untilReset durationpb.Duration
+}
+
+// newResponse returns an OK response with n OK statuses, and the messages
+// the statuses may point to: three allocations, whatever n.
+func newResponse(n int) (*rlsv3.RateLimitResponse, []statusParts) {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	parts := make([]statusParts, n)
+	resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	for i := range parts {
+		parts[i].status.Code = rlsv3.RateLimitResponse_OK
+		resp.Statuses[i] = &parts[i].status
+	}
+	return resp, parts
 }
 
 // seconds rounds a duration up to whole seconds, within [0,
@@ -291,13 +319,23 @@ func seconds(d float64) int64 {
 }
 
 func duration(secs float64) *durationpb.Duration {
-	if !(secs > 0) {
-		return durationpb.New(0)
+	d := new(durationpb.Duration)
+	setDuration(d, secs)
+	return d
+}
+
+// setDuration sets d to secs rounded up to the nanosecond, within [0,
+// maxHeaderSeconds] (durationpb.New's fields).
+func setDuration(d *durationpb.Duration, secs float64) {
+	var ns time.Duration
+	switch {
+	case !(secs > 0):
+	case secs >= maxHeaderSeconds:
+		ns = maxHeaderSeconds * time.Second
+	default:
+		ns = time.Duration(math.Ceil(secs * 1e9))
 	}
-	if secs >= maxHeaderSeconds {
-		return durationpb.New(maxHeaderSeconds * time.Second)
-	}
-	return durationpb.New(time.Duration(math.Ceil(secs * 1e9)))
+	d.Seconds, d.Nanos = int64(ns/time.Second), int32(ns%time.Second)
 }
 
 // retryAfterSeconds is a wait as Retry-After's whole seconds: as the
@@ -318,31 +356,72 @@ type quota struct {
 	retry, tokens    float64
 }
 
-// rateLimitHeaders are the RateLimit headers the filter sends for the same
-// buckets (filter/ratelimit_headers.go, docs/headers.md): one list member
-// per enforced rule in descriptor order; the legacy three describe best.
-func rateLimitHeaders(quotas []quota, best int) []*corev3.HeaderValue {
-	var list, policy []byte
-	for i, q := range quotas {
-		_, pol, quoted := q.rule.HeaderPlan()
-		if i > 0 {
-			list = append(list, ", "...)
-			policy = append(policy, ", "...)
-		}
-		list = append(list, quoted...)
-		list = append(list, ";r="...)
-		list = strconv.AppendInt(list, q.remaining, 10)
-		list = append(list, ";t="...)
-		list = strconv.AppendInt(list, q.reset, 10)
-		policy = append(policy, pol...)
+// responseHeaders are the response_headers_to_add: with rateLimit the
+// RateLimit headers the filter sends for the same buckets
+// (filter/ratelimit_headers.go, docs/headers.md), one list member per
+// enforced rule in descriptor order and the legacy three describing best;
+// with over, retry-after. The header messages and their values come in a
+// few allocations.
+func responseHeaders(quotas []quota, best int, rateLimit, over bool) []*corev3.HeaderValue {
+	n := 0
+	if rateLimit {
+		n = 5
+	}
+	if over {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	// The messages and the slice of pointers to them: one allocation.
+	all := new(struct {
+		hs   [6]corev3.HeaderValue
+		ptrs [6]*corev3.HeaderValue
+	})
+	hs, ptrs := all.hs[:n], all.ptrs[:n]
+	for i := range hs {
+		ptrs[i] = &hs[i]
 	}
 	b := quotas[best]
-	limit, _, _ := b.rule.HeaderPlan()
-	return []*corev3.HeaderValue{
-		{Key: "ratelimit-limit", Value: limit},
-		{Key: "ratelimit-remaining", Value: strconv.FormatInt(b.remaining, 10)},
-		{Key: "ratelimit-reset", Value: strconv.FormatInt(b.reset, 10)},
-		{Key: "ratelimit", Value: string(list)},
-		{Key: "ratelimit-policy", Value: string(policy)},
+	if rateLimit {
+		// The values that are not constant, written into one buffer (on
+		// the stack unless there are many rules) and made one string:
+		// remaining, reset, the list, the policy.
+		var room [256]byte
+		buf := room[:0]
+		buf = strconv.AppendInt(buf, b.remaining, 10)
+		remaining := len(buf)
+		buf = strconv.AppendInt(buf, b.reset, 10)
+		reset := len(buf)
+		for i, q := range quotas {
+			_, _, quoted := q.rule.HeaderPlan()
+			if i > 0 {
+				buf = append(buf, ", "...)
+			}
+			buf = append(buf, quoted...)
+			buf = append(buf, ";r="...)
+			buf = strconv.AppendInt(buf, q.remaining, 10)
+			buf = append(buf, ";t="...)
+			buf = strconv.AppendInt(buf, q.reset, 10)
+		}
+		list := len(buf)
+		for i, q := range quotas {
+			_, pol, _ := q.rule.HeaderPlan()
+			if i > 0 {
+				buf = append(buf, ", "...)
+			}
+			buf = append(buf, pol...)
+		}
+		vals := string(buf)
+		limit, _, _ := b.rule.HeaderPlan()
+		hs[0].Key, hs[0].Value = "ratelimit-limit", limit
+		hs[1].Key, hs[1].Value = "ratelimit-remaining", vals[:remaining]
+		hs[2].Key, hs[2].Value = "ratelimit-reset", vals[remaining:reset]
+		hs[3].Key, hs[3].Value = "ratelimit", vals[reset:list]
+		hs[4].Key, hs[4].Value = "ratelimit-policy", vals[list:]
 	}
+	if over {
+		hs[n-1].Key, hs[n-1].Value = "retry-after", strconv.FormatInt(retryAfterSeconds(b.retry), 10)
+	}
+	return ptrs
 }

