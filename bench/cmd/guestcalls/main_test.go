@@ -27,8 +27,9 @@ func module(t *testing.T) []byte {
 // TestMeasure checks the counts against what one request must do: the
 // host's six stream callbacks once each, and for one per-IP rule one
 // source.address, one get and one set of the bucket, one counter and five
-// RateLimit headers; for a passthrough request none of those but the
-// :path lookup.
+// RateLimit headers (the legacy three replaced, RateLimit and
+// RateLimit-Policy added as lines of their own, no upstream value read);
+// for a passthrough request none of those but the :path lookup.
 func TestMeasure(t *testing.T) {
 	wasm := module(t)
 	const rule = `{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}`
@@ -40,7 +41,8 @@ func TestMeasure(t *testing.T) {
 		"proxy_on_context_create": 1, "proxy_on_request_headers": 1, "proxy_on_response_headers": 1,
 		"proxy_on_log": 1, "proxy_on_done": 1, "proxy_on_delete": 1,
 		"env.proxy_get_property": 1, "env.proxy_get_shared_data": 1, "env.proxy_set_shared_data": 1,
-		"env.proxy_increment_metric": 1, "env.proxy_replace_header_map_value": 5,
+		"env.proxy_increment_metric": 1, "env.proxy_replace_header_map_value": 3,
+		"env.proxy_add_header_map_value": 2, "env.proxy_get_header_map_value": 0,
 	}
 	for name, n := range want {
 		if p.PerReq[name] != n {
@@ -55,7 +57,7 @@ func TestMeasure(t *testing.T) {
 	if n := pass.PerReq["env.proxy_get_header_map_value"]; n != 1 {
 		t.Errorf("passthrough: proxy_get_header_map_value %.2f per request, want 1 (:path)", n)
 	}
-	for _, name := range []string{"env.proxy_get_shared_data", "env.proxy_replace_header_map_value"} {
+	for _, name := range []string{"env.proxy_get_shared_data", "env.proxy_replace_header_map_value", "env.proxy_add_header_map_value"} {
 		if n := pass.PerReq[name]; n != 0 {
 			t.Errorf("passthrough: %s %.2f per request, want 0", name, n)
 		}
