@@ -381,7 +381,7 @@ func (r *report) print(w io.Writer) {
 				}
 			}
 			add("8m'", fmt.Sprintf("RLS calls a second for the hot key during (8m), from %.1f s in (one proxy, lease_tick_ms 100)", lc.coldSecs), res, "", "≤ processes / tick = 10/s, not growing with req/s")
-			add("8m''", fmt.Sprintf("RLS calls for the hot key in the first %.1f s of (8m), from cold (released while idle)", lc.coldSecs), fmt.Sprintf("%.0f calls", lc.cold), "", "bounded (first lease, doublings to lease_max)")
+			add("8m''", fmt.Sprintf("RLS calls for the hot key in the first %.1f s of (8m), from cold (released while idle)", lc.coldSecs), fmt.Sprintf("%.0f calls", lc.cold), "", "bounded (an exact take, then the first lease and its doublings to lease_max)")
 		}
 		total := int(mm.rps * secsOf(r.dir, "http-m-"))
 		add("8m-w", "wrong rejections during (8m): non-2xx with the limit never reached (one proxy)", fmt.Sprintf("%d of about %d requests", mm.non2xx, total), "", "≤ (N-1) × lease_max = 0")
