@@ -2,9 +2,7 @@ package rls
 
 import (
 	"context"
-	"crypto/sha1"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -29,10 +27,7 @@ import (
 //go:embed lease.lua
 var leaseLua string
 
-var leaseSHA = func() string {
-	sum := sha1.Sum([]byte(leaseLua))
-	return hex.EncodeToString(sum[:])
-}()
+var leaseScript = newScript(leaseLua)
 
 // LeaseKey returns the Redis key of a lease-mode rule's bucket:
 // "tl:{<rule>:<composite>}" (the braces are the Redis Cluster hash tag, as
@@ -99,9 +94,9 @@ func (s *Store) Lease(ctx context.Context, op LeaseOp) (LeaseResult, error) {
 	if op.Now != "" {
 		args = append(args, op.Now)
 	}
-	r := c.Do(ctx, c.B().Evalsha().Sha1(leaseSHA).Numkeys(1).Key(op.Key).Arg(args...).Build())
+	r := c.Do(ctx, c.B().Evalsha().Sha1(leaseScript.sha).Numkeys(1).Key(op.Key).Arg(args...).Build())
 	if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
-		r = c.Do(ctx, c.B().Eval().Script(leaseLua).Numkeys(1).Key(op.Key).Arg(args...).Build())
+		r = c.Do(ctx, c.B().Eval().Script(leaseScript.text).Numkeys(1).Key(op.Key).Arg(args...).Build())
 	}
 	res, err := leaseResult(r)
 	if s.opt.Observe != nil {

@@ -2,17 +2,13 @@ package rls
 
 import (
 	"context"
-	"crypto/sha1"
 	_ "embed"
-	"encoding/hex"
 	"fmt"
 	"math"
 	"strconv"
-	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/rueidis"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -31,10 +27,7 @@ import (
 //go:embed settle.lua
 var settleLua string
 
-var settleSHA = func() string {
-	sum := sha1.Sum([]byte(settleLua))
-	return hex.EncodeToString(sum[:])
-}()
+var settleScript = newScript(withRefill(settleLua))
 
 // SettleKind is what a settlement does to a bucket.
 type SettleKind string
@@ -74,50 +67,9 @@ type Settler interface {
 // answered by EVAL) and returns their outcomes in order: Allowed is always
 // true, Tokens the bucket's tokens after.
 func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
-	out := make([]Outcome, len(ops))
-	cp := s.client.Load()
-	if cp == nil {
-		for i := range out {
-			out[i].Err = ErrNotConnected
-		}
-		return out
-	}
-	c := *cp
-	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
-	defer cancel()
-	start := time.Now()
-	cmds := make(rueidis.Commands, len(ops))
-	for i, op := range ops {
-		cmds[i] = c.B().Evalsha().Sha1(settleSHA).Numkeys(1).Key(op.Key).Arg(op.args()...).Build()
-	}
-	var retry []int
-	for i, r := range c.DoMulti(ctx, cmds...) {
-		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
-			retry = append(retry, i)
-			continue
-		}
-		out[i] = outcome(r)
-	}
-	if len(retry) > 0 {
-		cmds = cmds[:0]
-		for _, i := range retry {
-			cmds = append(cmds, c.B().Eval().Script(settleLua).Numkeys(1).Key(ops[i].Key).Arg(ops[i].args()...).Build())
-		}
-		for j, r := range c.DoMulti(ctx, cmds...) {
-			out[retry[j]] = outcome(r)
-		}
-	}
-	if s.opt.Observe != nil {
-		var err error
-		for _, o := range out {
-			if o.Err != nil {
-				err = o.Err
-				break
-			}
-		}
-		s.opt.Observe(time.Since(start), err)
-	}
-	return out
+	return s.runScripts(ctx, len(ops), func(i int) (*script, string, []string) {
+		return settleScript, ops[i].Key, ops[i].args()
+	})
 }
 
 // isSettleCall reports whether a call is a settlement: it carries the

@@ -20,6 +20,32 @@ import (
 //go:embed tokenbucket.lua
 var tokenBucketLua string
 
+//go:embed refill.lua
+var refillLua string
+
+// script is a Lua script as the store runs it: EVALSHA by its digest, and
+// EVAL with its text when a node answers NOSCRIPT (a restarted or new node),
+// which loads it.
+type script struct{ text, sha string }
+
+func newScript(text string) *script {
+	sum := sha1.Sum([]byte(text))
+	return &script{text: text, sha: hex.EncodeToString(sum[:])}
+}
+
+// withRefill puts refill.lua, the value's parsing and the refill that
+// tokenbucket.lua and settle.lua share, in place of the line "-- @refill"
+// of a script.
+func withRefill(text string) string {
+	const mark = "-- @refill\n"
+	if !strings.Contains(text, mark) {
+		panic("rls: a script without its " + mark)
+	}
+	return strings.Replace(text, mark, refillLua, 1)
+}
+
+var tokenBucketScript = newScript(withRefill(tokenBucketLua))
+
 // Op is one bucket update: take Cost tokens (a refund when negative) from the
 // bucket at Key, whose limit is Rate tokens per second up to Burst.
 type Op struct {
@@ -77,7 +103,6 @@ type StoreOptions struct {
 // server can start (and say it is not ready) while Redis is down.
 type Store struct {
 	opt    StoreOptions
-	sha    string
 	client atomic.Pointer[rueidis.Client]
 	// shared is the deadline context calls starting now share.
 	shared   atomic.Pointer[sharedDeadline]
@@ -98,7 +123,7 @@ func NewStore(opt StoreOptions) (*Store, error) {
 	if opt.Timeout <= 0 {
 		return nil, fmt.Errorf("redis timeout must be > 0, got %v", opt.Timeout)
 	}
-	s := &Store{opt: opt, sha: scriptSHA(), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Store{opt: opt, stop: make(chan struct{}), done: make(chan struct{})}
 	go s.connect()
 	return s, nil
 }
@@ -164,7 +189,20 @@ func (s *Store) Ping(ctx context.Context) error {
 // answer (a restarted or new node) is retried once with EVAL, which loads
 // the script. The whole Run is bounded by the store's timeout.
 func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
-	out := make([]Outcome, len(ops))
+	return s.runScripts(ctx, len(ops), func(i int) (*script, string, []string) {
+		if ops[i].Lease {
+			return leaseScript, ops[i].Key, ops[i].leaseArgs()
+		}
+		return tokenBucketScript, ops[i].Key, ops[i].args()
+	})
+}
+
+// runScripts runs n scripts, call(i) naming the i-th with its key and
+// arguments, in one pipeline (spread over the cluster's masters by key),
+// and returns their outcomes in order. A NOSCRIPT answer is retried once
+// with EVAL. The whole is bounded by the store's timeout.
+func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script, string, []string)) []Outcome {
+	out := make([]Outcome, n)
 	cp := s.client.Load()
 	if cp == nil {
 		for i := range out {
@@ -176,17 +214,13 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 	start := time.Now()
 	ctx, cancel := s.bound(ctx, start)
 	defer cancel()
-	cmds := make(rueidis.Commands, len(ops))
-	for i, op := range ops {
-		if op.Lease {
-			cmds[i] = c.B().Evalsha().Sha1(leaseSHA).Numkeys(1).Key(op.Key).Arg(op.leaseArgs()...).Build()
-			continue
-		}
-		cmds[i] = c.B().Evalsha().Sha1(s.sha).Numkeys(1).Key(op.Key).Arg(op.args()...).Build()
+	cmds := make(rueidis.Commands, n)
+	for i := range cmds {
+		sc, key, args := call(i)
+		cmds[i] = c.B().Evalsha().Sha1(sc.sha).Numkeys(1).Key(key).Arg(args...).Build()
 	}
-	res := c.DoMulti(ctx, cmds...)
 	var retry []int
-	for i, r := range res {
+	for i, r := range c.DoMulti(ctx, cmds...) {
 		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
 			retry = append(retry, i)
 			continue
@@ -196,11 +230,8 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 	if len(retry) > 0 {
 		cmds = cmds[:0]
 		for _, i := range retry {
-			if ops[i].Lease {
-				cmds = append(cmds, c.B().Eval().Script(leaseLua).Numkeys(1).Key(ops[i].Key).Arg(ops[i].leaseArgs()...).Build())
-				continue
-			}
-			cmds = append(cmds, c.B().Eval().Script(tokenBucketLua).Numkeys(1).Key(ops[i].Key).Arg(ops[i].args()...).Build())
+			sc, key, args := call(i)
+			cmds = append(cmds, c.B().Eval().Script(sc.text).Numkeys(1).Key(key).Arg(args...).Build())
 		}
 		for j, r := range c.DoMulti(ctx, cmds...) {
 			out[retry[j]] = outcome(r)
@@ -323,11 +354,6 @@ func outcome(r rueidis.RedisResult) Outcome {
 }
 
 // scriptSHA returns the SHA-1 of the script, which EVALSHA names it by.
-func scriptSHA() string {
-	sum := sha1.Sum([]byte(tokenBucketLua))
-	return hex.EncodeToString(sum[:])
-}
-
 // BucketKey returns the Redis key of rule's bucket for the composite key
 // (sharedstate's composite: the percent-encoded limit-key values joined by
 // '|'): "tb:{<rule>:<composite>}". The braces are the Redis Cluster hash

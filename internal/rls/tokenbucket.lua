@@ -37,43 +37,7 @@ if nowstr == nil or nowstr == '' then
 end
 local now = tonumber(nowstr)
 
-local tokens, last = burst, now
-local v = redis.call('GET', KEYS[1])
-if v then
-  local a, b = string.match(v, '^(%-?%d+%.?%d*):(%d+%.?%d*)$')
-  tokens, last = tonumber(a), tonumber(b)
-  if tokens == nil or last == nil or last <= 0 then
-    tokens, last = burst, now
-  end
-end
-
--- Refill (bucket.Limit.Refill).
-if tokens > burst then
-  tokens = burst
-elseif tokens < -maxdebt then
-  tokens = -maxdebt
-end
-if now < last then
-  -- The clock went back: within MaxClockSkew (1 s) keep last, beyond it
-  -- restart from now; refill nothing either way.
-  if last - now > 1.0 then
-    last = now
-  end
-else
-  local elapsed = now - last
-  if elapsed > 0 and tokens < burst then
-    local add = elapsed * rate
-    if add >= burst - tokens then
-      tokens = burst
-    elseif add > 0 then
-      tokens = tokens + add
-      if tokens > burst then
-        tokens = burst
-      end
-    end
-  end
-  last = now
-end
+-- @refill
 
 -- Decide (bucket.Limit.Take / Refund).
 local allowed = 1
