@@ -168,14 +168,22 @@ func (sw *streamWriter) Write(p []byte) (int, error) {
 
 // body runs proxy_on_response_body on one piece.
 func (sw *streamWriter) body(p []byte, eos bool) error {
+	return sw.locked(func(w *worker, s *stream) error {
+		s.respBody = append(s.respBody[:0], p...)
+		_, err := w.callStream(s, phaseResponseBody, "proxy_on_response_body", uint64(s.id), uint64(len(p)), boolArg(eos))
+		return err
+	})
+}
+
+// locked runs f with the worker's lock; if f fails, the stream is gone
+// and the writer fails with it.
+func (sw *streamWriter) locked(f func(w *worker, s *stream) error) error {
 	s, w := sw.s, sw.w
 	if err := w.acquire(); err != nil {
 		sw.failed = err
 		return err
 	}
-	s.respBody = append(s.respBody[:0], p...)
-	_, err := w.callStream(s, phaseResponseBody, "proxy_on_response_body", uint64(s.id), uint64(len(p)), boolArg(eos))
-	if err != nil {
+	if err := f(w, s); err != nil {
 		delete(w.streams, s.id)
 		w.mu.Unlock()
 		sw.failed = err
@@ -188,20 +196,10 @@ func (sw *streamWriter) body(p []byte, eos bool) error {
 // trailers runs proxy_on_response_trailers on the upstream's trailers,
 // which end the stream instead of an end_of_stream body callback.
 func (sw *streamWriter) trailers(ts []Header) error {
-	s, w := sw.s, sw.w
-	if err := w.acquire(); err != nil {
-		sw.failed = err
-		return err
-	}
-	s.respTrailers.h = ts
-	if err := w.responseTrailers(s); err != nil {
-		delete(w.streams, s.id)
-		w.mu.Unlock()
-		sw.failed = err
-		return err
-	}
-	w.mu.Unlock()
-	return nil
+	return sw.locked(func(w *worker, s *stream) error {
+		s.respTrailers.h = ts
+		return w.responseTrailers(s)
+	})
 }
 
 // streamUpstream sends the request to the upstream and streams its
