@@ -308,7 +308,7 @@ func (r *report) print(w io.Writer) {
 		{"wasm-opt", "module size, -s -w + wasm-opt -Oz (`make build-small`)"},
 	} {
 		if v, ok := sizes[c.key]; ok {
-			add("7", c.what, fmt.Sprintf("%.2f MB (%s bytes)", v/1e6, f0(v)), "", "≤ 3 MB")
+			add("7", c.what, fmt.Sprintf("%.2f MB (%s bytes)", v/1e6, f0(v)), "", "≤ 3 MiB")
 		}
 	}
 	if ns, ok := r.get("BenchmarkInstantiateWorker", "ns/op"); ok {
