@@ -6,8 +6,8 @@
 // Call counts are exact and do not depend on the machine, which makes them
 // a steady guide to where the guest's time goes: inside the wasm guest a Go
 // function call, a map access or a defer costs tens of nanoseconds and an
-// allocation hundreds (see BENCHMARKS.md, "What a request costs in the
-// guest"). For time, use perf with a host built with -tags perfmap (see
+// allocation hundreds (`go test -run '^$' -bench GuestPrimitives ./bench/`
+// prices each construct). For time, use perf with a host built with -tags perfmap (see
 // BENCHMARKS.md).
 //
 // Usage:
