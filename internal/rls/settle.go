@@ -27,7 +27,7 @@ import (
 //go:embed settle.lua
 var settleLua string
 
-var settleScript = newScript(withRefill(settleLua))
+var settleScript = newScript(withParts(settleLua))
 
 // SettleKind is what a settlement does to a bucket.
 type SettleKind string

@@ -33,11 +33,6 @@ if op ~= 'charge' and op ~= 'refund' then
 end
 
 local nowstr = ARGV[6]
-if nowstr == nil or nowstr == '' then
-  local t = redis.call('TIME')
-  nowstr = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-end
-local now = tonumber(nowstr)
 
 -- @refill
 
@@ -56,39 +51,7 @@ if amount > 0 then
   end
 end
 
--- Store with 6 decimals as sharedstate.AppendState does: tokens floored
--- (floorMicro; whole tokens from 2^53 microtokens on), a debt rounded up
--- to the microtoken, so that storing never admits more than the bucket
--- holds.
-local micro = 1e6
-local function floormicro(x)
-  local n = math.floor(x * micro)
-  if (n + 1) / micro <= x then
-    n = n + 1
-  elseif n > 0 and n / micro > x then
-    n = n - 1
-  end
-  return n / micro
-end
-local stored
-if tokens < 0 and tokens > -9007199254740992 / micro then
-  local d = floormicro(-tokens)
-  if d < -tokens then
-    d = (math.floor(d * micro + 0.5) + 1) / micro
-  end
-  stored = -d
-elseif not (tokens > 0) then
-  stored = 0
-elseif tokens * micro >= 9007199254740992 then
-  stored = math.floor(tokens)
-else
-  stored = floormicro(tokens)
-end
-local tokstr = string.format('%.6f', stored)
-if stored == 0 then
-  tokstr = '0.000000'
-end
+-- @store
 
-local ttl = math.ceil((burst - stored) / rate * 1000) + 1000
-redis.call('SET', KEYS[1], tokstr .. ':' .. string.format('%.6f', last), 'PX', ttl)
+save()
 return {1, tokstr}

@@ -20,8 +20,13 @@ import (
 //go:embed tokenbucket.lua
 var tokenBucketLua string
 
-//go:embed refill.lua
-var refillLua string
+// The parts tokenbucket.lua and settle.lua share (withParts).
+var (
+	//go:embed refill.lua
+	refillLua string
+	//go:embed store.lua
+	storeLua string
+)
 
 // script is a Lua script as the store runs it: EVALSHA by its digest, and
 // EVAL with its text when a node answers NOSCRIPT (a restarted or new node),
@@ -33,18 +38,21 @@ func newScript(text string) *script {
 	return &script{text: text, sha: hex.EncodeToString(sum[:])}
 }
 
-// withRefill puts refill.lua, the value's parsing and the refill that
-// tokenbucket.lua and settle.lua share, in place of the line "-- @refill"
-// of a script.
-func withRefill(text string) string {
-	const mark = "-- @refill\n"
-	if !strings.Contains(text, mark) {
-		panic("rls: a script without its " + mark)
+// withParts puts the parts tokenbucket.lua and settle.lua share in place
+// of their marker lines: refill.lua (the time, the value's parsing and the
+// refill) for "-- @refill", store.lua (the 6-decimal value and its write)
+// for "-- @store".
+func withParts(text string) string {
+	for _, p := range [...]struct{ mark, part string }{{"-- @refill\n", refillLua}, {"-- @store\n", storeLua}} {
+		if !strings.Contains(text, p.mark) {
+			panic("rls: a script without its " + p.mark)
+		}
+		text = strings.Replace(text, p.mark, p.part, 1)
 	}
-	return strings.Replace(text, mark, refillLua, 1)
+	return text
 }
 
-var tokenBucketScript = newScript(withRefill(tokenBucketLua))
+var tokenBucketScript = newScript(withParts(tokenBucketLua))
 
 // Op is one bucket update: take Cost tokens (a refund when negative) from the
 // bucket at Key, whose limit is Rate tokens per second up to Burst.

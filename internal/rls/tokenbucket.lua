@@ -28,14 +28,6 @@ local cost = tonumber(ARGV[3])
 local maxdebt = tonumber(ARGV[5]) or 0
 
 local nowstr = ARGV[4]
-local fromtime = false
-if nowstr == nil or nowstr == '' then
-  local t = redis.call('TIME')
-  -- The microseconds zero-padded to 6 digits.
-  nowstr = t[1] .. '.' .. string.sub('00000' .. t[2], -6)
-  fromtime = true
-end
-local now = tonumber(nowstr)
 
 -- @refill
 
@@ -54,49 +46,9 @@ else
   allowed = 0
 end
 
--- Store with 6 decimals as sharedstate.AppendState does: tokens floored
--- (floorMicro; whole tokens from 2^53 microtokens on), a debt rounded up
--- to the microtoken, so that storing never admits more than the bucket
--- holds.
-local micro = 1e6
-local function floormicro(x)
-  local n = math.floor(x * micro)
-  if (n + 1) / micro <= x then
-    n = n + 1
-  elseif n > 0 and n / micro > x then
-    n = n - 1
-  end
-  return n / micro
-end
-local stored
-if tokens < 0 and tokens > -9007199254740992 / micro then
-  local d = floormicro(-tokens)
-  if d < -tokens then
-    d = (math.floor(d * micro + 0.5) + 1) / micro
-  end
-  stored = -d
-elseif not (tokens > 0) then
-  stored = 0
-elseif tokens * micro >= 9007199254740992 then
-  stored = math.floor(tokens)
-else
-  stored = floormicro(tokens)
-end
-local tokstr = string.format('%.6f', stored)
-if stored == 0 then
-  tokstr = '0.000000'
-end
+-- @store
 
 if allowed == 1 and cost ~= 0 then
-  local ttl = math.ceil((burst - stored) / rate * 1000) + 1000
-  -- last is now but when the clock went back. Then TIME's own text is
-  -- what '%.6f' would write (until 2106 the doubles near now are closer
-  -- together than 5e-7), and formatting a double is the script's dearest
-  -- step: about 8 % of its cost in Redis.
-  local laststr = nowstr
-  if not (fromtime and last == now) then
-    laststr = string.format('%.6f', last)
-  end
-  redis.call('SET', KEYS[1], tokstr .. ':' .. laststr, 'PX', ttl)
+  save()
 end
 return {allowed, tokstr}
