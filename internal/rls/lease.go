@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/filter"
 )
 
@@ -202,7 +203,7 @@ func parseLease(entries []Entry) (leaseEntries, bool, error) {
 
 // leaseRule returns the lease-mode rule a lease descriptor names and its
 // bucket's key, or nil.
-func (c *Config) leaseRule(l leaseEntries) (*filter.Rule, string) {
+func (c *Config) leaseRule(l leaseEntries) (*config.Rule, string) {
 	r := c.cluster[l.rule]
 	if r == nil || r.Lease == nil {
 		return nil, ""
@@ -214,7 +215,7 @@ func (c *Config) leaseRule(l leaseEntries) (*filter.Rule, string) {
 // lease-mode rule: its lease bucket, or, when this service's configuration
 // has the rule in exact mode, its token bucket (limited either way, never
 // waved through); lease reports which.
-func (c *Config) leaseTake(l leaseEntries) (r *filter.Rule, key string, lease bool) {
+func (c *Config) leaseTake(l leaseEntries) (r *config.Rule, key string, lease bool) {
 	if r, key := c.leaseRule(l); r != nil {
 		return r, key, true
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/filter"
 )
 
@@ -98,7 +99,7 @@ func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
 // hits; with [tokengate_settle=refund, tokengate_amount=N] a refund of N;
 // with [tokengate_settle=reset] a reset. The rule must be a cluster-scope
 // rule that settles (exact mode).
-func (c *Config) settleRule(d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (SettleOp, *filter.Rule, error) {
+func (c *Config) settleRule(d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (SettleOp, *config.Rule, error) {
 	es := d.GetEntries()
 	var op SettleOp
 	if len(es) < 2 || es[0].GetKey() != filter.DescriptorRuleKey || es[1].GetKey() != filter.DescriptorKeyKey {
@@ -142,7 +143,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	}
 	ds := req.GetDescriptors()
 	ops := make([]SettleOp, len(ds))
-	rules := make([]*filter.Rule, len(ds))
+	rules := make([]*config.Rule, len(ds))
 	for i, d := range ds {
 		op, r, err := s.cfg.settleRule(d, req.GetHitsAddend())
 		if err != nil {
