@@ -95,7 +95,7 @@ fuzz:
 ## lint: gofmt, go vet and staticcheck, on the product module, the guest build and the deploy module.
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK         := build/bin/staticcheck-$(STATICCHECK_VERSION)
-GUEST_PKGS          := ./cmd/tokengate ./filter/... ./bucket/... ./sharedstate/...
+GUEST_PKGS          := ./cmd/tokengate ./filter/... ./config/... ./ratelimitheader/... ./bucket/... ./sharedstate/...
 
 $(STATICCHECK):
 	@mkdir -p build/bin
