@@ -1,7 +1,7 @@
 // Package config is tokengate's configuration as data: the JSON parser
 // (Parse) and the parsed types, pure values that the filter
-// (proxy_on_configure), the rate-limit service and -check build their own
-// runtime state from. Nothing in a parsed Config changes after Parse, so one
+// (proxy_on_configure), the rate-limit service (internal/rls) and
+// tokengate-local build their own runtime state from. Nothing in a parsed Config changes after Parse, so one
 // Config may be shared by goroutines.
 //
 // The package runs inside the wasm guest: it uses strconv, never fmt, log
@@ -31,7 +31,9 @@ type Config struct {
 	rules []*Rule // every rule, fallbacks included, in configuration order
 }
 
-// Rules returns every rule of every policy, fallback limits included.
+// Rules returns every rule of every policy, fallback limits included, in
+// configuration order: each policy's rules, then its fallback. The slice is
+// the Config's own; callers must not modify it.
 func (c *Config) Rules() []*Rule { return c.rules }
 
 // Settings are plugin-wide options ("settings" in shapes 2 and 3).
