@@ -73,7 +73,55 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	// cluster rule) without allocating.
 	var itemBuf [2]item
 	var entryBuf [4]Entry
-	items, entries := itemBuf[:0], entryBuf[:0]
+	items := s.resolve(req, itemBuf[:0], entryBuf[:0])
+	resp, parts := newResponse(len(req.Descriptors))
+	if len(items) == 0 {
+		s.metrics.request(reqOK)
+		return resp, nil
+	}
+
+	var opBuf [2]Op
+	ops := opBuf[:0]
+	for i := range items {
+		ops = append(ops, items[i].op)
+	}
+	for i, o := range s.store.Run(ctx, ops) {
+		items[i].out = o
+	}
+	enforceErr, enforceOver := s.settle(ctx, items)
+
+	if enforceErr != nil {
+		for i := range items {
+			if items[i].out.Err != nil {
+				s.metrics.decision(items[i].rule, codeError)
+			}
+		}
+		s.metrics.request(reqUnavailable)
+		return nil, status.Error(codes.Unavailable, "tokengate-rls: redis: "+enforceErr.Error())
+	}
+	quotas := s.statuses(items, resp, parts)
+	if enforceOver {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		s.metrics.request(reqOver)
+	} else {
+		s.metrics.request(reqOK)
+	}
+	if len(quotas) > 0 {
+		// Envoy's own ratelimit filter adds these headers to its 429 and
+		// writes no Retry-After of its own: on OVER_LIMIT, the wait until
+		// the rejecting bucket with the longest wait could admit the
+		// request, in whole seconds, at least 1 (our filter replaces it
+		// with its jittered one).
+		best := bestQuota(quotas, enforceOver)
+		resp.ResponseHeadersToAdd = s.cfg.responseHeaders(quotas, best, s.cfg.File.Settings.RateLimitHeaders, enforceOver)
+	}
+	return resp, nil
+}
+
+// resolve appends to items the bucket update of every descriptor of req
+// that names a rule (entries is scratch); the others are counted as
+// unmatched and left OK.
+func (s *Server) resolve(req *rlsv3.RateLimitRequest, items []item, entries []Entry) []item {
 	for i, d := range req.Descriptors {
 		entries = entries[:0]
 		for _, e := range d.GetEntries() {
@@ -104,31 +152,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		items = append(items, item{idx: i, rule: r, op: op})
 	}
-	resp, parts := newResponse(len(req.Descriptors))
-	if len(items) == 0 {
-		s.metrics.request(reqOK)
-		return resp, nil
-	}
+	return items
+}
 
-	var opBuf [2]Op
-	ops := opBuf[:0]
-	for i := range items {
-		ops = append(ops, items[i].op)
-	}
-	for i, o := range s.store.Run(ctx, ops) {
-		items[i].out = o
-	}
-	enforceErr, enforceOver := s.settle(ctx, items)
-
-	if enforceErr != nil {
-		for i := range items {
-			if items[i].out.Err != nil {
-				s.metrics.decision(items[i].rule, codeError)
-			}
-		}
-		s.metrics.request(reqUnavailable)
-		return nil, status.Error(codes.Unavailable, "tokengate-rls: redis: "+enforceErr.Error())
-	}
+// statuses fills the status of every decided descriptor from its
+// bucket's outcome, counts the decisions, and returns what the RateLimit
+// headers say of the enforced rules' buckets.
+func (s *Server) statuses(items []item, resp *rlsv3.RateLimitResponse, parts []statusParts) []quota {
 	var quotas []quota
 	for i := range items {
 		it := &items[i]
@@ -155,9 +185,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		switch {
 		case it.rule.Shadow && !it.out.Allowed:
 			s.metrics.decision(it.rule, codeShadowOver)
-		case it.rule.Shadow:
-			s.metrics.decision(it.rule, codeOK)
-		case !it.out.Allowed:
+		case !it.out.Allowed && !it.rule.Shadow:
 			s.metrics.decision(it.rule, codeOver)
 		default:
 			s.metrics.decision(it.rule, codeOK)
@@ -172,31 +200,22 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		quotas = append(quotas, q)
 	}
-	// The legacy headers describe the bucket with the fewest tokens left
-	// or, on a rejection, the rejecting bucket with the longest wait.
+	return quotas
+}
+
+// bestQuota returns the index of the bucket the legacy headers describe:
+// the one with the fewest tokens left or, on a rejection (over), the
+// rejecting bucket with the longest wait.
+func bestQuota(quotas []quota, over bool) int {
 	best := 0
 	for i, q := range quotas {
 		b := quotas[best]
-		if enforceOver && !q.allowed && (b.allowed || q.retry > b.retry) ||
-			!enforceOver && q.tokens < b.tokens {
+		if over && !q.allowed && (b.allowed || q.retry > b.retry) ||
+			!over && q.tokens < b.tokens {
 			best = i
 		}
 	}
-	if enforceOver {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		s.metrics.request(reqOver)
-	} else {
-		s.metrics.request(reqOK)
-	}
-	if len(quotas) > 0 {
-		// Envoy's own ratelimit filter adds these headers to its 429 and
-		// writes no Retry-After of its own: on OVER_LIMIT, the wait until
-		// the rejecting bucket with the longest wait could admit the
-		// request, in whole seconds, at least 1 (our filter replaces it
-		// with its jittered one).
-		resp.ResponseHeadersToAdd = s.cfg.responseHeaders(quotas, best, s.cfg.File.Settings.RateLimitHeaders, enforceOver)
-	}
-	return resp, nil
+	return best
 }
 
 // settle makes each group (enforced rules, shadow rules) all or nothing:
