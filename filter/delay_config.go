@@ -59,5 +59,11 @@ func delayConfig(path string, v ljson.Result, r *Rule) error {
 		return errAt(path+".max_reserved", "burst + max_reserved must be <= "+num(maxBurst)+", got "+num(r.Limit.Burst+d.MaxReserved))
 	}
 	r.Delay = d
+	if d.debt > 0 {
+		// The bucket's own debt: Take may leave the balance down to
+		// -debt, which is also its floor (no settlement can share it:
+		// settleConfig refuses the combination).
+		r.Limit.Reserve, r.Limit.MaxDebt = d.debt, d.debt
+	}
 	return nil
 }
