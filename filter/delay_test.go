@@ -494,8 +494,8 @@ func TestDelaySlotted(t *testing.T) {
 // which kept a reserving rule's balance shifted up by its reservation
 // (capacity burst + 5, true balance + 5), means after an upgrade: it reads
 // as the true balance, clamped to the burst, so the new code over-admits by
-// at most the reservation, once per key, and a key at rest (full) is
-// decided exactly (docs/configuration.md, "Delayed admission").
+// at most the reservation, and a key at rest (full) is decided exactly
+// (docs/configuration.md, "Delayed admission").
 func TestDelayShiftedStateUpgrade(t *testing.T) {
 	const reservation = 5
 	tests := []struct {
@@ -503,7 +503,7 @@ func TestDelayShiftedStateUpgrade(t *testing.T) {
 		old     string   // tokens stored by the shifted code, at epoch
 		want    []string // 7 requests at once
 		truth   int      // requests the true balance (old - 5) admits
-		balance float64  // stored afterwards: the true balance
+		balance float64  // stored afterwards: the floor, -reservation
 	}{
 		{"full: exact", "6.000000", []string{"200", "held", "held", "held", "held", "held", "429"}, 6, -5},
 		{"balance 0: one token over", "5.000000", []string{"200", "held", "held", "held", "held", "held", "429"}, 5, -5},
@@ -534,7 +534,7 @@ func TestDelayShiftedStateUpgrade(t *testing.T) {
 				t.Errorf("admitted %d, the true balance admits %d: over-admission %d outside [0, %d]", admitted, tc.truth, over, reservation)
 			}
 			if tokens, _ := f.state("tb:g:"); tokens != tc.balance {
-				t.Errorf("stored %v tokens afterwards, want the true balance %v", tokens, tc.balance)
+				t.Errorf("stored %v tokens afterwards, want %v", tokens, tc.balance)
 			}
 		})
 	}
