@@ -34,31 +34,6 @@ type Ticker interface {
 	SetTickPeriod(ms uint32) error
 }
 
-// Delay is a token-bucket rule's delayed admission (docs/configuration.md,
-// "Delayed admission").
-type Delay struct {
-	// MaxReserved is the debt, in tokens, an admission may leave in the
-	// bucket ("max_reserved"); 0 rejects as soon as the bucket is short.
-	MaxReserved float64
-	// MaxDelayMs caps the wait ("max_delay_ms"); 0 means no cap beyond
-	// MaxReserved/rate.
-	MaxDelayMs float64
-	// MaxPending caps the requests this rule holds at once on one worker
-	// ("max_pending", default DefaultMaxPending).
-	MaxPending int
-	// RefundOnCancel gives a held request's tokens back when its client
-	// leaves before it is released ("refund_on_cancel").
-	RefundOnCancel bool
-
-	// debt is the effective reservation, in tokens: MaxReserved, capped
-	// by MaxDelayMs × rate. The rule's Limit carries it (Reserve and
-	// MaxDebt); 0 for a rule that does not reserve.
-	debt float64
-}
-
-// DefaultMaxPending is the default of max_pending.
-const DefaultMaxPending = 1024
-
 // minTickMs is the shortest tick period the filter asks for. Envoy's timers
 // count milliseconds, so a release is late by less than a millisecond plus
 // the host's timer slack, and never early (OnTick rechecks the clock).
@@ -73,10 +48,10 @@ type waiter struct {
 	// rules are the reserving rules that count this request against their
 	// max_pending; refund are the buckets given back if the client leaves
 	// (rules with refund_on_cancel), copies owned by the waiter.
-	rules  []*Rule
+	rules  []*rule
 	refund []sharedstate.Request
 	// by is the rule whose reservation makes the wait.
-	by *Rule
+	by *rule
 }
 
 // delayQueue is a plugin's held requests, a binary min-heap on (deadline,
@@ -187,7 +162,7 @@ func (p *Plugin) TickPeriod() uint32 { return p.delays.period }
 func reservationWait(g *group) (float64, int) {
 	wait, by := 0.0, -1
 	for i, r := range g.rules {
-		if r.Delay.debt == 0 {
+		if r.Delay.Debt == 0 {
 			continue
 		}
 		res := &g.res[i]
@@ -211,7 +186,7 @@ func (s *Stream) unholdable(g *group, by int) int {
 		return by
 	}
 	for i, r := range g.rules {
-		if r.Delay.debt > 0 && r.waiting >= r.Delay.MaxPending {
+		if r.Delay.Debt > 0 && r.waiting >= r.Delay.MaxPending {
 			return i
 		}
 	}
@@ -230,7 +205,7 @@ func (s *Stream) prepareHold(g *group, now, wait float64, by int) {
 	p.delays.rebase(now)
 	w := &waiter{deadline: now + wait, s: s, by: g.rules[by]}
 	for i, r := range g.rules {
-		if r.Delay.debt == 0 {
+		if r.Delay.Debt == 0 {
 			continue
 		}
 		w.rules = append(w.rules, r)

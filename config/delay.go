@@ -1,10 +1,38 @@
-package filter
+package config
 
 import (
 	"strconv"
 
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
+
+// Delay is a token-bucket rule's delayed admission (docs/configuration.md,
+// "Delayed admission").
+type Delay struct {
+	// MaxReserved is the debt, in tokens, an admission may leave in the
+	// bucket ("max_reserved"); 0 rejects as soon as the bucket is short.
+	MaxReserved float64
+	// MaxDelayMs caps the wait ("max_delay_ms"); 0 means no cap beyond
+	// MaxReserved/rate.
+	MaxDelayMs float64
+	// MaxPending caps the requests this rule holds at once on one worker
+	// ("max_pending", default DefaultMaxPending).
+	MaxPending int
+	// RefundOnCancel gives a held request's tokens back when its client
+	// leaves before it is released ("refund_on_cancel").
+	RefundOnCancel bool
+
+	// Debt is the effective reservation, in tokens: MaxReserved, capped by
+	// MaxDelayMs × rate (250 ms at 10/s caps a max_reserved of 5 at 2.5);
+	// 0 for a rule that does not reserve. Parse puts it in the rule's
+	// Limit as Reserve and MaxDebt, the bucket's own debt, so the stored
+	// balance of a reserving rule is the true one, negative while in debt
+	// (docs/configuration.md, "Delayed admission").
+	Debt float64
+}
+
+// DefaultMaxPending is the default of max_pending.
+const DefaultMaxPending = 1024
 
 // delayFields are the algorithm_config fields of delayed admission.
 var delayFields = []string{"max_reserved", "max_delay_ms", "max_pending", "refund_on_cancel"}
@@ -51,19 +79,19 @@ func delayConfig(path string, v ljson.Result, r *Rule) error {
 		}
 		d.RefundOnCancel = rc.Type == ljson.True
 	}
-	d.debt = d.MaxReserved
+	d.Debt = d.MaxReserved
 	if d.MaxDelayMs > 0 {
-		d.debt = min(d.debt, d.MaxDelayMs/1000*r.Limit.Rate)
+		d.Debt = min(d.Debt, d.MaxDelayMs/1000*r.Limit.Rate)
 	}
-	if d.MaxReserved > 0 && r.Limit.Burst+d.debt > maxBurst {
+	if d.MaxReserved > 0 && r.Limit.Burst+d.Debt > maxBurst {
 		return errAt(path+".max_reserved", "burst + max_reserved must be <= "+num(maxBurst)+", got "+num(r.Limit.Burst+d.MaxReserved))
 	}
 	r.Delay = d
-	if d.debt > 0 {
+	if d.Debt > 0 {
 		// The bucket's own debt: Take may leave the balance down to
-		// -debt, which is also its floor (no settlement can share it:
+		// -Debt, which is also its floor (no settlement can share it:
 		// settleConfig refuses the combination).
-		r.Limit.Reserve, r.Limit.MaxDebt = d.debt, d.debt
+		r.Limit.Reserve, r.Limit.MaxDebt = d.Debt, d.Debt
 	}
 	return nil
 }
