@@ -28,14 +28,19 @@ type leaseFleet struct {
 	proxies []*httptest.Server
 }
 
-const leaseTickMs, leaseTTLMs = 50, 1000
+// The call timeout is generous: a request that waits for its proxy's next
+// refill gets on_error after lease_tick_ms + timeout_ms, and on a loaded
+// machine a tick and its call can take longer than the half second these
+// tests had, which turned admissions into 503s. A grant must outlive
+// twice the tick plus the timeout, hence the ttl.
+const leaseTickMs, leaseTimeoutMs, leaseTTLMs = 50, 2000, 3000
 
 // leaseRule is a lease-mode rule keyed by x-api-key.
 func leaseRule(rps, burst float64, leaseMax int, onError string) string {
 	return `{"rules":[{"name":"lease","scope":"cluster","mode":"lease","lease_max":` + strconv.Itoa(leaseMax) +
 		`,"lease_ttl_ms":` + strconv.Itoa(leaseTTLMs) + `,"limit_keys":["header:x-api-key"],
 	  "algorithm_config":{"rps":` + strconv.FormatFloat(rps, 'f', -1, 64) + `,"burst":` + strconv.FormatFloat(burst, 'f', -1, 64) + `}}],
-	  "settings":{"rls":{"cluster":"ratelimit","timeout_ms":500,"lease_tick_ms":` + strconv.Itoa(leaseTickMs) + `,"on_error":"` + onError + `"}}}`
+	  "settings":{"rls":{"cluster":"ratelimit","timeout_ms":` + strconv.Itoa(leaseTimeoutMs) + `,"lease_tick_ms":` + strconv.Itoa(leaseTickMs) + `,"on_error":"` + onError + `"}}}`
 }
 
 func startLeaseFleet(t *testing.T, cfg string) *leaseFleet {
