@@ -29,9 +29,9 @@ build-small: $(GUEST_SRC)
 	else echo 'build-small: wasm-opt not found (apt-get install binaryen); the module is only stripped'; fi
 
 ## test: build the module, then run every test (native and against the .wasm).
-# The -timeout values catch a hung test, not a slow machine: e2e alone runs
-# for about ten minutes on two busy cores (TestSprayBoundedKeys' 200,000
-# requests through the module are most of it), so the bounds are far above.
+# The -timeout values catch a hung test, not a slow machine: on two busy
+# cores e2e took 7 minutes and sharedstate under -race 5 (the old bounds),
+# so the bounds are far above.
 test: build ratelimit
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m $(RACE_PKGS)
