@@ -374,6 +374,17 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 	out := p.upd.TakeAll(enforce, pc.now, res[:len(enforce)])
 	switch {
 	case out.Err != nil:
+		// The rules are local now: their on_store_error decides, as in
+		// undecided.
+		for _, r := range rules {
+			if r.DenyOnStoreError {
+				s.refundLocal(pc)
+				r.metrics.storeDenied.inc(p.host, 1)
+				p.warnf(pc.now, "event=store_denied rule="+r.Name+" reason="+quote(out.Err))
+				s.sendStoreDeniedAs(pc.grpc, r, storeReason(out.Err))
+				return Pause
+			}
+		}
 		for _, r := range rules {
 			r.metrics.failOpen.inc(p.host, 1)
 		}

@@ -668,3 +668,45 @@ func TestClusterJSON(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterLocalOnStoreError is issue 21's "a cluster rule's
+// on_store_error ignored": with on_error: local the service's failure sends
+// a cluster rule to shared data, and when the shared data fails too the
+// rule's on_store_error decides, as for a local rule
+// (docs/configuration.md): deny answers 503 store_error naming the rule and
+// counts store_denied; allow (the default) fails open.
+func TestClusterLocalOnStoreError(t *testing.T) {
+	for _, tc := range []struct {
+		onStoreError string
+		wantStatus   uint32
+	}{{"deny", 503}, {"allow", 200}} {
+		t.Run(tc.onStoreError, func(t *testing.T) {
+			f := newFixture(t, `{"rules":[
+				{"name":"login","scope":"cluster","limit_keys":["ip:address"],"on_store_error":"`+tc.onStoreError+`",
+				 "algorithm_config":{"rps":5,"burst":10}}],
+				"settings":{"rls":{"cluster":"rls","on_error":"local"}}}`)
+			f.h.CallError = errors.New("no such cluster")
+			f.h.Store = &sharedstatetest.FaultStore{Store: f.mem(), GetErr: func(string) error { return errors.New("injected") }}
+			_, res := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:1"))
+			if res.Status() != tc.wantStatus {
+				t.Fatalf("status %d, want %d", res.Status(), tc.wantStatus)
+			}
+			if tc.wantStatus != 503 {
+				if got := f.counter("login", filter.CounterFailOpen); got != 1 {
+					t.Errorf("fail_open = %d, want 1", got)
+				}
+				return
+			}
+			checkHeaders(t, "503", res, headerCase{
+				"x-tokengate-reason": filter.ReasonStoreError,
+				"x-tokengate-rule":   "login",
+			})
+			if want := `{"error":"rate_limiter_unavailable","reason":"store_error","rule":"login"}` + "\n"; res.Local.Body != want {
+				t.Errorf("body %q, want %q", res.Local.Body, want)
+			}
+			if got := f.counter("login", filter.CounterStoreDenied); got != 1 {
+				t.Errorf("store_denied = %d, want 1", got)
+			}
+		})
+	}
+}

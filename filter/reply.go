@@ -1,11 +1,13 @@
 package filter
 
 import (
+	"errors"
 	"math"
 	"strconv"
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // Rejection reasons, sent in X-Tokengate-Reason.
@@ -127,16 +129,32 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 	p.rc.replyHdrs = s.reply(req, status, grpc, "tokengate_rate_limited", body, headers)
 }
 
+// storeReason is the reason of a 503 for a store failure err: contention
+// when every compare-and-swap attempt lost its race.
+func storeReason(err error) string {
+	if errors.Is(err, sharedstate.ErrContention) {
+		return ReasonContention
+	}
+	return ReasonStoreError
+}
+
 // sendStoreDenied sends the 503 reply of a rule that fails closed when its
 // bucket could not be updated; reason says why.
 func (s *Stream) sendStoreDenied(req *request, r *Rule, reason string) {
+	ct, ok := req.header("content-type")
+	s.sendStoreDeniedAs(ok && IsGRPC(ct), r, reason)
+}
+
+// sendStoreDeniedAs is sendStoreDenied for a request already known to be
+// gRPC or not.
+func (s *Stream) sendStoreDeniedAs(isGRPC bool, r *Rule, reason string) {
 	var headers [][2]string
 	body := `{"error":"rate_limiter_unavailable","reason":"` + reason + `"}` + "\n"
 	if s.p.cfg.Settings.RuleHeaders {
 		headers = [][2]string{{"x-tokengate-reason", reason}, {"x-tokengate-rule", r.Name}}
 		body = `{"error":"rate_limiter_unavailable","reason":"` + reason + `","rule":"` + r.Name + `"}` + "\n"
 	}
-	s.reply(req, 503, grpcUnavailable, "tokengate_"+reason, []byte(body), headers)
+	s.replyAs(isGRPC, 503, grpcUnavailable, "tokengate_"+reason, []byte(body), headers)
 }
 
 // reply sends a local reply; a gRPC request gets grpcCode, with the details
