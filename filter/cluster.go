@@ -401,7 +401,8 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 		}
 	}
 	s.refundLocal(pc)
-	st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: out.Results[w].RetryAfter}
+	st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: out.Results[w].RetryAfter,
+		LimitRemaining: uint32(min(quotaOf(rules[w], out.Results[w]).remaining, math.MaxUint32))}
 	s.sendClusterRejection(pc, rules[w], st, retryAfterHash(st.UntilReset, pc.idHash), nil)
 	return Pause
 }
@@ -430,7 +431,9 @@ func (s *Stream) resume() {
 
 // sendClusterRejection answers a request a cluster rule rejected: the
 // rule's status, the service's response headers (its RateLimit headers)
-// or, without them, RateLimit headers built from the status.
+// or, without them, RateLimit headers built from the status: r its
+// remaining tokens, t its duration until reset, without the jitter of
+// Retry-After (retry), as for a local rejection.
 func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlswire.Status, retry int64, rlsHeaders [][2]string) {
 	p := s.p
 	rep := localReply{reason: ReasonExceeded, details: "tokengate_rate_limited", rule: r, retry: retry}
@@ -447,7 +450,7 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlswire.Statu
 			}
 		} else {
 			hs = append(hs,
-				[2]string{"ratelimit", r.planOf().quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(retry, 10)},
+				[2]string{"ratelimit", r.planOf().quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(seconds(st.UntilReset), 10)},
 				[2]string{"ratelimit-policy", r.planOf().policy})
 		}
 		p.buf.rlHdrs, rep.rateLimit = hs, hs
