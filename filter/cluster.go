@@ -297,7 +297,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Action {
 	p := s.p
 	p.metrics.rlsErrors.inc(p.host, 1)
-	p.warnf(pc.now, "tokengate: event=rls_error reason="+strconv.Quote(reason))
+	p.warnf(pc.now, "event=rls_error reason="+strconv.Quote(reason))
 	act := Continue
 	switch p.cfg.Settings.RLS.OnError {
 	case OnErrorAllow:
@@ -418,7 +418,7 @@ func (s *Stream) refundLocal(pc *pendingCall) {
 		return
 	}
 	if _, err := p.upd.Refund(pc.local, pc.now); err != nil {
-		p.warnf(pc.now, "tokengate: event=refund_error reason="+strconv.Quote(err.Error()))
+		p.warnf(pc.now, "event=refund_error reason="+strconv.Quote(err.Error()))
 	}
 }
 
