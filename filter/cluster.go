@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -31,13 +31,11 @@ type Caller interface {
 	ContinueRequest() error
 }
 
-// The descriptor the filter sends for a cluster rule: the rule's name and
-// the bucket's composite key (docs/rls.md).
+// The paths of ShouldRateLimit in either protocol; the descriptor sent for
+// a cluster rule is rlscontract.ClusterDescriptor (docs/rls.md).
 const (
-	DescriptorRuleKey = "tokengate_rule"
-	DescriptorKeyKey  = "key"
-	rlsPath           = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-	rlsJSONPath       = "/json"
+	rlsPath     = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	rlsJSONPath = "/json"
 )
 
 // pendingCall is a request paused while the rate-limit service decides its
@@ -86,17 +84,15 @@ func (s *Stream) askCluster(st *reqState) Action {
 	if !ok {
 		return s.clusterFailed(pc, "the host has no HTTP callouts", false)
 	}
-	ds := make([]rlswire.Descriptor, len(g.rules))
+	ds := make([]rlscontract.Descriptor, len(g.rules))
 	for i, r := range g.rules {
 		vals := st.vals[g.vals[i][0]:g.vals[i][1]]
-		ds[i] = rlswire.Descriptor{
-			Entries: []rlswire.Entry{{Key: DescriptorRuleKey, Value: r.Name},
-				{Key: DescriptorKeyKey, Value: strings.ToValidUTF8(string(sharedstate.AppendComposite(nil, vals)), "\uFFFD")}},
-			HitsAddend: uint64(math.Ceil(g.reqs[i].Cost)),
-		}
-		if r.Lease != nil {
+		comp, hits := string(sharedstate.AppendComposite(nil, vals)), uint64(math.Ceil(g.reqs[i].Cost))
+		if r.Lease == nil {
+			ds[i] = rlscontract.ClusterDescriptor(r.Name, comp, hits)
+		} else {
 			// A cold lease rule: an exact take from its lease bucket.
-			ds[i].Entries = append(ds[i].Entries, rlswire.Entry{Key: DescriptorModeKey, Value: descriptorModeLease})
+			ds[i] = rlscontract.LeaseDescriptor(rlscontract.Lease{Rule: r.Name, Composite: comp, Want: hits})
 			if pc.leaseKeys == nil {
 				pc.leaseKeys = make([]string, len(g.rules))
 			}
@@ -117,24 +113,24 @@ func (s *Stream) askCluster(st *reqState) Action {
 // callRLS sends a RateLimitRequest with descriptors ds to the service, in
 // settings.rls.protocol: unary gRPC (HTTP/2 cluster) or JSON over HTTP/1.1
 // to the service's /json, as envoyproxy/ratelimit and tokengate-rls serve it.
-func callRLS(caller Caller, rls *RLSSettings, ds []rlswire.Descriptor) (uint32, error) {
+func callRLS(caller Caller, rls *RLSSettings, ds []rlscontract.Descriptor) (uint32, error) {
 	return callRLSWith(caller, rls, ds, rls.TimeoutMs, nil)
 }
 
 // callRLSWith is callRLS with its own timeout and extra request headers
 // (a settlement's mark): either protocol carries them as HTTP headers,
 // which gRPC delivers to the service as metadata.
-func callRLSWith(caller Caller, rls *RLSSettings, ds []rlswire.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
+func callRLSWith(caller Caller, rls *RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
 	var body []byte
 	var headers [][2]string
 	if rls.Protocol == RLSProtocolJSON {
-		body = rlswire.AppendRequestJSON(nil, rls.Domain, ds, 0)
+		body = rlscontract.AppendRequestJSON(nil, rls.Domain, ds, 0)
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsJSONPath}, {":authority", rls.Authority},
 			{"content-type", "application/json"},
 		}
 	} else {
-		body = rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
+		body = rlscontract.Frame(nil, rlscontract.AppendRequest(nil, rls.Domain, ds, 0))
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
 			{"content-type", "application/grpc"}, {"te", "trailers"},
@@ -187,8 +183,8 @@ func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrail
 // the body, as envoyproxy/ratelimit's /json answers; any other status (its
 // 400 for a failed decision or a bad request, 500 for UNKNOWN; tokengate-rls's
 // 503 when Redis fails) is an error.
-func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, string) {
-	var none rlswire.Response
+func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlscontract.Response, string) {
+	var none rlscontract.Response
 	if numHeaders == 0 {
 		return none, "no response (timeout or connection failure)"
 	}
@@ -201,7 +197,7 @@ func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, 
 		if !ok {
 			return none, "unreadable body"
 		}
-		resp, err := rlswire.ParseResponseJSON(b)
+		resp, err := rlscontract.ParseResponseJSON(b)
 		if err != nil {
 			return none, err.Error()
 		}
@@ -221,11 +217,11 @@ func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, 
 	if !ok {
 		return none, "unreadable body"
 	}
-	msg, err := rlswire.Unframe(b)
+	msg, err := rlscontract.Unframe(b)
 	if err != nil {
 		return none, err.Error()
 	}
-	resp, err := rlswire.ParseResponse(msg)
+	resp, err := rlscontract.ParseResponse(msg)
 	if err != nil {
 		return none, err.Error()
 	}
@@ -236,14 +232,14 @@ func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, 
 // an enforced rule's status is OVER_LIMIT (or, without statuses, the
 // overall code is), in which case the local buckets are refunded and the
 // request gets the rejection with the service's headers.
-func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
+func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlscontract.Response) {
 	p := s.p
 	worst := -1
 	if len(resp.Statuses) == len(pc.rules) {
 		for i, st := range resp.Statuses {
 			r := pc.rules[i]
 			switch {
-			case st.Code != rlswire.CodeOverLimit:
+			case st.Code != rlscontract.CodeOverLimit:
 				r.metrics.allowed.inc(p.host, 1)
 			case r.shadow:
 				r.metrics.shadowRejected.inc(p.host, 1)
@@ -253,11 +249,11 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 					worst = i
 				}
 			}
-			if st.Code == rlswire.CodeOverLimit && pc.leaseKeys != nil && pc.leaseKeys[i] != "" {
+			if st.Code == rlscontract.CodeOverLimit && pc.leaseKeys != nil && pc.leaseKeys[i] != "" {
 				p.leaseKnownEmpty(pc.leaseKeys[i], pc.now, st.UntilReset)
 			}
 		}
-	} else if resp.OverallCode == rlswire.CodeOverLimit {
+	} else if resp.OverallCode == rlscontract.CodeOverLimit {
 		// No status per rule: the overall code is the enforced rules'
 		// (servers leave shadow rules out of it). Shadow rules count a
 		// would-be rejection and never reject; without an enforced rule
@@ -272,7 +268,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 				worst = i
 			}
 		}
-	} else if resp.OverallCode != rlswire.CodeOK {
+	} else if resp.OverallCode != rlscontract.CodeOK {
 		s.clusterFailed(pc, "overall code "+strconv.Itoa(resp.OverallCode), true)
 		return
 	}
@@ -283,7 +279,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 		return
 	}
 	s.refundLocal(pc)
-	var st rlswire.Status
+	var st rlscontract.Status
 	if worst < len(resp.Statuses) {
 		st = resp.Statuses[worst]
 	}
@@ -401,7 +397,7 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 		}
 	}
 	s.refundLocal(pc)
-	st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: out.Results[w].RetryAfter,
+	st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: out.Results[w].RetryAfter,
 		LimitRemaining: uint32(min(quotaOf(rules[w], out.Results[w]).remaining, math.MaxUint32))}
 	s.sendClusterRejection(pc, rules[w], st, retryAfterHash(st.UntilReset, pc.idHash), nil)
 	return Pause
@@ -434,7 +430,7 @@ func (s *Stream) resume() {
 // or, without them, RateLimit headers built from the status: r its
 // remaining tokens, t its duration until reset, without the jitter of
 // Retry-After (retry), as for a local rejection.
-func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlswire.Status, retry int64, rlsHeaders [][2]string) {
+func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlscontract.Status, retry int64, rlsHeaders [][2]string) {
 	p := s.p
 	rep := localReply{reason: ReasonExceeded, details: "tokengate_rate_limited", rule: r, retry: retry}
 	if p.cfg.Settings.RateLimitHeaders {
