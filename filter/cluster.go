@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -52,7 +54,7 @@ type pendingCall struct {
 	local []sharedstate.Request
 	// rules are the cluster rules asked about, in descriptor order, and
 	// buckets the shared-data buckets they fall back to (on_error: local).
-	rules   []*Rule
+	rules   []*rule
 	buckets []sharedstate.Request
 	// leaseKeys are the allowance keys of cold lease rules, by rule index
 	// ("" for others; nil if none): a rejection marks them empty.
@@ -113,17 +115,17 @@ func (s *Stream) askCluster(st *reqState) Action {
 // callRLS sends a RateLimitRequest with descriptors ds to the service, in
 // settings.rls.protocol: unary gRPC (HTTP/2 cluster) or JSON over HTTP/1.1
 // to the service's /json, as envoyproxy/ratelimit and tokengate-rls serve it.
-func callRLS(caller Caller, rls *RLSSettings, ds []rlscontract.Descriptor) (uint32, error) {
+func callRLS(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor) (uint32, error) {
 	return callRLSWith(caller, rls, ds, rls.TimeoutMs, nil)
 }
 
 // callRLSWith is callRLS with its own timeout and extra request headers
 // (a settlement's mark): either protocol carries them as HTTP headers,
 // which gRPC delivers to the service as metadata.
-func callRLSWith(caller Caller, rls *RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
+func callRLSWith(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
 	var body []byte
 	var headers [][2]string
-	if rls.Protocol == RLSProtocolJSON {
+	if rls.Protocol == config.RLSProtocolJSON {
 		body = rlscontract.AppendRequestJSON(nil, rls.Domain, ds, 0)
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsJSONPath}, {":authority", rls.Authority},
@@ -189,7 +191,7 @@ func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlscontract.Respon
 		return none, "no response (timeout or connection failure)"
 	}
 	st, _ := c.CallResponseHeader(":status")
-	if p.cfg.Settings.RLS.Protocol == RLSProtocolJSON {
+	if p.cfg.Settings.RLS.Protocol == config.RLSProtocolJSON {
 		if st != "200" && st != "429" {
 			return none, "HTTP status " + st
 		}
@@ -241,7 +243,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlscontract.Response) {
 			switch {
 			case st.Code != rlscontract.CodeOverLimit:
 				r.metrics.allowed.inc(p.host, 1)
-			case r.shadow:
+			case r.Shadow:
 				r.metrics.shadowRejected.inc(p.host, 1)
 			default:
 				r.metrics.rejected.inc(p.host, 1)
@@ -259,7 +261,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlscontract.Response) {
 		// would-be rejection and never reject; without an enforced rule
 		// the request passes.
 		for i, r := range pc.rules {
-			if r.shadow {
+			if r.Shadow {
 				r.metrics.shadowRejected.inc(p.host, 1)
 				continue
 			}
@@ -296,17 +298,17 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 	p.warnf(pc.now, "event=rls_error reason="+strconv.Quote(reason))
 	act := Continue
 	switch p.cfg.Settings.RLS.OnError {
-	case OnErrorAllow:
+	case config.OnErrorAllow:
 		for _, r := range pc.rules {
 			r.metrics.failOpen.inc(p.host, 1)
 		}
-	case OnErrorDeny:
+	case config.OnErrorDeny:
 		// Only an enforced rule fails closed; shadow rules fail open, as
 		// a local shadow rule does on a store error (observe). The 503
 		// names and counts the first enforced rule.
 		denier := -1
 		for i, r := range pc.rules {
-			if r.shadow {
+			if r.Shadow {
 				r.metrics.failOpen.inc(p.host, 1)
 			} else if denier < 0 {
 				denier = i
@@ -320,7 +322,7 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 		r.metrics.storeDenied.inc(p.host, 1)
 		s.sendUnavailable(pc, r)
 		act = Pause
-	case OnErrorLocal:
+	case config.OnErrorLocal:
 		act = s.clusterLocally(pc)
 	}
 	s.dropAwaiting() // the service took nothing (on_error: local settles in shared data)
@@ -336,9 +338,9 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 	p := s.p
 	res := make([]bucket.Result, len(pc.buckets))
 	var enforce, shadow []sharedstate.Request
-	var rules, shadows []*Rule
+	var rules, shadows []*rule
 	for i, r := range pc.rules {
-		if r.shadow {
+		if r.Shadow {
 			shadow = append(shadow, pc.buckets[i])
 			shadows = append(shadows, r)
 		} else {
@@ -398,7 +400,7 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 	}
 	s.refundLocal(pc)
 	st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: out.Results[w].RetryAfter,
-		LimitRemaining: uint32(min(quotaOf(rules[w], out.Results[w]).remaining, math.MaxUint32))}
+		LimitRemaining: uint32(min(quotaOf(rules[w], out.Results[w]).Remaining, math.MaxUint32))}
 	s.sendClusterRejection(pc, rules[w], st, retryAfterHash(st.UntilReset, pc.idHash), nil)
 	return Pause
 }
@@ -430,7 +432,7 @@ func (s *Stream) resume() {
 // or, without them, RateLimit headers built from the status: r its
 // remaining tokens, t its duration until reset, without the jitter of
 // Retry-After (retry), as for a local rejection.
-func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlscontract.Status, retry int64, rlsHeaders [][2]string) {
+func (s *Stream) sendClusterRejection(pc *pendingCall, r *rule, st rlscontract.Status, retry int64, rlsHeaders [][2]string) {
 	p := s.p
 	rep := localReply{reason: ReasonExceeded, details: "tokengate_rate_limited", rule: r, retry: retry}
 	if p.cfg.Settings.RateLimitHeaders {
@@ -446,8 +448,8 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlscontract.S
 			}
 		} else {
 			hs = append(hs,
-				[2]string{"ratelimit", r.planOf().quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(seconds(st.UntilReset), 10)},
-				[2]string{"ratelimit-policy", r.planOf().policy})
+				[2]string{"ratelimit", r.plan.Quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(ratelimitheader.Seconds(st.UntilReset), 10)},
+				[2]string{"ratelimit-policy", r.plan.Policy})
 		}
 		p.buf.rlHdrs, rep.rateLimit = hs, hs
 	}
@@ -462,7 +464,7 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlscontract.S
 // the service, which counts them as would-be rejections.
 func (s *Stream) costOverBurst(st *reqState, g *group) bool {
 	for i, r := range g.rules {
-		if !r.shadow && g.reqs[i].Cost > r.Limit.Burst {
+		if !r.Shadow && g.reqs[i].Cost > r.Limit.Burst {
 			pc := &pendingCall{s: s, now: st.now, local: st.enforce.reqs, grpc: isGRPCRequest(&st.req)}
 			s.refundLocal(pc)
 			s.sendCostExceedsBurst(pc, r)
@@ -477,19 +479,19 @@ func (s *Stream) costOverBurst(st *reqState, g *group) bool {
 // 413 (gRPC OUT_OF_RANGE), reason cost_exceeds_burst, no Retry-After. The
 // RateLimit header that states what remains is left out (the service was
 // not asked, so this proxy does not know); RateLimit-Policy is sent.
-func (s *Stream) sendCostExceedsBurst(pc *pendingCall, r *Rule) {
+func (s *Stream) sendCostExceedsBurst(pc *pendingCall, r *rule) {
 	p := s.p
 	r.metrics.rejected.inc(p.host, 1)
 	rep := localReply{reason: ReasonCostExceedsBurst, details: "tokengate_rate_limited", rule: r}
 	if p.cfg.Settings.RateLimitHeaders {
-		rep.rateLimit = append(p.buf.rlHdrs[:0], [2]string{"ratelimit-policy", r.planOf().policy})
+		rep.rateLimit = append(p.buf.rlHdrs[:0], [2]string{"ratelimit-policy", r.plan.Policy})
 		p.buf.rlHdrs = rep.rateLimit
 	}
 	s.send(pc.grpc, &rep)
 }
 
 // sendUnavailable is the 503 of on_error: deny.
-func (s *Stream) sendUnavailable(pc *pendingCall, r *Rule) {
+func (s *Stream) sendUnavailable(pc *pendingCall, r *rule) {
 	s.send(pc.grpc, &localReply{unavailable: true, reason: "rls_error", details: "tokengate_rls_error", rule: r})
 }
 

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -12,7 +13,7 @@ import (
 
 // group is the set of buckets one request takes from in one mode.
 type group struct {
-	rules []*Rule
+	rules []*rule
 	reqs  []sharedstate.Request
 	res   []bucket.Result
 	// vals locate each bucket's limit-key values in reqState.vals.
@@ -65,22 +66,23 @@ func (g *group) setKeys(keys string) {
 // when none is. It finds the rules first and builds their keys after, so
 // that the slot seed is refreshed once, before any slot is chosen, and only
 // for a request that has a slotted rule.
-func (p *Plugin) collect(cfg *Config, st *reqState) bool {
+func (p *Plugin) collect(st *reqState) bool {
 	req := &st.req
 	slotted := false
-	for _, pol := range cfg.Policies {
-		if !pol.Selector.matches(req) {
+	for i := range p.rules.policies {
+		pol := &p.rules.policies[i]
+		if !selectorMatches(&pol.Selector, req) {
 			continue
 		}
 		applied := false
-		for _, r := range pol.Rules {
+		for _, r := range pol.rules {
 			if r.matches(req) && p.add(st, r) {
 				applied = true
 				slotted = slotted || r.MaxKeys > 0
 			}
 		}
-		if !applied && pol.Fallback != nil && p.add(st, pol.Fallback) {
-			slotted = slotted || pol.Fallback.MaxKeys > 0
+		if !applied && pol.fallback != nil && p.add(st, pol.fallback) {
+			slotted = slotted || pol.fallback.MaxKeys > 0
 		}
 	}
 	if !st.applies() {
@@ -110,7 +112,7 @@ func (p *Plugin) collect(cfg *Config, st *reqState) bool {
 	return true
 }
 
-func (r *Rule) matches(req *request) bool {
+func (r *rule) matches(req *request) bool {
 	for _, m := range r.Match {
 		if v, ok := req.value(m.Descriptor); !ok || v != m.Value {
 			return false
@@ -122,7 +124,7 @@ func (r *Rule) matches(req *request) bool {
 // add appends r's bucket for this request to its group, with its limit-key
 // values, and reports whether it did; a rule with an absent limit key is
 // skipped and counted. buildKeys makes the keys later.
-func (p *Plugin) add(st *reqState, r *Rule) bool {
+func (p *Plugin) add(st *reqState, r *rule) bool {
 	req := &st.req
 	start := len(st.vals)
 	for _, d := range r.Keys {
@@ -142,12 +144,12 @@ func (p *Plugin) add(st *reqState, r *Rule) bool {
 		g = &st.inflight
 	case r.Cluster:
 		g = &st.cluster
-	case r.shadow:
+	case r.Shadow:
 		g = &st.shadow
 	}
 	g.rules = append(g.rules, r)
-	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.shift(r.Limit), Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
-	if r.windowStart != WindowAligned {
+	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.shift(r.Limit), Cost: costOf(&r.Cost, req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
+	if r.WindowStart != config.WindowAligned {
 		g.reqs[len(g.reqs)-1].Limit.Offset = r.windowOffset(st.vals[start:])
 	}
 	g.vals = append(g.vals, [2]int{start, len(st.vals)})
@@ -178,21 +180,21 @@ func (p *Plugin) buildKeys(st *reqState, g *group) {
 			sp.owner[1] = len(st.keyBuf)
 			a, b := sharedstate.SlotPairBytes(p.seed, st.keyBuf[sp.owner[0]:], uint32(r.MaxKeys))
 			sp.key[0] = len(st.keyBuf)
-			st.keyBuf = sharedstate.AppendSlotKey(st.keyBuf, r.shadow, r.Name, a)
+			st.keyBuf = sharedstate.AppendSlotKey(st.keyBuf, r.Shadow, r.Name, a)
 			sp.key[1] = len(st.keyBuf)
 			if r.MaxKeys > 1 {
 				sp.alt[0] = len(st.keyBuf)
-				st.keyBuf = sharedstate.AppendSlotKey(st.keyBuf, r.shadow, r.Name, b)
+				st.keyBuf = sharedstate.AppendSlotKey(st.keyBuf, r.Shadow, r.Name, b)
 				sp.alt[1] = len(st.keyBuf)
 			}
 		} else {
 			sp.key[0] = len(st.keyBuf)
-			st.keyBuf = sharedstate.AppendKey(st.keyBuf, r.shadow, r.Name, vals)
+			st.keyBuf = sharedstate.AppendKey(st.keyBuf, r.Shadow, r.Name, vals)
 			sp.key[1] = len(st.keyBuf)
 		}
 		if r.InFlight != nil {
-			markInFlight(st.keyBuf[sp.key[0]:sp.key[1]], r.shadow)
-			markInFlight(st.keyBuf[sp.alt[0]:sp.alt[1]], r.shadow)
+			markInFlight(st.keyBuf[sp.key[0]:sp.key[1]], r.Shadow)
+			markInFlight(st.keyBuf[sp.alt[0]:sp.alt[1]], r.Shadow)
 		}
 		g.spans = append(g.spans, sp)
 	}
@@ -203,9 +205,9 @@ func (p *Plugin) buildKeys(st *reqState, g *group) {
 // by the key's hash (the same on every worker and after a restart), or at
 // random (used only when the key's state is created; the stored window
 // start keeps it from then on, for every worker).
-func (r *Rule) windowOffset(vals []string) float64 {
+func (r *rule) windowOffset(vals []string) float64 {
 	w := r.Limit.Window
-	if r.windowStart == WindowRandom {
+	if r.WindowStart == config.WindowRandom {
 		return rand.Float64() * w
 	}
 	h := fnv64(r.Name)

@@ -218,7 +218,7 @@ func appendReqHash(dst []byte, r *sharedstate.Request) []byte {
 	return strconv.AppendUint(dst, fnv64(k)>>32, 16)
 }
 
-func ruleNames(rules []*Rule) string {
+func ruleNames(rules []*rule) string {
 	names := make([]string, len(rules))
 	for i, r := range rules {
 		names[i] = r.Name

@@ -124,7 +124,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	st := &p.st
 	st.begin(request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata})
-	if !p.collect(cfg, st) {
+	if !p.collect(st) {
 		return Continue
 	}
 	st.now = p.time()

@@ -3,6 +3,8 @@ package filter
 import (
 	"slices"
 	"testing"
+
+	"github.com/tokengate/tokengate/config"
 )
 
 // TestStageOrder pins the order of the request path's stages, which is
@@ -22,7 +24,7 @@ func TestStageOrder(t *testing.T) {
 // TestLocalReplyJSON: the one JSON body every local reply without a
 // configured body gets, field by field.
 func TestLocalReplyJSON(t *testing.T) {
-	r := &Rule{Name: "per-ip"}
+	r := &rule{Rule: &config.Rule{Name: "per-ip"}}
 	tests := []struct {
 		name        string
 		rep         localReply

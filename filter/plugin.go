@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -19,7 +21,9 @@ type Plugin struct {
 	// defaults to the wall clock (WASI clock_time_get inside the guest).
 	Clock func() float64
 
-	cfg     *Config
+	cfg *config.Config
+	// rules is the runtime state of cfg's rules (rules.go).
+	rules   ruleSet
 	metrics pluginMetrics
 	upd     sharedstate.Updater
 	seed    uint64 // slot seed shared by every worker; see sharedstate.SlotPair
@@ -83,7 +87,7 @@ type scratch struct {
 	// rejection's scratch for the RateLimit list.
 	retryBuf, rlBuf, bodyBuf []byte
 	rlHdrs, replyHdrs        [][2]string
-	quotas                   []quota
+	quotas                   []ratelimitheader.Quota
 	// logBuf holds a debug line (logDescribe).
 	logBuf []byte
 }
@@ -116,7 +120,7 @@ func NewPlugin(h Host) *Plugin {
 
 // Config returns the configuration in force, or nil before the first
 // successful OnConfigure.
-func (p *Plugin) Config() *Config { return p.cfg }
+func (p *Plugin) Config() *config.Config { return p.cfg }
 
 // OnVMStart is proxy_on_vm_start. The VM configuration is not used.
 func (p *Plugin) OnVMStart(vmConfig []byte) bool { return true }
@@ -127,21 +131,19 @@ func (p *Plugin) OnVMStart(vmConfig []byte) bool { return true }
 // configuration, if any, stays in force.
 func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 	defer p.recoverTo("proxy_on_configure", func() { ok = false })
-	cfg, err := ParseConfig(data)
+	cfg, err := config.Parse(data)
 	if err != nil {
 		p.metrics.configRejected.inc(p.host, 1)
 		p.host.Log(LogError, "tokengate: invalid configuration: "+err.Error())
 		return false
 	}
-	for _, r := range cfg.rules {
-		r.defineMetrics(p.host)
-	}
+	rules := newRules(cfg, p.host)
 	p.buf.nowSet = false
 	p.refreshSeed()
-	p.cfg = cfg
+	p.cfg, p.rules = cfg, rules
 	p.upd.MaxAttempts = cfg.Settings.MaxAttempts
 	p.leaseConfigure(cfg)
-	p.host.Log(LogInfo, "tokengate: configured "+strconv.Itoa(len(cfg.rules))+" rules in "+
+	p.host.Log(LogInfo, "tokengate: configured "+strconv.Itoa(len(rules.rules))+" rules in "+
 		strconv.Itoa(len(cfg.Policies))+" policies")
 	return true
 }
@@ -203,43 +205,21 @@ type Stream struct {
 	// quotas describe, for the response headers, the bucket of every
 	// enforced rule that admitted the request; best indexes the one with
 	// the fewest tokens left, which the legacy headers describe.
-	quotas []quota
+	quotas []ratelimitheader.Quota
 	best   int
 	// settle is what the stream settles and releases when it ends
 	// (settle.go); nil for a request that needs nothing of the kind.
 	settle *settleState
 }
 
-// quota is what the RateLimit headers say about one bucket that varies per
-// request; the rest is in the rule's plan.
-type quota struct {
-	r         *Rule
-	remaining int64 // whole tokens left
-	reset     int64 // seconds until full
-}
-
-func quotaOf(r *Rule, res bucket.Result) quota {
-	return quota{
-		r:         r,
-		remaining: max(0, int64(math.Floor(res.Tokens))), // 0 while in debt
-		reset:     seconds(res.FullIn),
+// quotaOf is what the RateLimit headers say about r's bucket after a
+// decision res; the rest is in the rule's plan.
+func quotaOf(r *rule, res bucket.Result) ratelimitheader.Quota {
+	return ratelimitheader.Quota{
+		Plan:      &r.plan,
+		Remaining: max(0, int64(math.Floor(res.Tokens))), // 0 while in debt
+		Reset:     ratelimitheader.Seconds(res.FullIn),
 	}
-}
-
-// maxHeaderSeconds caps the seconds a header states: a rate of 1e-9 tokens
-// a second would otherwise overflow int64 (about 31 years).
-const maxHeaderSeconds = 1 << 30
-
-// seconds rounds a duration up to whole seconds, within [0,
-// maxHeaderSeconds].
-func seconds(d float64) int64 {
-	if !(d > 0) {
-		return 0
-	}
-	if d >= maxHeaderSeconds {
-		return maxHeaderSeconds
-	}
-	return int64(math.Ceil(d))
 }
 
 // time returns the current callback's time, reading the clock once.

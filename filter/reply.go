@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -47,10 +49,11 @@ func reasonOf(res bucket.Result) string {
 // wait seconds more: ceil(wait), at least 1, plus a jitter of 0 to 50% of
 // that chosen by h, the hash of the client's identity, so that one client
 // always gets the same offset and different clients spread out. The sum
-// never exceeds maxHeaderSeconds, like every seconds value a header states.
+// never exceeds ratelimitheader.MaxSeconds, like every seconds value a
+// header states.
 func retryAfterHash(wait float64, h uint64) int64 {
-	base := max(seconds(wait), 1)
-	return min(base+int64(h%uint64(base/2+1)), maxHeaderSeconds)
+	base := max(ratelimitheader.Seconds(wait), 1)
+	return min(base+int64(h%uint64(base/2+1)), ratelimitheader.MaxSeconds)
 }
 
 // localReply describes one local reply: a rate-limited request (429, or
@@ -69,7 +72,7 @@ type localReply struct {
 	details string
 	// rule is the rule named in X-Tokengate-Rule and the body when
 	// settings.rule_headers is on.
-	rule *Rule
+	rule *rule
 	// retry is the Retry-After seconds; 0 sends none.
 	retry int64
 	// rateLimit are the RateLimit headers, sent after Retry-After when
@@ -79,7 +82,7 @@ type localReply struct {
 }
 
 // status returns the HTTP status and the gRPC status of rep.
-func (rep *localReply) status(set *Settings) (uint32, int32) {
+func (rep *localReply) status(set *config.Settings) (uint32, int32) {
 	switch {
 	case rep.unavailable:
 		return 503, grpcUnavailable
@@ -179,22 +182,22 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 		for i, rr := range g.rules {
 			q := quotaOf(rr, g.res[i])
 			if !g.res[i].Allowed && !math.IsInf(g.res[i].RetryAfter, 1) {
-				q.reset = seconds(g.res[i].RetryAfter)
+				q.Reset = ratelimitheader.Seconds(g.res[i].RetryAfter)
 			}
 			quotas = append(quotas, q)
 		}
 		p.buf.quotas = quotas
 		// The values that vary go into one buffer, viewed as one string;
 		// the others were built at configuration time.
-		b, f := appendRateLimitFields(p.buf.rlBuf[:0], quotas, w)
+		b, f := ratelimitheader.AppendFields(p.buf.rlBuf[:0], quotas, w)
 		p.buf.rlBuf = b
 		vals := p.view(b)
 		rep.rateLimit = append(p.buf.rlHdrs[:0],
-			[2]string{"ratelimit-limit", rep.rule.planOf().limit},
-			[2]string{"ratelimit-remaining", vals[f.best.remaining:f.best.remainingEnd]},
-			[2]string{"ratelimit-reset", vals[f.best.reset:f.best.resetEnd]},
-			[2]string{"ratelimit", vals[f.list[0]:f.list[1]]},
-			[2]string{"ratelimit-policy", vals[f.policy[0]:f.policy[1]]},
+			[2]string{"ratelimit-limit", rep.rule.plan.Limit},
+			[2]string{"ratelimit-remaining", vals[f.Remaining[0]:f.Remaining[1]]},
+			[2]string{"ratelimit-reset", vals[f.Reset[0]:f.Reset[1]]},
+			[2]string{"ratelimit", vals[f.List[0]:f.List[1]]},
+			[2]string{"ratelimit-policy", vals[f.Policy[0]:f.Policy[1]]},
 		)
 		p.buf.rlHdrs = rep.rateLimit
 	}
@@ -203,7 +206,7 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 
 // sendStoreDenied sends the 503 reply of rule r, which fails closed when
 // its bucket could not be updated: err says why (storeReason).
-func (s *Stream) sendStoreDenied(isGRPC bool, r *Rule, err error) {
+func (s *Stream) sendStoreDenied(isGRPC bool, r *rule, err error) {
 	reason := storeReason(err)
 	s.send(isGRPC, &localReply{unavailable: true, reason: reason, details: "tokengate_" + reason, rule: r})
 }
