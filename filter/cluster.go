@@ -7,6 +7,7 @@ import (
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -63,21 +64,19 @@ type pendingCall struct {
 	lease []leaseDebit
 }
 
-// askCluster sends the request's cluster rules to the rate-limit service and
-// pauses the request; the local buckets in local already admitted it.
-func (s *Stream) askCluster(req *request, now float64) Action {
+// askCluster sends the request's cluster rules, st.cluster, to the
+// rate-limit service and pauses the request; the local buckets
+// (st.enforce) and the lease allowances (st.debits) already admitted it.
+func (s *Stream) askCluster(st *reqState) Action {
 	p := s.p
-	g := &p.rc.cluster
-	if s.costOverBurst(req, now, g) {
+	g, req, now := &st.cluster, &st.req, st.now
+	if s.costOverBurst(st, g) {
 		return Pause
 	}
-	pc := &pendingCall{s: s, now: now, idHash: req.identityHash()}
-	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
-		pc.grpc = true
-	}
-	pc.local = cloneReqs(p.rc.enforce.reqs)
-	if len(p.rc.lease.reqs) > 0 {
-		pc.lease = cloneDebits(p.lease.debits)
+	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), grpc: isGRPCRequest(req)}
+	pc.local = cloneReqs(st.enforce.reqs)
+	if st.debits != nil {
+		pc.lease = cloneDebits(st.debits)
 	}
 	pc.rules = append(pc.rules, g.rules...)
 	pc.buckets = cloneReqs(g.reqs)
@@ -89,7 +88,7 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 	}
 	ds := make([]rlscontract.Descriptor, len(g.rules))
 	for i, r := range g.rules {
-		vals := p.rc.vals[g.vals[i][0]:g.vals[i][1]]
+		vals := st.vals[g.vals[i][0]:g.vals[i][1]]
 		comp, hits := string(sharedstate.AppendComposite(nil, vals)), uint64(math.Ceil(g.reqs[i].Cost))
 		if r.Lease == nil {
 			ds[i] = rlscontract.ClusterDescriptor(r.Name, comp, hits)
@@ -371,6 +370,17 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 	out := p.upd.TakeAll(enforce, pc.now, res[:len(enforce)])
 	switch {
 	case out.Err != nil:
+		// The rules are local now: their on_store_error decides, as in
+		// undecided.
+		for _, r := range rules {
+			if r.DenyOnStoreError {
+				s.refundLocal(pc)
+				r.metrics.storeDenied.inc(p.host, 1)
+				p.warnf(pc.now, "event=store_denied rule="+r.Name+" reason="+quote(out.Err))
+				s.sendStoreDenied(pc.grpc, r, out.Err)
+				return Pause
+			}
+		}
 		for _, r := range rules {
 			r.metrics.failOpen.inc(p.host, 1)
 		}
@@ -389,7 +399,8 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 		}
 	}
 	s.refundLocal(pc)
-	st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: out.Results[w].RetryAfter}
+	st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: out.Results[w].RetryAfter,
+		LimitRemaining: uint32(min(quotaOf(rules[w], out.Results[w]).Remaining, math.MaxUint32))}
 	s.sendClusterRejection(pc, rules[w], st, retryAfterHash(st.UntilReset, pc.idHash), nil)
 	return Pause
 }
@@ -418,38 +429,31 @@ func (s *Stream) resume() {
 
 // sendClusterRejection answers a request a cluster rule rejected: the
 // rule's status, the service's response headers (its RateLimit headers)
-// or, without them, RateLimit headers built from the status.
+// or, without them, RateLimit headers built from the status: r its
+// remaining tokens, t its duration until reset, without the jitter of
+// Retry-After (retry), as for a local rejection.
 func (s *Stream) sendClusterRejection(pc *pendingCall, r *rule, st rlscontract.Status, retry int64, rlsHeaders [][2]string) {
 	p := s.p
-	set := &p.cfg.Settings
-	headers := [][2]string{{"retry-after", strconv.FormatInt(retry, 10)}}
-	if set.RateLimitHeaders {
+	rep := localReply{reason: ReasonExceeded, details: "tokengate_rate_limited", rule: r, retry: retry}
+	if p.cfg.Settings.RateLimitHeaders {
+		hs := p.buf.rlHdrs[:0]
 		if len(rlsHeaders) > 0 {
 			for _, h := range rlsHeaders {
 				// Our Retry-After (jittered per identity) stands; a
 				// service's own (tokengate-rls sends one for Envoy's
 				// ratelimit filter) would be a second value.
 				if !strings.EqualFold(h[0], "retry-after") {
-					headers = append(headers, h)
+					hs = append(hs, h)
 				}
 			}
 		} else {
-			headers = append(headers,
-				[2]string{"ratelimit", r.plan.Quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(retry, 10)},
+			hs = append(hs,
+				[2]string{"ratelimit", r.plan.Quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(ratelimitheader.Seconds(st.UntilReset), 10)},
 				[2]string{"ratelimit-policy", r.plan.Policy})
 		}
+		p.buf.rlHdrs, rep.rateLimit = hs, hs
 	}
-	if set.RuleHeaders {
-		headers = append(headers, [2]string{"x-tokengate-reason", ReasonExceeded}, [2]string{"x-tokengate-rule", r.Name})
-	}
-	body := []byte(`{"error":"rate_limited","reason":"` + ReasonExceeded + `","retry_after":` + strconv.FormatInt(retry, 10) + "}\n")
-	if set.RuleHeaders {
-		body = []byte(`{"error":"rate_limited","reason":"` + ReasonExceeded + `","rule":"` + r.Name + `","retry_after":` + strconv.FormatInt(retry, 10) + "}\n")
-	}
-	if set.RejectionBody != nil {
-		body = set.RejectionBody
-	}
-	s.replyAs(pc.grpc, set.RejectionStatus, grpcResourceExhausted, "tokengate_rate_limited", body, headers)
+	s.send(pc.grpc, &rep)
 }
 
 // costOverBurst answers a request that costs more than the burst of an
@@ -458,13 +462,10 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *rule, st rlscontract.S
 // a local rule answers it (413), without asking the service, and the local
 // buckets that admitted the request are refunded. Shadow rules are left to
 // the service, which counts them as would-be rejections.
-func (s *Stream) costOverBurst(req *request, now float64, g *group) bool {
+func (s *Stream) costOverBurst(st *reqState, g *group) bool {
 	for i, r := range g.rules {
 		if !r.Shadow && g.reqs[i].Cost > r.Limit.Burst {
-			pc := &pendingCall{s: s, now: now, local: s.p.rc.enforce.reqs}
-			if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
-				pc.grpc = true
-			}
+			pc := &pendingCall{s: s, now: st.now, local: st.enforce.reqs, grpc: isGRPCRequest(&st.req)}
 			s.refundLocal(pc)
 			s.sendCostExceedsBurst(pc, r)
 			return true
@@ -480,33 +481,18 @@ func (s *Stream) costOverBurst(req *request, now float64, g *group) bool {
 // not asked, so this proxy does not know); RateLimit-Policy is sent.
 func (s *Stream) sendCostExceedsBurst(pc *pendingCall, r *rule) {
 	p := s.p
-	set := &p.cfg.Settings
 	r.metrics.rejected.inc(p.host, 1)
-	var headers [][2]string
-	if set.RateLimitHeaders {
-		headers = append(headers, [2]string{"ratelimit-policy", r.plan.Policy})
+	rep := localReply{reason: ReasonCostExceedsBurst, details: "tokengate_rate_limited", rule: r}
+	if p.cfg.Settings.RateLimitHeaders {
+		rep.rateLimit = append(p.buf.rlHdrs[:0], [2]string{"ratelimit-policy", r.plan.Policy})
+		p.buf.rlHdrs = rep.rateLimit
 	}
-	body := `{"error":"rate_limited","reason":"` + ReasonCostExceedsBurst + `"}` + "\n"
-	if set.RuleHeaders {
-		headers = append(headers, [2]string{"x-tokengate-reason", ReasonCostExceedsBurst}, [2]string{"x-tokengate-rule", r.Name})
-		body = `{"error":"rate_limited","reason":"` + ReasonCostExceedsBurst + `","rule":"` + r.Name + `"}` + "\n"
-	}
-	b := []byte(body)
-	if set.RejectionBody != nil {
-		b = set.RejectionBody
-	}
-	s.replyAs(pc.grpc, statusCostExceedsBurst, grpcOutOfRange, "tokengate_rate_limited", b, headers)
+	s.send(pc.grpc, &rep)
 }
 
 // sendUnavailable is the 503 of on_error: deny.
 func (s *Stream) sendUnavailable(pc *pendingCall, r *rule) {
-	var headers [][2]string
-	body := `{"error":"rate_limiter_unavailable","reason":"rls_error"}` + "\n"
-	if s.p.cfg.Settings.RuleHeaders {
-		headers = [][2]string{{"x-tokengate-reason", "rls_error"}, {"x-tokengate-rule", r.Name}}
-		body = `{"error":"rate_limiter_unavailable","reason":"rls_error","rule":"` + r.Name + `"}` + "\n"
-	}
-	s.replyAs(pc.grpc, 503, grpcUnavailable, "tokengate_rls_error", []byte(body), headers)
+	s.send(pc.grpc, &localReply{unavailable: true, reason: "rls_error", details: "tokengate_rls_error", rule: r})
 }
 
 // takeCall removes and returns the pending call with this token, or nil.

@@ -669,3 +669,92 @@ func TestClusterJSON(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterLocalOnStoreError is issue 21's "a cluster rule's
+// on_store_error ignored": with on_error: local the service's failure sends
+// a cluster rule to shared data, and when the shared data fails too the
+// rule's on_store_error decides, as for a local rule
+// (docs/configuration.md): deny answers 503 store_error naming the rule and
+// counts store_denied; allow (the default) fails open.
+func TestClusterLocalOnStoreError(t *testing.T) {
+	for _, tc := range []struct {
+		onStoreError string
+		wantStatus   uint32
+	}{{"deny", 503}, {"allow", 200}} {
+		t.Run(tc.onStoreError, func(t *testing.T) {
+			f := newFixture(t, `{"rules":[
+				{"name":"login","scope":"cluster","limit_keys":["ip:address"],"on_store_error":"`+tc.onStoreError+`",
+				 "algorithm_config":{"rps":5,"burst":10}}],
+				"settings":{"rls":{"cluster":"rls","on_error":"local"}}}`)
+			f.h.CallError = errors.New("no such cluster")
+			f.h.Store = &sharedstatetest.FaultStore{Store: f.mem(), GetErr: func(string) error { return errors.New("injected") }}
+			_, res := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:1"))
+			if res.Status() != tc.wantStatus {
+				t.Fatalf("status %d, want %d", res.Status(), tc.wantStatus)
+			}
+			if tc.wantStatus != 503 {
+				if got := f.counter("login", filter.CounterFailOpen); got != 1 {
+					t.Errorf("fail_open = %d, want 1", got)
+				}
+				return
+			}
+			checkHeaders(t, "503", res, headerCase{
+				"x-tokengate-reason": filter.ReasonStoreError,
+				"x-tokengate-rule":   "login",
+			})
+			if want := `{"error":"rate_limiter_unavailable","reason":"store_error","rule":"login"}` + "\n"; res.Local.Body != want {
+				t.Errorf("body %q, want %q", res.Local.Body, want)
+			}
+			if got := f.counter("login", filter.CounterStoreDenied); got != 1 {
+				t.Errorf("store_denied = %d, want 1", got)
+			}
+		})
+	}
+}
+
+// TestClusterRejectionHeadersFromStatus is issue 21's "fixed-window
+// headers": a service that sends no RateLimit headers of its own
+// (envoyproxy/ratelimit, whose buckets are fixed windows, answers only
+// with duration_until_reset) gets them built from its status, and they
+// must say what docs/headers.md says of every rejection: t is when the
+// request could pass, the status's duration until reset, without the
+// per-client jitter of Retry-After; r is the whole tokens the bucket holds,
+// also when the rule was decided in shared data (on_error: local).
+func TestClusterRejectionHeadersFromStatus(t *testing.T) {
+	t.Run("service status", func(t *testing.T) {
+		jittered := 0
+		for ip := 1; ip <= 8; ip++ {
+			f := clusterFixture(t, "allow")
+			f.h.Start(f.p, filtertest.Get("/", "192.0.2."+strconv.Itoa(ip)+":1"))
+			resp := f.h.Deliver(f.p, f.h.Calls[0].Token, grpcOK(rlsResponse(2, []rlsStatus{{2, 0, 4}})))
+			if resp.Local == nil || resp.Local.Status != 429 {
+				t.Fatalf("ip %d: reply %+v; want a 429", ip, resp.Local)
+			}
+			retry, _ := findHeader(resp.Local.Headers, "retry-after")
+			if retry != "4" {
+				jittered++
+			}
+			if v, _ := findHeader(resp.Local.Headers, "ratelimit"); v != `"global-ip";r=0;t=4` {
+				t.Errorf("ip %d: ratelimit %q (retry-after %s), want t=4, the window's reset without the jitter", ip, v, retry)
+			}
+		}
+		if jittered == 0 {
+			t.Fatal("no client got a jittered Retry-After: the test proves nothing")
+		}
+	})
+	t.Run("on_error local", func(t *testing.T) {
+		f := clusterFixture(t, "local")
+		f.h.CallError = errors.New("no such cluster")
+		r := filtertest.Get("/", "192.0.2.1:1", "x-cost", "4")
+		f.h.Start(f.p, r)
+		f.h.Start(f.p, r)
+		// 2 tokens left, the request costs 4: 2 more at 5/s, 0.4 s.
+		_, res := f.h.Start(f.p, r)
+		if res.Status() != 429 {
+			t.Fatalf("status %d, want 429", res.Status())
+		}
+		if v, _ := findHeader(res.Local.Headers, "ratelimit"); v != `"global-ip";r=2;t=1` {
+			t.Errorf("ratelimit %q, want r=2 (the tokens the bucket holds), t=1", v)
+		}
+	})
+}

@@ -1,7 +1,6 @@
 package filter
 
 import (
-	"errors"
 	"strconv"
 	"strings"
 
@@ -42,11 +41,10 @@ func markInFlight(key []byte, shadow bool) {
 }
 
 // admitInFlight counts the request in flight under every concurrency rule
-// that applies: shadow rules observe (and are released like the others);
-// enforced ones admit it all or nothing, or answer 429.
-func (s *Stream) admitInFlight(req *request, now float64) Action {
+// of g: shadow rules observe (and are released like the others); enforced
+// ones admit it all or nothing, or answer 429.
+func (s *Stream) admitInFlight(req *request, g *group, now float64) Action {
 	p := s.p
-	g := &p.rc.inflight
 	var enforce []sharedstate.InFlight
 	var rules []*rule
 	for i, r := range g.rules {
@@ -83,11 +81,7 @@ func (s *Stream) admitInFlight(req *request, now float64) Action {
 			if r.DenyOnStoreError {
 				r.metrics.storeDenied.inc(p.host, 1)
 				p.warnf(now, "event=store_denied rule="+r.Name+" reason="+quote(err))
-				reason := ReasonStoreError
-				if errors.Is(err, sharedstate.ErrContention) {
-					reason = ReasonContention
-				}
-				s.sendStoreDenied(req, rules[i], reason)
+				s.sendStoreDenied(isGRPCRequest(req), rules[i], err)
 				return Pause
 			}
 		}
@@ -156,21 +150,13 @@ func (s *Stream) logInFlight(prefix string, r *rule, f *sharedstate.InFlight) {
 // requests in flight: 429 (settings.rejection_status) with Retry-After: 1,
 // a hint, since no one knows when a request in flight will end.
 func (s *Stream) sendInFlightRejection(req *request, r *rule) {
-	st := &s.p.cfg.Settings
-	headers := [][2]string{{"retry-after", "1"}}
-	if st.RateLimitHeaders {
-		headers = append(headers,
+	p := s.p
+	rep := localReply{reason: ReasonConcurrency, details: "tokengate_concurrency_limited", rule: r, retry: 1}
+	if p.cfg.Settings.RateLimitHeaders {
+		rep.rateLimit = append(p.buf.rlHdrs[:0],
 			[2]string{"ratelimit", r.plan.Quoted + ";r=0;t=1"},
 			[2]string{"ratelimit-policy", r.plan.Quoted + ";q=" + strconv.FormatInt(r.InFlight.Max, 10)})
+		p.buf.rlHdrs = rep.rateLimit
 	}
-	body := `{"error":"rate_limited","reason":"` + ReasonConcurrency + `","retry_after":1}` + "\n"
-	if st.RuleHeaders {
-		headers = append(headers, [2]string{"x-tokengate-reason", ReasonConcurrency}, [2]string{"x-tokengate-rule", r.Name})
-		body = `{"error":"rate_limited","reason":"` + ReasonConcurrency + `","rule":"` + r.Name + `","retry_after":1}` + "\n"
-	}
-	b := []byte(body)
-	if st.RejectionBody != nil {
-		b = st.RejectionBody
-	}
-	s.reply(req, st.RejectionStatus, grpcResourceExhausted, "tokengate_concurrency_limited", b, headers)
+	s.send(isGRPCRequest(req), &rep)
 }

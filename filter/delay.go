@@ -193,14 +193,14 @@ func (s *Stream) unholdable(g *group, by int) int {
 	return -1
 }
 
-// prepareHold makes the hold of a request its local buckets admitted into
-// their reservation, due at now+wait (by: the index of the rule whose
+// prepareHold returns the hold of a request its local buckets admitted
+// into their reservation, due at now+wait (by: the index of the rule whose
 // reservation makes the wait): its tokens are taken, and it counts against
 // max_pending from now on. The hold starts (startHold) once every other
 // rule (lease, cluster) has admitted the request too: a request is held
 // only when nothing else will turn it away. unholdable must have said it
 // can be held.
-func (s *Stream) prepareHold(g *group, now, wait float64, by int) {
+func (s *Stream) prepareHold(g *group, now, wait float64, by int) *waiter {
 	p := s.p
 	p.delays.rebase(now)
 	w := &waiter{deadline: now + wait, s: s, by: g.rules[by]}
@@ -214,17 +214,15 @@ func (s *Stream) prepareHold(g *group, now, wait float64, by int) {
 			w.refund = append(w.refund, cloneReqs(g.reqs[i:i+1])...)
 		}
 	}
-	s.pending = w
+	return w
 }
 
-// startHold puts the prepared hold in the timer heap: OnTick releases the
-// request at its deadline. It reports false, holding nothing (the hold is
-// dropped), if the host refused the tick the request needs (the plugin then
-// holds nothing more: noTicks).
-func (s *Stream) startHold(now float64) bool {
+// startHold puts the prepared hold w of the stream in the timer heap:
+// OnTick releases the request at its deadline. It reports false, holding
+// nothing (the hold is dropped), if the host refused the tick the request
+// needs (the plugin then holds nothing more: noTicks).
+func (s *Stream) startHold(w *waiter, now float64) bool {
 	p := s.p
-	w := s.pending
-	s.pending = nil
 	p.delays.push(w)
 	p.delays.rebase(now) // a clock stepped back since moves w with the rest
 	if !p.arm(p.host.(Ticker), now, false) {
@@ -269,10 +267,10 @@ func (s *Stream) proceed(pc *pendingCall) {
 		s.resume()
 		return
 	}
+	s.pending = nil
 	p := s.p
 	now := p.Clock()
 	if w.deadline <= now {
-		s.pending = nil
 		p.forget(w)
 		for _, r := range w.rules {
 			r.metrics.delayed.inc(p.host, 1)
@@ -280,7 +278,7 @@ func (s *Stream) proceed(pc *pendingCall) {
 		s.resume()
 		return
 	}
-	if s.startHold(now) {
+	if s.startHold(w, now) {
 		return // OnTick releases it
 	}
 	s.refundLocal(pc)
@@ -290,33 +288,24 @@ func (s *Stream) proceed(pc *pendingCall) {
 	s.sendClusterRejection(pc, w.by, st, retryAfterHash(wait, pc.idHash), nil)
 }
 
-// holdNow starts the prepared hold of a request every rule admitted in
-// proxy_on_request_headers, or, if the host refuses the tick, rejects it as
-// one that cannot be held, giving back the lease tokens it took too.
-func (s *Stream) holdNow(req *request, now float64) Action {
-	p := s.p
-	w := s.pending
-	if s.startHold(now) {
-		return Pause
+// holdNow starts st.hold, the prepared hold of a request every rule
+// admitted in proxy_on_request_headers, or, if the host refuses the tick,
+// rejects it as one that cannot be held, giving back the lease tokens it
+// took too (st.debits).
+func (s *Stream) holdNow(st *reqState) Action {
+	if s.startHold(st.hold, st.now) {
+		return Pause // OnTick releases it
 	}
-	if len(p.rc.lease.reqs) > 0 {
-		p.leaseRefund(p.lease.debits)
-	}
-	g := &p.rc.enforce
-	by := 0
-	for i, r := range g.rules {
-		if r == w.by {
-			by = i
-		}
-	}
-	return s.refuseHold(req, g, now, w.deadline-now, by)
+	s.p.leaseRefund(st.debits)
+	return s.refuseHold(&st.req, &st.enforce, st.now, st.wait, st.waitRule)
 }
 
 // refuseHold rejects a request that fits the reservation but cannot be
 // held: its tokens go back and rule over is named in the 429, with the
-// wait as Retry-After.
+// wait as Retry-After; the admission's headers are forgotten.
 func (s *Stream) refuseHold(req *request, g *group, now, wait float64, over int) Action {
 	p := s.p
+	s.quotas = s.quotas[:0]
 	if _, err := p.upd.Refund(g.reqs, now); err != nil {
 		p.warnf(now, "event=refund_error reason="+strconv.Quote(err.Error()))
 	}

@@ -286,16 +286,17 @@ func (p *Plugin) leaseUncount(key string, cost float64, seq uint32) {
 	})
 }
 
-// leaseAdmit debits the request's lease buckets (p.rc.lease). A bucket
+// leaseAdmit debits the request's lease buckets (st.lease). A bucket
 // known empty rejects the request at once; a bucket the allowance cannot
 // cover makes the request wait for the next lease call (or, when the
 // request makes an exact call anyway, or the host has no ticks, joins that
 // call as an exact take): its grant, or its failure (on_error), decides.
-// Whatever rejects the request gives back what the others took.
-func (s *Stream) leaseAdmit(req *request, now float64) Action {
+// Whatever rejects the request gives back what the others took. The rules
+// for the exact call go to st.exact, for the cluster stage.
+func (s *Stream) leaseAdmit(st *reqState) Action {
 	p := s.p
-	g := &p.rc.lease
-	if s.costOverBurst(req, now, g) {
+	g, req, now := &st.lease, &st.req, st.now
+	if s.costOverBurst(st, g) {
 		return Pause
 	}
 	p.lease.debits = p.lease.debits[:0]
@@ -309,7 +310,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	// The request waits for its process's call unless it makes an exact
 	// call anyway, or the host cannot resume it.
 	_, ticks := p.host.(Ticker)
-	canWait := ticks && p.lease.refill > 0 && len(p.rc.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
+	canWait := ticks && p.lease.refill > 0 && len(st.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
 		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, math.Inf(1), true, canWait && !r.Shadow, false, 0)
@@ -342,7 +343,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	if empty == nil && len(short) == 0 && len(broken) == 0 {
 		return Continue
 	}
-	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), local: p.rc.enforce.reqs, lease: p.lease.debits}
+	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), local: st.enforce.reqs, lease: p.lease.debits}
 	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
 		pc.grpc = true
 	}
@@ -361,11 +362,11 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 		return Pause
 	}
 	if len(broken) == 0 && canWait {
-		return s.leaseWait(pc, short, seqs, now)
+		return s.leaseWait(pc, g, short, seqs, now)
 	}
 	// An exact take for each, in the call the request makes: its cluster
 	// rules' call, or one of its own.
-	c := &p.rc.cluster
+	c := &st.exact
 	for _, i := range append(short, broken...) {
 		lr := &g.reqs[i]
 		c.rules = append(c.rules, g.rules[i])
@@ -386,9 +387,8 @@ func altRequest(lr *sharedstate.Request) sharedstate.Request {
 // leaseWait pauses the request until the allowances of its rules short are
 // refilled (seqs: the Claimer each was counted under): the next tick asks
 // for the refill, and every request waiting for it shares the answer.
-func (s *Stream) leaseWait(pc *pendingCall, short []int, seqs []uint32, now float64) Action {
+func (s *Stream) leaseWait(pc *pendingCall, g *group, short []int, seqs []uint32, now float64) Action {
 	p := s.p
-	g := &p.rc.lease
 	rls := p.cfg.Settings.RLS
 	pc.local = cloneReqs(pc.local)
 	pc.lease = cloneDebits(pc.lease)

@@ -1,12 +1,15 @@
 package filter
 
 import (
+	"errors"
 	"math"
 	"strconv"
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/ratelimitheader"
+	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // Rejection reasons, sent in X-Tokengate-Reason.
@@ -53,6 +56,117 @@ func retryAfterHash(wait float64, h uint64) int64 {
 	return min(base+int64(h%uint64(base/2+1)), ratelimitheader.MaxSeconds)
 }
 
+// localReply describes one local reply: a rate-limited request (429, or
+// 413 for a cost no bucket can ever hold) or one the rate limiter could not
+// decide (503). Stream.send is the one place that turns it into bytes.
+type localReply struct {
+	// unavailable makes it a 503 with gRPC status UNAVAILABLE and the body
+	// error "rate_limiter_unavailable"; settings.rejection_body never
+	// replaces that body.
+	unavailable bool
+	// reason is the X-Tokengate-Reason value and the body's reason;
+	// ReasonCostExceedsBurst makes a 413 (gRPC OUT_OF_RANGE).
+	reason string
+	// details is the response code details; a gRPC reply's message is
+	// "tokengate: " followed by it.
+	details string
+	// rule is the rule named in X-Tokengate-Rule and the body when
+	// settings.rule_headers is on.
+	rule *rule
+	// retry is the Retry-After seconds; 0 sends none.
+	retry int64
+	// rateLimit are the RateLimit headers, sent after Retry-After when
+	// settings.ratelimit_headers is on (the caller leaves them out
+	// otherwise).
+	rateLimit [][2]string
+}
+
+// status returns the HTTP status and the gRPC status of rep.
+func (rep *localReply) status(set *config.Settings) (uint32, int32) {
+	switch {
+	case rep.unavailable:
+		return 503, grpcUnavailable
+	case rep.reason == ReasonCostExceedsBurst:
+		return statusCostExceedsBurst, grpcOutOfRange
+	}
+	return set.RejectionStatus, grpcResourceExhausted
+}
+
+// send sends rep as the stream's local reply. Headers, in order:
+// Retry-After, the RateLimit headers, X-Tokengate-Reason and -Rule
+// (settings.rule_headers), Content-Type (not for gRPC). Body: for gRPC the
+// host's status message ("tokengate: <details>"); else
+// settings.rejection_body for a rate-limited reply that has one, else
+//
+//	{"error":"rate_limited","reason":"<reason>","rule":"<rule>","retry_after":<retry>}
+//
+// ("rate_limiter_unavailable" for a 503; "rule" only with rule headers,
+// "retry_after" only with a Retry-After), and a newline. Values are views
+// of the plugin's reply buffers, untouched until the next reply; the host
+// copies them. The upstream never answers the request, so nothing is left
+// to settle.
+func (s *Stream) send(isGRPC bool, rep *localReply) {
+	p := s.p
+	set := &p.cfg.Settings
+	buf := &p.buf
+	s.dropCharges()
+	hs := buf.replyHdrs[:0]
+	if rep.retry > 0 {
+		buf.retryBuf = strconv.AppendInt(buf.retryBuf[:0], rep.retry, 10)
+		hs = append(hs, [2]string{"retry-after", p.view(buf.retryBuf)})
+	}
+	hs = append(hs, rep.rateLimit...)
+	if set.RuleHeaders {
+		hs = append(hs, [2]string{"x-tokengate-reason", rep.reason}, [2]string{"x-tokengate-rule", rep.rule.Name})
+	}
+	status, grpc := rep.status(set)
+	body := buf.bodyBuf[:0]
+	switch {
+	case isGRPC:
+		body = append(append(body, "tokengate: "...), rep.details...)
+	case !rep.unavailable && set.RejectionBody != nil:
+		body = append(body, set.RejectionBody...)
+	default:
+		body = rep.appendJSON(body, set.RuleHeaders)
+	}
+	if !isGRPC {
+		grpc = NoGRPCStatus
+		hs = append(hs, [2]string{"content-type", set.RejectionContentType})
+	}
+	buf.replyHdrs, buf.bodyBuf = hs, body
+	if err := p.host.SendLocalResponse(status, rep.details, body, hs, grpc); err != nil {
+		p.host.Log(LogError, "tokengate: send local response: "+err.Error())
+	}
+}
+
+// appendJSON appends rep's JSON body to dst.
+func (rep *localReply) appendJSON(dst []byte, ruleHeaders bool) []byte {
+	dst = append(dst, `{"error":"`...)
+	if rep.unavailable {
+		dst = append(dst, "rate_limiter_unavailable"...)
+	} else {
+		dst = append(dst, "rate_limited"...)
+	}
+	dst = append(dst, `","reason":"`...)
+	dst = append(dst, rep.reason...)
+	if ruleHeaders {
+		dst = append(dst, `","rule":"`...)
+		dst = append(dst, rep.rule.Name...)
+	}
+	dst = append(dst, '"')
+	if rep.retry > 0 {
+		dst = append(dst, `,"retry_after":`...)
+		dst = strconv.AppendInt(dst, rep.retry, 10)
+	}
+	return append(dst, "}\n"...)
+}
+
+// isGRPCRequest reports whether req is gRPC (IsGRPC of its content-type).
+func isGRPCRequest(req *request) bool {
+	ct, ok := req.header("content-type")
+	return ok && IsGRPC(ct)
+}
+
 // sendRejection sends the local reply of a request rejected by the buckets
 // of g: 429 (settings.rejection_status) or gRPC RESOURCE_EXHAUSTED when
 // bucket w (the worst) lacks tokens, 413 or gRPC OUT_OF_RANGE when the
@@ -62,22 +176,9 @@ func retryAfterHash(wait float64, h uint64) int64 {
 // could pass it (or, for a bucket that admitted it, until it is full).
 func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 	p := s.p
-	st := &p.cfg.Settings
-	r, res := g.rules[w], g.res[w]
-	reason := reasonOf(res)
-	status, grpc := st.RejectionStatus, grpcResourceExhausted
-	if reason == ReasonCostExceedsBurst {
-		status, grpc = statusCostExceedsBurst, grpcOutOfRange
-	}
-	// The values that vary go into one buffer, viewed as one string
-	// (replyBuf stays untouched until the next rejection; the host copies
-	// the headers); the others were built at configuration time.
-	b := strconv.AppendInt(p.rc.replyBuf[:0], retry, 10)
-	retryEnd := len(b)
-	headers := p.rc.replyHdrs[:0]
-	var f ratelimitheader.Fields
-	if st.RateLimitHeaders {
-		quotas := p.rc.quotas[:0]
+	rep := localReply{reason: reasonOf(g.res[w]), details: "tokengate_rate_limited", rule: g.rules[w], retry: retry}
+	if p.cfg.Settings.RateLimitHeaders {
+		quotas := p.buf.quotas[:0]
 		for i, rr := range g.rules {
 			q := quotaOf(rr, g.res[i])
 			if !g.res[i].Allowed && !math.IsInf(g.res[i].RetryAfter, 1) {
@@ -85,84 +186,38 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 			}
 			quotas = append(quotas, q)
 		}
-		p.rc.quotas = quotas
-		b, f = ratelimitheader.AppendFields(b, quotas, w)
-	}
-	p.rc.replyBuf = b
-	vals := p.view(b)
-	if retry > 0 {
-		headers = append(headers, [2]string{"retry-after", vals[:retryEnd]})
-	}
-	if st.RateLimitHeaders {
-		headers = append(headers,
-			[2]string{"ratelimit-limit", r.plan.Limit},
+		p.buf.quotas = quotas
+		// The values that vary go into one buffer, viewed as one string;
+		// the others were built at configuration time.
+		b, f := ratelimitheader.AppendFields(p.buf.rlBuf[:0], quotas, w)
+		p.buf.rlBuf = b
+		vals := p.view(b)
+		rep.rateLimit = append(p.buf.rlHdrs[:0],
+			[2]string{"ratelimit-limit", rep.rule.plan.Limit},
 			[2]string{"ratelimit-remaining", vals[f.Remaining[0]:f.Remaining[1]]},
 			[2]string{"ratelimit-reset", vals[f.Reset[0]:f.Reset[1]]},
 			[2]string{"ratelimit", vals[f.List[0]:f.List[1]]},
 			[2]string{"ratelimit-policy", vals[f.Policy[0]:f.Policy[1]]},
 		)
+		p.buf.rlHdrs = rep.rateLimit
 	}
-	if st.RuleHeaders {
-		headers = append(headers,
-			[2]string{"x-tokengate-reason", reason},
-			[2]string{"x-tokengate-rule", r.Name},
-		)
-	}
-	body := p.rc.bodyBuf[:0]
-	if st.RejectionBody != nil {
-		body = append(body, st.RejectionBody...)
-	} else {
-		body = append(body, `{"error":"rate_limited","reason":"`...)
-		body = append(body, reason...)
-		if st.RuleHeaders {
-			body = append(body, `","rule":"`...)
-			body = append(body, r.Name...)
-		}
-		body = append(body, '"')
-		if retry > 0 {
-			body = append(body, `,"retry_after":`...)
-			body = strconv.AppendInt(body, retry, 10)
-		}
-		body = append(body, "}\n"...)
-	}
-	p.rc.bodyBuf = body
-	p.rc.replyHdrs = s.reply(req, status, grpc, "tokengate_rate_limited", body, headers)
+	s.send(isGRPCRequest(req), &rep)
 }
 
-// sendStoreDenied sends the 503 reply of a rule that fails closed when its
-// bucket could not be updated; reason says why.
-func (s *Stream) sendStoreDenied(req *request, r *rule, reason string) {
-	var headers [][2]string
-	body := `{"error":"rate_limiter_unavailable","reason":"` + reason + `"}` + "\n"
-	if s.p.cfg.Settings.RuleHeaders {
-		headers = [][2]string{{"x-tokengate-reason", reason}, {"x-tokengate-rule", r.Name}}
-		body = `{"error":"rate_limiter_unavailable","reason":"` + reason + `","rule":"` + r.Name + `"}` + "\n"
-	}
-	s.reply(req, 503, grpcUnavailable, "tokengate_"+reason, []byte(body), headers)
+// sendStoreDenied sends the 503 reply of rule r, which fails closed when
+// its bucket could not be updated: err says why (storeReason).
+func (s *Stream) sendStoreDenied(isGRPC bool, r *rule, err error) {
+	reason := storeReason(err)
+	s.send(isGRPC, &localReply{unavailable: true, reason: reason, details: "tokengate_" + reason, rule: r})
 }
 
-// reply sends a local reply; a gRPC request gets grpcCode, with the details
-// as grpc-message, instead of a JSON body. It returns headers, as extended,
-// for reuse.
-func (s *Stream) reply(req *request, status uint32, grpcCode int32, details string, body []byte, headers [][2]string) [][2]string {
-	ct, ok := req.header("content-type")
-	return s.replyAs(ok && IsGRPC(ct), status, grpcCode, details, body, headers)
-}
-
-// replyAs is reply for a request already known to be gRPC or not.
-func (s *Stream) replyAs(isGRPC bool, status uint32, grpcCode int32, details string, body []byte, headers [][2]string) [][2]string {
-	s.dropCharges() // the upstream never answers this request: nothing to settle
-	grpc := NoGRPCStatus
-	if isGRPC {
-		grpc = grpcCode
-		body = []byte("tokengate: " + details)
-	} else {
-		headers = append(headers, [2]string{"content-type", s.p.cfg.Settings.RejectionContentType})
+// storeReason is the reason of a 503 for a store failure err: contention
+// when every compare-and-swap attempt lost its race.
+func storeReason(err error) string {
+	if errors.Is(err, sharedstate.ErrContention) {
+		return ReasonContention
 	}
-	if err := s.p.host.SendLocalResponse(status, details, body, headers, grpc); err != nil {
-		s.p.host.Log(LogError, "tokengate: send local response: "+err.Error())
-	}
-	return headers
+	return ReasonStoreError
 }
 
 // IsGRPC reports whether a request with this content-type is gRPC, by

@@ -124,8 +124,7 @@ func (s *Stream) track(g *group) {
 // it would do, and a count_statuses rule that never refunded successes
 // would predict 429s for every key past burst requests, successful or
 // not. Shadow settlements are counted like enforced ones (settle_*).
-func (s *Stream) trackShadow() {
-	g := &s.p.rc.shadow
+func (s *Stream) trackShadow(g *group) {
 	for _, r := range g.rules {
 		if r.Settle != nil {
 			s.track(g)

@@ -1,0 +1,223 @@
+package filter
+
+import (
+	"math/rand/v2"
+
+	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+// This file finds the buckets a request takes from and builds their keys:
+// collect fills the groups of the request's reqState.
+
+// group is the set of buckets one request takes from in one mode.
+type group struct {
+	rules []*rule
+	reqs  []sharedstate.Request
+	res   []bucket.Result
+	// vals locate each bucket's limit-key values in reqState.vals.
+	vals [][2]int
+	// spans locate each request's Key, Alt and Owner in reqState.keyBuf
+	// until collect turns the buffer into one string.
+	spans []keySpans
+}
+
+// keySpans are [start, end) offsets in reqState.keyBuf.
+type keySpans struct {
+	key, alt, owner [2]int
+}
+
+func (g *group) reset() {
+	g.rules, g.reqs, g.spans, g.vals = g.rules[:0], g.reqs[:0], g.spans[:0], g.vals[:0]
+}
+
+// extend appends o's buckets, whose keys are set, to g.
+func (g *group) extend(o *group) {
+	g.rules = append(g.rules, o.rules...)
+	g.reqs = append(g.reqs, o.reqs...)
+	g.vals = append(g.vals, o.vals...)
+}
+
+// view returns b as a string: a view of b's bytes where the host offers one
+// (b must then stay untouched while the string is in use), otherwise a copy.
+func (p *Plugin) view(b []byte) string {
+	if p.bv != nil {
+		return p.bv.ViewString(b)
+	}
+	return string(b)
+}
+
+// setKeys points every request's Key, Alt and Owner into keys, the string
+// of reqState.keyBuf.
+func (g *group) setKeys(keys string) {
+	for i := range g.reqs {
+		sp, r := &g.spans[i], &g.reqs[i]
+		r.Key = keys[sp.key[0]:sp.key[1]]
+		r.Alt = keys[sp.alt[0]:sp.alt[1]]
+		r.Owner = keys[sp.owner[0]:sp.owner[1]]
+	}
+}
+
+// collect fills the groups of st with the buckets the request takes from,
+// and reports whether there are any: in every policy whose selector
+// matches, every rule whose match holds and whose limit keys are all
+// present; the policy's fallback limit
+// when none is. It finds the rules first and builds their keys after, so
+// that the slot seed is refreshed once, before any slot is chosen, and only
+// for a request that has a slotted rule.
+func (p *Plugin) collect(st *reqState) bool {
+	req := &st.req
+	slotted := false
+	for i := range p.rules.policies {
+		pol := &p.rules.policies[i]
+		if !selectorMatches(&pol.Selector, req) {
+			continue
+		}
+		applied := false
+		for _, r := range pol.rules {
+			if r.matches(req) && p.add(st, r) {
+				applied = true
+				slotted = slotted || r.MaxKeys > 0
+			}
+		}
+		if !applied && pol.fallback != nil && p.add(st, pol.fallback) {
+			slotted = slotted || pol.fallback.MaxKeys > 0
+		}
+	}
+	if !st.applies() {
+		return false
+	}
+	if slotted {
+		if seed, ok := p.seeds.Current(p.time()); ok {
+			p.seed = seed // refreshSeed's common case, without its calls
+		} else {
+			p.refreshSeed()
+		}
+	}
+	// Most groups are empty, and a call costs the wasm guest.
+	for _, g := range [...]*group{&st.enforce, &st.shadow, &st.cluster, &st.lease, &st.inflight} {
+		if len(g.rules) > 0 {
+			p.buildKeys(st, g)
+		}
+	}
+	// One string holds every key of the request: keyBuf stays untouched
+	// until the next request.
+	keys := p.view(st.keyBuf)
+	st.enforce.setKeys(keys)
+	st.shadow.setKeys(keys)
+	st.cluster.setKeys(keys)
+	st.lease.setKeys(keys)
+	st.inflight.setKeys(keys)
+	return true
+}
+
+func (r *rule) matches(req *request) bool {
+	for _, m := range r.Match {
+		if v, ok := req.value(m.Descriptor); !ok || v != m.Value {
+			return false
+		}
+	}
+	return true
+}
+
+// add appends r's bucket for this request to its group, with its limit-key
+// values, and reports whether it did; a rule with an absent limit key is
+// skipped and counted. buildKeys makes the keys later.
+func (p *Plugin) add(st *reqState, r *rule) bool {
+	req := &st.req
+	start := len(st.vals)
+	for _, d := range r.Keys {
+		v, ok := req.value(d)
+		if !ok {
+			st.vals = st.vals[:start]
+			r.metrics.descriptorMissing.inc(p.host, 1)
+			return false
+		}
+		st.vals = append(st.vals, v)
+	}
+	g := &st.enforce
+	switch {
+	case r.Lease != nil:
+		g = &st.lease
+	case r.InFlight != nil:
+		g = &st.inflight
+	case r.Cluster:
+		g = &st.cluster
+	case r.Shadow:
+		g = &st.shadow
+	}
+	g.rules = append(g.rules, r)
+	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.Limit, Cost: costOf(&r.Cost, req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
+	if r.WindowStart != config.WindowAligned {
+		g.reqs[len(g.reqs)-1].Limit.Offset = r.windowOffset(st.vals[start:])
+	}
+	g.vals = append(g.vals, [2]int{start, len(st.vals)})
+	return true
+}
+
+// buildKeys appends the keys of g's buckets to keyBuf and records where
+// they are; the slot seed must be fresh.
+func (p *Plugin) buildKeys(st *reqState, g *group) {
+	for i, r := range g.rules {
+		vals := st.vals[g.vals[i][0]:g.vals[i][1]]
+		var sp keySpans
+		if r.Lease != nil {
+			// The allowance key, the key of the bucket on_error: local
+			// falls back to, and the composite key for the service.
+			sp.key[0] = len(st.keyBuf)
+			st.keyBuf = sharedstate.AppendLeaseKey(st.keyBuf, r.Name, vals)
+			sp.key[1] = len(st.keyBuf)
+			sp.alt[0] = len(st.keyBuf)
+			st.keyBuf = sharedstate.AppendKey(st.keyBuf, false, r.Name, vals)
+			sp.alt[1] = len(st.keyBuf)
+			sp.owner[0] = len(st.keyBuf)
+			st.keyBuf = sharedstate.AppendComposite(st.keyBuf, vals)
+			sp.owner[1] = len(st.keyBuf)
+		} else if r.MaxKeys > 0 {
+			sp.owner[0] = len(st.keyBuf)
+			st.keyBuf = sharedstate.AppendComposite(st.keyBuf, vals)
+			sp.owner[1] = len(st.keyBuf)
+			a, b := sharedstate.SlotPairBytes(p.seed, st.keyBuf[sp.owner[0]:], uint32(r.MaxKeys))
+			sp.key[0] = len(st.keyBuf)
+			st.keyBuf = sharedstate.AppendSlotKey(st.keyBuf, r.Shadow, r.Name, a)
+			sp.key[1] = len(st.keyBuf)
+			if r.MaxKeys > 1 {
+				sp.alt[0] = len(st.keyBuf)
+				st.keyBuf = sharedstate.AppendSlotKey(st.keyBuf, r.Shadow, r.Name, b)
+				sp.alt[1] = len(st.keyBuf)
+			}
+		} else {
+			sp.key[0] = len(st.keyBuf)
+			st.keyBuf = sharedstate.AppendKey(st.keyBuf, r.Shadow, r.Name, vals)
+			sp.key[1] = len(st.keyBuf)
+		}
+		if r.InFlight != nil {
+			markInFlight(st.keyBuf[sp.key[0]:sp.key[1]], r.Shadow)
+			markInFlight(st.keyBuf[sp.alt[0]:sp.alt[1]], r.Shadow)
+		}
+		g.spans = append(g.spans, sp)
+	}
+}
+
+// windowOffset is where a fixed window's windows start for the key with
+// these limit-key values, in seconds after multiples of the window: chosen
+// by the key's hash (the same on every worker and after a restart), or at
+// random (used only when the key's state is created; the stored window
+// start keeps it from then on, for every worker).
+func (r *rule) windowOffset(vals []string) float64 {
+	w := r.Limit.Window
+	if r.WindowStart == config.WindowRandom {
+		return rand.Float64() * w
+	}
+	h := fnv64(r.Name)
+	for _, v := range vals {
+		h = fnv64Add(fnv64Add(h, "\x00"), v)
+	}
+	const us = 1e6 // microsecond steps, as stored
+	steps := uint64(w * us)
+	if steps == 0 { // the parser refuses windows under 1 ms; never divide by 0
+		return 0
+	}
+	return float64(h%steps) / us
+}

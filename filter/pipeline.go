@@ -1,0 +1,200 @@
+package filter
+
+// The request path: proxy_on_request_headers runs the stages below, in
+// order, over one reqState.
+
+// reqState is one request's way through the stages of OnRequestHeaders:
+// what collect found and what each stage hands to the next, each in a named
+// field. Every stage is passed the state and reads and writes only it (and
+// the stream); nothing passes between stages any other way. Its storage is
+// the plugin's (Plugin.st), reset by begin and reused for the next request,
+// so that a request allocates none; only the buffers' capacity outlives the
+// request.
+//
+// Lifetime: bytes and strings the host returns are valid until the callback
+// returns (Host). The keys of the request's buckets are views of keyBuf
+// (ViewString), which stays untouched until the next request; the host
+// copies what it keeps, as Envoy does.
+type reqState struct {
+	// req is the request's descriptors, read from the host on demand.
+	req request
+	// now is the request's time, read once before the first stage.
+	now float64
+
+	// The buckets the request takes from, by the stage that decides them:
+	// inputs, filled by collect. shadow: the shadow policies' token
+	// buckets and windows; inflight: the concurrency rules, enforced and
+	// shadow; enforce: the local token buckets and windows; lease: the
+	// lease-mode rules; cluster: the exact-mode cluster rules, enforced
+	// and shadow.
+	shadow, inflight, enforce, lease, cluster group
+
+	// wait, waitRule: output of the local stage. The seconds an admission
+	// into a reservation (delay.go) must be held before it goes on, 0 for
+	// none, and the index in enforce of the rule whose reservation makes
+	// that wait.
+	wait     float64
+	waitRule int
+	// hold: output of the local stage, input of the hold stage. The
+	// prepared hold of a request the local buckets admitted into their
+	// reservation; nil for none. The lease and cluster stages, which may
+	// answer after this callback, hand it to the stream (Stream.pending)
+	// while they ask: whoever answers then starts or drops it.
+	hold *waiter
+	// debits: output of the lease stage. The allowances it debited, given
+	// back if a later stage turns the request down (nil: none).
+	debits []leaseDebit
+	// exact: output of the lease stage, input of the cluster stage. The
+	// lease rules the allowance cannot serve (cold, or their shared data
+	// failed) that the cluster stage asks the service about exactly, in
+	// the same call as the cluster rules and after them.
+	exact group
+
+	// keyBuf holds every key of the request; vals the limit-key values of
+	// every applying rule, in order (group.vals locate each rule's).
+	keyBuf []byte
+	vals   []string
+}
+
+// begin starts a request's decision.
+func (st *reqState) begin(req request) {
+	st.req = req
+	st.now, st.wait, st.waitRule, st.hold, st.debits = 0, 0, -1, nil, nil
+	st.shadow.reset()
+	st.inflight.reset()
+	st.enforce.reset()
+	st.lease.reset()
+	st.cluster.reset()
+	st.exact.reset()
+	st.keyBuf = st.keyBuf[:0]
+	st.vals = st.vals[:0]
+}
+
+// applies reports whether any bucket applies to the request.
+func (st *reqState) applies() bool {
+	return len(st.shadow.reqs)+len(st.inflight.reqs)+len(st.enforce.reqs)+len(st.lease.reqs)+len(st.cluster.reqs) > 0
+}
+
+// stage is one step of proxy_on_request_headers. run returns Continue to
+// go on to the next stage; anything else ends the callback with that
+// answer: a local reply was sent (Pause), or the request is paused until an
+// answer or a tick resumes it.
+type stage struct {
+	name string
+	run  func(s *Stream, st *reqState) Action
+}
+
+// stages are the steps of OnRequestHeaders, in the order they run; each
+// does nothing for a request without buckets of its kind. The order is
+// load-bearing:
+//
+//   - shadow first: shadow rules observe every request, whatever the
+//     enforced rules then decide.
+//   - in-flight before any bucket: a request is counted in flight when its
+//     headers arrive and released when its stream ends, whatever decides
+//     it (concurrency.go).
+//   - local before lease and cluster: a request the local buckets reject
+//     never spends an allowance nor reaches the service; one they admit is
+//     refunded if a lease or cluster rule rejects it (all-or-nothing).
+//   - lease before cluster: the lease rules the allowance cannot serve are
+//     asked about in the cluster stage's call (reqState.exact).
+//   - hold last: a request admitted into a reservation is held only once
+//     every other rule has admitted it too, so that nothing turns away a
+//     request that waited (delay.go).
+var stages = [...]stage{
+	{"shadow", (*Stream).shadowStage},
+	{"in-flight", (*Stream).inFlightStage},
+	{"local", (*Stream).localStage},
+	{"lease", (*Stream).leaseStage},
+	{"cluster", (*Stream).clusterStage},
+	{"hold", (*Stream).holdStage},
+}
+
+// OnRequestHeaders is proxy_on_request_headers: it finds the buckets that
+// apply (collect) and runs the stages over them: the request goes on, is
+// answered with a local reply, or is paused.
+func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action) {
+	p := s.p
+	defer p.recoverTo("proxy_on_request_headers", func() { act = Continue })
+	cfg := p.cfg
+	if cfg == nil {
+		return Continue
+	}
+	p.buf.nowSet = false
+	st := &p.st
+	st.begin(request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
+		jwtMeta: cfg.Settings.JWTPayloadInMetadata})
+	if !p.collect(st) {
+		return Continue
+	}
+	st.now = p.time()
+	for i := range stages {
+		if act = stages[i].run(s, st); act != Continue {
+			return act
+		}
+	}
+	return Continue
+}
+
+// shadowStage runs the shadow buckets (observe): counted and logged, never
+// answering the request; those that took their cost settle as enforced
+// ones would.
+func (s *Stream) shadowStage(st *reqState) Action {
+	if len(st.shadow.reqs) > 0 && s.p.observe(&st.shadow, st.now) {
+		s.trackShadow(&st.shadow)
+	}
+	return Continue
+}
+
+// inFlightStage counts the request in flight under its concurrency rules
+// (admitInFlight).
+func (s *Stream) inFlightStage(st *reqState) Action {
+	if len(st.inflight.reqs) == 0 {
+		return Continue
+	}
+	return s.admitInFlight(&st.req, &st.inflight, st.now)
+}
+
+// localStage runs the local buckets (decide); it sets st.wait, st.waitRule
+// and st.hold for an admission into a reservation.
+func (s *Stream) localStage(st *reqState) Action {
+	if len(st.enforce.reqs) == 0 {
+		return Continue
+	}
+	return s.decide(st)
+}
+
+// leaseStage debits the lease rules' allowances (leaseAdmit); it sets
+// st.debits, and st.exact for the rules the cluster stage must ask about.
+func (s *Stream) leaseStage(st *reqState) Action {
+	if len(st.lease.reqs) == 0 {
+		return Continue
+	}
+	s.pending = st.hold // the request may wait for a lease
+	if act := s.leaseAdmit(st); act != Continue {
+		return act
+	}
+	st.debits = s.p.lease.debits
+	return Continue
+}
+
+// clusterStage asks the rate-limit service about the cluster rules and
+// st.exact, in one call (askCluster), and pauses the request.
+func (s *Stream) clusterStage(st *reqState) Action {
+	if len(st.cluster.reqs)+len(st.exact.reqs) == 0 {
+		return Continue
+	}
+	st.cluster.extend(&st.exact)
+	s.pending = st.hold // proceed starts it when the service admits the request
+	return s.askCluster(st)
+}
+
+// holdStage holds a request every rule admitted, if the local stage
+// admitted it into a reservation (holdNow).
+func (s *Stream) holdStage(st *reqState) Action {
+	if st.hold == nil {
+		return Continue
+	}
+	s.pending = nil // back from the lease stage: no one else will start it
+	return s.holdNow(st)
+}
