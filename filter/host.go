@@ -9,7 +9,11 @@
 // PROXY_WASM.md). Logs go through Host.Log.
 package filter
 
-import "github.com/tokengate/tokengate/sharedstate"
+import (
+	"strconv"
+
+	"github.com/tokengate/tokengate/sharedstate"
+)
 
 // LogLevel is a proxy-wasm log level.
 type LogLevel uint32
@@ -105,4 +109,157 @@ type Host interface {
 	// upstream (proxy_send_local_response). grpcStatus is NoGRPCStatus for a
 	// plain HTTP reply.
 	SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) error
+}
+
+// The optional capabilities of a host: the filter finds them once, when the
+// plugin starts (NewPlugin, findCapabilities), keeps them in fields of the
+// Plugin (nil when the host lacks one), and never asks the host again.
+// OnConfigure logs what a configuration needs that the host lacks, and
+// what the filter does instead (checkCapabilities).
+
+// Caller is implemented by hosts that can call out and resume a paused
+// stream from the root context (filter/abi). Without it, cluster-scope
+// rules take settings.rls.on_error.
+type Caller interface {
+	// HTTPCall dispatches an HTTP call (proxy_http_call) and returns its
+	// token; the response arrives as Plugin.OnHTTPCallResponse.
+	HTTPCall(cluster string, headers [][2]string, body []byte, timeoutMs uint32) (uint32, error)
+	// CallResponseHeader and CallResponseTrailer return a header or
+	// trailer of the call response being delivered, CallResponseBody its
+	// body; valid until the callback returns.
+	CallResponseHeader(name string) (string, bool)
+	CallResponseTrailer(name string) (string, bool)
+	CallResponseBody(size int) ([]byte, bool)
+	// SetEffectiveContext makes the stream with context id the one later
+	// calls act on (proxy_set_effective_context); false if it is gone.
+	SetEffectiveContext(id uint32) bool
+	// ContinueRequest resumes the effective stream's request
+	// (proxy_continue_stream).
+	ContinueRequest() error
+}
+
+// Ticker is implemented by hosts with a per-worker timer
+// (proxy_set_tick_period_milliseconds); the timer calls Plugin.OnTick.
+// Without it (or without Caller), or once the host has refused a tick
+// period, a request that would have to wait for its reservation is
+// rejected instead, and lease rules are not refilled ahead.
+type Ticker interface {
+	// SetTickPeriod sets the period of the root context's tick, in
+	// milliseconds; 0 stops it.
+	SetTickPeriod(ms uint32) error
+}
+
+// bodyReader is implemented by hosts that can read the response body chunk
+// of the running proxy_on_response_body (filter/abi, over
+// proxy_get_buffer_bytes). Without it a response_json or response_sse cost
+// is always default_cost.
+type bodyReader interface {
+	// ResponseBody returns up to max bytes of the current body chunk from
+	// start; they are valid until the next ResponseBody call or the end of
+	// the callback.
+	ResponseBody(start, max int) ([]byte, bool)
+}
+
+// headerBytesSetter is implemented by hosts that can set or add a response
+// header from a byte slice without converting it to a string first
+// (filter/abi: the host copies the value during the call).
+type headerBytesSetter interface {
+	// SetResponseHeaderBytes is SetResponseHeader with the value as bytes;
+	// the host must not keep value after the call.
+	SetResponseHeaderBytes(name string, value []byte)
+	// AddResponseHeaderBytes is AddResponseHeader with the value as bytes.
+	AddResponseHeaderBytes(name string, value []byte)
+}
+
+// propertyStringer is implemented by hosts that can return a property as a
+// string without a copy, valid until the callback returns (filter/abi).
+type propertyStringer interface {
+	PropertyString(path ...string) (string, bool)
+}
+
+// bytesLogger is implemented by hosts that can log a message held in a byte
+// slice (filter/abi); the host must not keep msg after the call.
+type bytesLogger interface {
+	LogBytes(level LogLevel, msg []byte)
+}
+
+// bytesViewer is implemented by hosts that can give a string view of a
+// byte slice without copying it (filter/abi, which alone may use unsafe).
+// The filter uses it for buffers it does not touch again until the next
+// request or rejection: the request's shared-data keys (sharedstate.Store
+// forbids keeping a key past the call) and the 429's header values (hosts
+// copy them).
+type bytesViewer interface {
+	// ViewString returns a string sharing b's bytes: valid while b is not
+	// modified.
+	ViewString(b []byte) string
+}
+
+// findCapabilities records which optional interfaces h implements.
+func (p *Plugin) findCapabilities(h Host) {
+	p.caller, _ = h.(Caller)
+	p.br, _ = h.(bodyReader)
+	p.hbs, _ = h.(headerBytesSetter)
+	p.ps, _ = h.(propertyStringer)
+	p.bl, _ = h.(bytesLogger)
+	p.bv, _ = h.(bytesViewer)
+	p.timer.ticker, _ = h.(Ticker)
+	p.timer.log = h.Log
+}
+
+// checkCapabilities logs, at warn level, each thing cfg asks of the host that
+// it lacks, naming the first rule concerned and saying what the filter does
+// instead. None of them refuses the configuration: each has a defined
+// fallback, the one a request would meet if the capability failed at run
+// time (a failed callout, a refused tick).
+func (p *Plugin) checkCapabilities(cfg *Config) {
+	var cluster, lease, held, body *Rule
+	for _, r := range cfg.rules {
+		if cluster == nil && (r.Cluster || r.Lease != nil) {
+			cluster = r
+		}
+		if lease == nil && r.Lease != nil {
+			lease = r
+		}
+		if held == nil && r.Delay.debt > 0 {
+			held = r
+		}
+		if body == nil && r.Settle != nil && (r.Settle.Response == ResponseJSON || r.Settle.Response == ResponseSSE) {
+			body = r
+		}
+	}
+	warn := func(what string, r *Rule, instead string) {
+		p.host.Log(LogWarn, "tokengate: the host has no "+what+": rule "+strconv.Quote(r.Name)+
+			" (and any other like it) "+instead)
+	}
+	if cluster != nil && p.caller == nil {
+		warn("HTTP callouts (proxy_http_call, proxy_set_effective_context)", cluster,
+			"takes settings.rls.on_error ("+onErrorName(cfg.Settings.RLS)+") on every request")
+	}
+	if held != nil && (p.caller == nil || p.timer.ticker == nil) {
+		warn("timer or stream resumption (proxy_set_tick_period_milliseconds, proxy_continue_stream)", held,
+			"rejects a request that would wait for its reservation (max_reserved)")
+	}
+	if lease != nil && p.caller != nil && p.timer.ticker == nil {
+		warn("timer (proxy_set_tick_period_milliseconds)", lease,
+			"is not refilled ahead: a request its allowance cannot cover makes its own call")
+	}
+	if body != nil && p.br == nil {
+		warn("response body access (proxy_get_buffer_bytes)", body,
+			"settles its response_json or response_sse cost at default_cost")
+	}
+}
+
+// onErrorName is settings.rls.on_error's configured value.
+func onErrorName(rls *RLSSettings) string {
+	if rls == nil {
+		return "allow"
+	}
+	switch rls.OnError {
+	case OnErrorDeny:
+		return "deny"
+	case OnErrorLocal:
+		return "local"
+	}
+	return "allow"
 }
