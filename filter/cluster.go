@@ -87,7 +87,7 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 	if err != nil {
 		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
 	}
-	p.callouts.add(token, pc)
+	p.callouts.add(token, pc.answered)
 	s.call = token
 	return Pause
 }

@@ -188,17 +188,14 @@ func (s *Stream) sendClusterSettles() {
 		fail("dispatch: " + err.Error())
 		return
 	}
-	p.callouts.add(token, settleCall{})
+	p.callouts.add(token, settleAnswered)
 	p.settling++
 	p.metrics.settleCalls.inc(p.host, 1)
 }
 
-// settleCall is the owner of a settlement's answer (callouts.go).
-type settleCall struct{}
-
-// answered counts a settlement's failure: the answer itself changes
-// nothing.
-func (settleCall) answered(p *Plugin, numHeaders, bodySize int) {
+// settleAnswered is the owner of a settlement's answer (callouts.go): it
+// counts a failure; the answer itself changes nothing.
+func settleAnswered(p *Plugin, numHeaders, bodySize int) {
 	p.settling--
 	if _, reason := p.readRLS(numHeaders, bodySize); reason != "" {
 		p.metrics.settleErrors.inc(p.host, 1)

@@ -144,7 +144,7 @@ func (s *Stream) startHold(now float64) bool {
 	p := s.p
 	w := s.pending
 	s.pending = nil
-	w.owner = w
+	w.owner = w.due
 	if !p.timer.arm(&w.timerEntry, now) {
 		p.forget(w)
 		return false

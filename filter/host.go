@@ -207,59 +207,37 @@ func (p *Plugin) findCapabilities(h Host) {
 	p.timer.log = h.Log
 }
 
-// checkCapabilities logs, at warn level, each thing cfg asks of the host that
-// it lacks, naming the first rule concerned and saying what the filter does
-// instead. None of them refuses the configuration: each has a defined
-// fallback, the one a request would meet if the capability failed at run
-// time (a failed callout, a refused tick).
+// checkCapabilities logs, at warn level, what cfg needs that the host
+// lacks: one line for the first rule of each kind concerned, saying what
+// the filter does instead. None of them refuses the configuration: each has
+// a defined fallback, the one a request would meet if the capability failed
+// at run time (a failed callout, a refused tick).
 func (p *Plugin) checkCapabilities(cfg *Config) {
-	var cluster, lease, held, body *Rule
+	var logged [len(capabilityNotes)]bool
 	for _, r := range cfg.rules {
-		if cluster == nil && (r.Cluster || r.Lease != nil) {
-			cluster = r
+		k := -1
+		switch {
+		case (r.Cluster || r.Lease != nil) && p.caller == nil:
+			k = 0
+		case r.Delay.debt > 0 && (p.caller == nil || p.timer.ticker == nil):
+			k = 1
+		case r.Lease != nil && p.timer.ticker == nil:
+			k = 2
+		case r.Settle != nil && r.Settle.Response >= ResponseJSON && p.br == nil:
+			k = 3
 		}
-		if lease == nil && r.Lease != nil {
-			lease = r
+		if k >= 0 && !logged[k] {
+			logged[k] = true
+			p.host.Log(LogWarn, "tokengate: rule "+strconv.Quote(r.Name)+capabilityNotes[k])
 		}
-		if held == nil && r.Delay.debt > 0 {
-			held = r
-		}
-		if body == nil && r.Settle != nil && (r.Settle.Response == ResponseJSON || r.Settle.Response == ResponseSSE) {
-			body = r
-		}
-	}
-	warn := func(what string, r *Rule, instead string) {
-		p.host.Log(LogWarn, "tokengate: the host has no "+what+": rule "+strconv.Quote(r.Name)+
-			" (and any other like it) "+instead)
-	}
-	if cluster != nil && p.caller == nil {
-		warn("HTTP callouts (proxy_http_call, proxy_set_effective_context)", cluster,
-			"takes settings.rls.on_error ("+onErrorName(cfg.Settings.RLS)+") on every request")
-	}
-	if held != nil && (p.caller == nil || p.timer.ticker == nil) {
-		warn("timer or stream resumption (proxy_set_tick_period_milliseconds, proxy_continue_stream)", held,
-			"rejects a request that would wait for its reservation (max_reserved)")
-	}
-	if lease != nil && p.caller != nil && p.timer.ticker == nil {
-		warn("timer (proxy_set_tick_period_milliseconds)", lease,
-			"is not refilled ahead: a request its allowance cannot cover makes its own call")
-	}
-	if body != nil && p.br == nil {
-		warn("response body access (proxy_get_buffer_bytes)", body,
-			"settles its response_json or response_sse cost at default_cost")
 	}
 }
 
-// onErrorName is settings.rls.on_error's configured value.
-func onErrorName(rls *RLSSettings) string {
-	if rls == nil {
-		return "allow"
-	}
-	switch rls.OnError {
-	case OnErrorDeny:
-		return "deny"
-	case OnErrorLocal:
-		return "local"
-	}
-	return "allow"
+// capabilityNotes say what a rule needs that the host lacks, and what the
+// filter does instead (checkCapabilities).
+var capabilityNotes = [...]string{
+	" needs HTTP callouts (proxy_http_call), which the host lacks: it takes settings.rls.on_error on every request",
+	" holds requests (max_reserved), which needs a timer and stream resumption the host lacks: a request that would wait is rejected",
+	" leases, which needs a timer the host lacks: its allowance is not refilled ahead, and a request it cannot cover makes its own call",
+	" reads its cost in the response body, which the host cannot: the cost is default_cost",
 }

@@ -157,9 +157,9 @@ type leaseState struct {
 	tick   timerEntry
 }
 
-// due runs lease mode's tick (leaseOnTick) when the timer dispatches its
-// entry, before any held request is released (timer.go).
-func (*leaseState) due(p *Plugin, now float64) { p.leaseOnTick(now) }
+// leaseDue is the owner of lease mode's timer entry: it runs lease mode's
+// tick (leaseOnTick), before any held request is released (timer.go).
+func leaseDue(p *Plugin, now float64) { p.leaseOnTick(now) }
 
 // leaseConfigure resets the worker's lease state for a new configuration
 // and starts ticks if a rule is in lease mode.
@@ -470,7 +470,7 @@ func (p *Plugin) leaseSetPeriod() {
 	if e.armed() && e.every == every && e.poll == poll {
 		return
 	}
-	e.every, e.poll, e.owner = every, poll, &p.lease
+	e.every, e.poll, e.owner = every, poll, leaseDue
 	if !p.timer.arm(e, p.Clock()) {
 		p.lease.refill = 0
 	}
@@ -855,7 +855,7 @@ func (p *Plugin) leaseDispatch(lc *leaseCall, grant uint64, now float64) {
 		return
 	}
 	b.calling = true
-	p.callouts.add(token, lc)
+	p.callouts.add(token, lc.answered)
 	p.metrics.leaseCalls.inc(p.host, 1)
 }
 

@@ -15,7 +15,8 @@ import (
 //     moves every deadline when the clock is stepped back (rebase);
 //   - each entry belongs to the code that armed it, which alone arms, moves
 //     or stops it: one one-shot entry per held request (delay.go, the
-//     waiter), and lease mode's periodic entry (lease.go, leaseState.tick:
+//     waiter.due), and lease mode's periodic entry (lease.go, leaseState.tick,
+//     owned by leaseDue:
 //     due at the next periodic refill, every lease_tick_ms; polled at every
 //     tick, every leasePollMs, while requests wait for a refill);
 //   - OnTick dispatches the due entries to their owners: the periodic ones
@@ -31,14 +32,6 @@ import (
 // because time passed: a period set per request would postpone the tick for
 // as long as requests keep coming.
 
-// timerOwner is the code an entry belongs to.
-type timerOwner interface {
-	// due runs from OnTick when the entry is due. A one-shot entry is out
-	// of the timer by then (arm it again to come back); a periodic entry
-	// stays armed, and its owner moves its deadline if it wants to.
-	due(p *Plugin, now float64)
-}
-
 // timerEntry is one registration with the timer. The zero value is an
 // unarmed one-shot entry; set owner before arming it.
 type timerEntry struct {
@@ -53,7 +46,13 @@ type timerEntry struct {
 	// them through timer.arm.
 	every uint32
 	poll  bool
-	owner timerOwner
+	// owner runs from OnTick when the entry is due: the code the entry
+	// belongs to. A one-shot entry is out of the timer by then (arm it
+	// again to come back); a periodic entry stays armed, and its owner
+	// moves its deadline if it wants to. A func, not an interface: an
+	// owner type held in an interface keeps the methods of every type it
+	// reaches (Rule, Descriptor...) in the module.
+	owner func(p *Plugin, now float64)
 
 	seq uint64 // arming order: equal deadlines are due in that order
 	// pos is the entry's position plus one in the heap (inHeap) or the
@@ -83,9 +82,8 @@ type timer struct {
 	// gen counts ticks; an entry armed during a tick's dispatch (its gen
 	// is timer.gen) waits for the next tick.
 	gen uint64
-	// later holds the one-shot entries put aside during a dispatch, due
-	// scratch for the periodic ones.
-	later, due []*timerEntry
+	// due is scratch for the periodic entries of a dispatch.
+	due []*timerEntry
 
 	// period is the tick period in force (ms, 0: none); armedFor is the
 	// earliest one-shot deadline and armedEvery the fastest periodic
@@ -222,8 +220,7 @@ func (t *timer) rearm(now float64, ticked bool) bool {
 	if err := t.ticker.SetTickPeriod(ms); err != nil {
 		t.refused = true
 		t.log(LogError, "tokengate: the host refused a tick period ("+err.Error()+
-			"): requests that would wait for their reservation are rejected, and lease rules are not refilled "+
-			"ahead (a request short of allowance makes its own call), from now on")
+			"): from now on a request that would wait for its reservation is rejected, and lease allowances are not refilled ahead")
 		return false
 	}
 	t.period, t.armedFor, t.armedEvery = ms, top, every
@@ -241,27 +238,17 @@ func (t *timer) dispatch(p *Plugin, now float64) {
 	for i, e := range t.due {
 		t.due[i] = nil
 		if e.armed() && !e.inHeap && e.gen != t.gen && (e.poll || e.deadline <= now) {
-			e.owner.due(p, now)
+			e.owner(p, now)
 		}
 	}
 	// One at a time from the heap: an owner may stop other entries (a
-	// stream that ends while another is resumed).
-	for len(t.h) > 0 && t.h[0].deadline <= now {
+	// stream that ends while another is resumed). An entry armed during
+	// the dispatch, and those after it, wait for the next tick.
+	for len(t.h) > 0 && t.h[0].deadline <= now && t.h[0].gen != t.gen {
 		e := t.h[0]
 		t.remove(e)
-		if e.gen == t.gen {
-			t.later = append(t.later, e)
-			continue
-		}
-		e.owner.due(p, now)
+		e.owner(p, now)
 	}
-	for i, e := range t.later {
-		t.later[i] = nil
-		t.h = append(t.h, e)
-		e.pos, e.inHeap = len(t.h), true
-		t.up(e.pos - 1)
-	}
-	t.later = t.later[:0]
 	t.rearm(now, true)
 }
 
@@ -274,12 +261,10 @@ func (t *timer) remove(e *timerEntry) {
 	i := e.pos - 1
 	if !e.inHeap {
 		last := len(t.periodic) - 1
-		copy(t.periodic[i:], t.periodic[i+1:])
+		t.periodic[i] = t.periodic[last]
+		t.periodic[i].pos = i + 1
 		t.periodic[last] = nil
 		t.periodic = t.periodic[:last]
-		for k := i; k < last; k++ {
-			t.periodic[k].pos = k + 1
-		}
 		e.pos = 0
 		return
 	}

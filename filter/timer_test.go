@@ -50,7 +50,7 @@ func newTestTimer() (*timer, *tickRecorder, *[]string) {
 
 func (l *dueLog) entry(name string, deadline float64) *testEntry {
 	e := &testEntry{name: name, log: l}
-	e.deadline, e.owner = deadline, e
+	e.deadline, e.owner = deadline, e.due
 	return e
 }
 
