@@ -14,11 +14,11 @@ import (
 //     deadline heap of one-shot entries, the list of periodic ones) and
 //     moves every deadline when the clock is stepped back (rebase);
 //   - each entry belongs to the code that armed it, which alone arms, moves
-//     or stops it: one one-shot entry per held request (delay.go, the
-//     waiter.due), and lease mode's periodic entry (lease.go, leaseState.tick,
-//     owned by leaseDue:
-//     due at the next periodic refill, every lease_tick_ms; polled at every
-//     tick, every leasePollMs, while requests wait for a refill);
+//     or stops it: one one-shot entry per held request (delay.go, owned by
+//     waiter.due), and lease mode's periodic entry (lease.go,
+//     leaseState.tick, owned by leaseDue: due at the next periodic refill,
+//     every lease_tick_ms; polled at every tick, every leasePollMs, while
+//     requests wait for a refill);
 //   - OnTick dispatches the due entries to their owners: the periodic ones
 //     first, then the one-shot ones in deadline order. Lease mode makes its
 //     calls from its periodic entry, and a call made once a stream is
