@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -22,15 +22,9 @@ import (
 // total cost, which leaves nothing held; leasing starts when requests keep
 // coming within a refill period of it.
 
-// Descriptor entries of a lease request; see docs/lease.md.
+// Limits and tuning of lease mode; a lease call's descriptor is
+// rlscontract.LeaseDescriptor (docs/lease.md, "Wire protocol").
 const (
-	DescriptorModeKey     = "tokengate_mode"
-	DescriptorHolderKey   = "tokengate_holder"
-	DescriptorGrantKey    = "tokengate_grant"
-	DescriptorUnspentKey  = "tokengate_unspent"
-	DescriptorWantKey     = "tokengate_want"
-	DescriptorReleaseKey  = "tokengate_release"
-	descriptorModeLease   = "lease"
 	maxLeaseBuckets       = 4096
 	maxLeaseWaiters       = 4096 // requests one worker holds for refills
 	leaseClaimSlack       = 1.0  // seconds a claim outlives its call's timeout
@@ -357,7 +351,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	if empty != nil {
 		empty.metrics.rejected.inc(p.host, 1)
 		s.refundLocal(pc)
-		st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: emptyRetry}
+		st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: emptyRetry}
 		s.sendClusterRejection(pc, empty, st, retryAfterHash(emptyRetry, pc.idHash), nil)
 		return Pause
 	}
@@ -631,7 +625,7 @@ func (p *Plugin) leaseFinish(w *leaseWaiter) {
 	case waitEmpty:
 		w.empty.metrics.rejected.inc(p.host, 1)
 		s.refundLocal(pc)
-		st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: w.retry}
+		st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: w.retry}
 		s.sendClusterRejection(pc, w.empty, st, retryAfterHash(w.retry, pc.idHash), nil)
 	case waitDown, waitLate:
 		reason := "lease: the rate-limit service is failing"
@@ -868,27 +862,14 @@ func (p *Plugin) leaseSend(b *leaseBucket, lc *leaseCall, grant uint64) (uint32,
 	if caller == nil {
 		return 0, errNoCallouts
 	}
-	rls := p.cfg.Settings.RLS
-	entries := []rlswire.Entry{
-		{Key: DescriptorRuleKey, Value: b.r.Name},
-		{Key: DescriptorKeyKey, Value: strings.ToValidUTF8(b.comp, "\uFFFD")},
-		{Key: DescriptorModeKey, Value: descriptorModeLease},
-	}
-	if lc.exact {
-		// An exact take: no holder, the cost in hits_addend, as a
+	// want is whole (ceilTokens, or an allowance's whole tokens left).
+	l := rlscontract.Lease{Rule: b.r.Name, Composite: b.comp, Want: uint64(lc.want)}
+	if !lc.exact {
+		// An exact take has no holder and its cost in hits_addend, as a
 		// request's exact call takes from a lease bucket.
-		return callRLS(caller, rls, []rlswire.Descriptor{{Entries: entries, HitsAddend: uint64(lc.want)}})
+		l.Holder, l.Grant, l.Unspent, l.Release = p.leaseHolder(), grant, lc.unspent, lc.release
 	}
-	entries = append(entries,
-		rlswire.Entry{Key: DescriptorHolderKey, Value: p.leaseHolder()},
-		rlswire.Entry{Key: DescriptorGrantKey, Value: strconv.FormatUint(grant, 10)},
-		rlswire.Entry{Key: DescriptorUnspentKey, Value: strconv.FormatFloat(lc.unspent, 'f', -1, 64)},
-		rlswire.Entry{Key: DescriptorWantKey, Value: strconv.FormatFloat(lc.want, 'f', 0, 64)},
-	)
-	if lc.release {
-		entries = append(entries, rlswire.Entry{Key: DescriptorReleaseKey, Value: "1"})
-	}
-	return callRLS(caller, rls, []rlswire.Descriptor{{Entries: entries}})
+	return callRLS(caller, p.cfg.Settings.RLS, []rlscontract.Descriptor{rlscontract.LeaseDescriptor(l)})
 }
 
 type constError string
@@ -918,7 +899,7 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 	lc.b.calling = false
 	now := p.Clock()
 	resp, reason := p.readRLS(numHeaders, bodySize)
-	var st *rlswire.Status
+	var st *rlscontract.Status
 	if reason == "" {
 		switch {
 		case len(resp.Statuses) != 1:
@@ -963,7 +944,7 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 // than asked, but some, is followed by a take of what it had (returned,
 // its claim made: the caller sends it), so that the requests it can cover
 // are not turned away.
-func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, grant uint64) (retake *leaseCall) {
+func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlscontract.Status, grant uint64) (retake *leaseCall) {
 	l := lc.b.r.Lease
 	rtt := math.Max(now-lc.sent, leaseMinRTT)
 	_, wrote, _ := p.lease.upd.Update(lc.b.key, func(rec *sharedstate.LeaseRecord) bool {
@@ -993,7 +974,7 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, gran
 		if lc.exact {
 			left := float64(st.LimitRemaining)
 			switch {
-			case st.Code != rlswire.CodeOverLimit:
+			case st.Code != rlscontract.CodeOverLimit:
 				rec.Taken, rec.TakenSeq = lc.want, lc.pool
 				rec.Ramp = lc.want
 				if lc.retake {
@@ -1026,14 +1007,14 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, gran
 		// The new tokens, if all the report was carried over (whole
 		// tokens are).
 		granted := total - math.Floor(lc.unspent)
-		empty := st.Code == rlswire.CodeOverLimit || lc.want > 0 && granted < lc.want && st.LimitRemaining == 0
+		empty := st.Code == rlscontract.CodeOverLimit || lc.want > 0 && granted < lc.want && st.LimitRemaining == 0
 		switch {
 		case empty:
 			// The global bucket is (about) empty: 429 locally until the
 			// next refill period, not a call per request.
 			rec.Ramp = 0
 			retry := rec.Hold
-			if st.Code == rlswire.CodeOverLimit {
+			if st.Code == rlscontract.CodeOverLimit {
 				retry = math.Max(retry, now+st.UntilReset)
 			}
 			rec.Retry = math.Max(rec.Retry, retry)
