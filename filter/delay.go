@@ -23,30 +23,6 @@ import (
 // requests that fit the reservation, atomically, and a rejection's
 // RetryAfter is the time until the request would fit it again.
 
-// Delay is a token-bucket rule's delayed admission (docs/configuration.md,
-// "Delayed admission").
-type Delay struct {
-	// MaxReserved is the debt, in tokens, an admission may leave in the
-	// bucket ("max_reserved"); 0 rejects as soon as the bucket is short.
-	MaxReserved float64
-	// MaxDelayMs caps the wait ("max_delay_ms"); 0 means no cap beyond
-	// MaxReserved/rate.
-	MaxDelayMs float64
-	// MaxPending caps the requests this rule holds at once on one worker
-	// ("max_pending", default DefaultMaxPending).
-	MaxPending int
-	// RefundOnCancel gives a held request's tokens back when its client
-	// leaves before it is released ("refund_on_cancel").
-	RefundOnCancel bool
-
-	// debt is the effective reservation: MaxReserved, capped by
-	// MaxDelayMs × rate. It is the shift of the stored balance.
-	debt float64
-}
-
-// DefaultMaxPending is the default of max_pending.
-const DefaultMaxPending = 1024
-
 // waiter is one held request: its entry in the plugin's timer (timer.go)
 // is due at the request's release.
 type waiter struct {
@@ -57,10 +33,10 @@ type waiter struct {
 	// rules are the reserving rules that count this request against their
 	// max_pending; refund are the buckets given back if the client leaves
 	// (rules with refund_on_cancel), copies owned by the waiter.
-	rules  []*Rule
+	rules  []*rule
 	refund []sharedstate.Request
 	// by is the rule whose reservation makes the wait.
-	by *Rule
+	by *rule
 }
 
 // Waiting returns the number of requests the plugin holds.
@@ -68,8 +44,8 @@ func (p *Plugin) Waiting() int { return p.held }
 
 // shift returns the limit r's requests are stored under: its burst grown by
 // the reservation.
-func (r *Rule) shift(l bucket.Limit) bucket.Limit {
-	l.Burst += r.Delay.debt
+func (r *rule) shift(l bucket.Limit) bucket.Limit {
+	l.Burst += r.Delay.Debt
 	return l
 }
 
@@ -80,7 +56,7 @@ func (r *Rule) shift(l bucket.Limit) bucket.Limit {
 func unshift(g *group) (float64, int) {
 	wait, by := 0.0, -1
 	for i, r := range g.rules {
-		d := r.Delay.debt
+		d := r.Delay.Debt
 		if d == 0 {
 			continue
 		}
@@ -104,7 +80,7 @@ func (s *Stream) unholdable(g *group, by int) int {
 		return by
 	}
 	for i, r := range g.rules {
-		if r.Delay.debt > 0 && r.waiting >= r.Delay.MaxPending {
+		if r.Delay.Debt > 0 && r.waiting >= r.Delay.MaxPending {
 			return i
 		}
 	}
@@ -124,7 +100,7 @@ func (s *Stream) prepareHold(g *group, now, wait float64, by int) {
 	w := &waiter{s: s, by: g.rules[by]}
 	w.deadline = now + wait
 	for i, r := range g.rules {
-		if r.Delay.debt == 0 {
+		if r.Delay.Debt == 0 {
 			continue
 		}
 		w.rules = append(w.rules, r)

@@ -12,6 +12,7 @@ package filter
 import (
 	"strconv"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -207,23 +208,23 @@ func (p *Plugin) findCapabilities(h Host) {
 	p.timer.log = h.Log
 }
 
-// checkCapabilities logs, at warn level, what cfg needs that the host
-// lacks: one line for the first rule of each kind concerned, saying what
+// checkCapabilities logs, at warn level, what the configuration's rules
+// need that the host lacks: one line for the first rule of each kind concerned, saying what
 // the filter does instead. None of them refuses the configuration: each has
 // a defined fallback, the one a request would meet if the capability failed
 // at run time (a failed callout, a refused tick).
-func (p *Plugin) checkCapabilities(cfg *Config) {
+func (p *Plugin) checkCapabilities() {
 	var logged [len(capabilityNotes)]bool
-	for _, r := range cfg.rules {
+	for _, r := range p.rules.rules {
 		k := -1
 		switch {
 		case (r.Cluster || r.Lease != nil) && p.caller == nil:
 			k = 0
-		case r.Delay.debt > 0 && (p.caller == nil || p.timer.ticker == nil):
+		case r.Delay.Debt > 0 && (p.caller == nil || p.timer.ticker == nil):
 			k = 1
 		case r.Lease != nil && p.timer.ticker == nil:
 			k = 2
-		case r.Settle != nil && r.Settle.Response >= ResponseJSON && p.br == nil:
+		case r.Settle != nil && r.Settle.Response >= config.ResponseJSON && p.br == nil:
 			k = 3
 		}
 		if k >= 0 && !logged[k] {

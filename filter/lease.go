@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -45,7 +46,7 @@ const (
 // leaseBucket is a bucket this worker has seen and whose allowance its ticks
 // look after (shared data cannot be listed).
 type leaseBucket struct {
-	r    *Rule
+	r    *rule
 	key  string // the allowance key, tl:{rule}:{composite}
 	comp string // the composite key sent to the service
 	// calling is set while this worker's lease call for it is in flight;
@@ -104,7 +105,7 @@ type leaseWaiter struct {
 	// outcome is how the wait ended; empty and retry name the rule that
 	// found its global bucket empty and its retry time.
 	outcome waitOutcome
-	empty   *Rule
+	empty   *rule
 	retry   float64
 }
 
@@ -157,13 +158,13 @@ func leaseDue(p *Plugin, now float64) { p.leaseOnTick(now) }
 
 // leaseConfigure resets the worker's lease state for a new configuration
 // and starts ticks if a rule is in lease mode.
-func (p *Plugin) leaseConfigure(cfg *Config) {
+func (p *Plugin) leaseConfigure(cfg *config.Config) {
 	p.lease.buckets = p.lease.buckets[:0]
 	p.lease.upd.Store = p.store
 	p.lease.upd.MaxAttempts = cfg.Settings.MaxAttempts
 	p.lease.upd.Backoff = p.upd.Backoff
 	leases := false
-	for _, r := range cfg.rules {
+	for _, r := range cfg.Rules() {
 		leases = leases || r.Lease != nil
 	}
 	if cfg.Settings.RLS == nil && len(p.lease.waiters) > 0 {
@@ -296,7 +297,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	}
 	p.lease.debits = p.lease.debits[:0]
 	var (
-		empty      *Rule
+		empty      *rule
 		emptyRetry float64
 		short      []int    // rules the allowance cannot cover
 		seqs       []uint32 // the Claimer each was counted under
@@ -307,11 +308,11 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	canWait := p.lease.refill > 0 && p.timer.usable() && len(p.rc.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
-		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, math.Inf(1), true, canWait && !r.shadow, false, 0)
+		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, math.Inf(1), true, canWait && !r.Shadow, false, 0)
 		if out != leaseAdmitted && out != leaseBroken {
 			p.leaseRemember(r, lr.Key, lr.Owner)
 		}
-		if r.shadow {
+		if r.Shadow {
 			// Observed, never enforced: counted, and never waits.
 			if out == leaseAdmitted {
 				r.metrics.allowed.inc(p.host, 1)
@@ -343,7 +344,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	}
 	if empty != nil || len(broken) > 0 {
 		for k, i := range short {
-			if canWait && !g.rules[i].shadow {
+			if canWait && !g.rules[i].Shadow {
 				p.leaseUncount(g.reqs[i].Key, g.reqs[i].Cost, seqs[k])
 			}
 		}
@@ -646,7 +647,7 @@ func (p *Plugin) leaseFinish(w *leaseWaiter) {
 
 // leaseRemember adds a bucket to the ones this worker's ticks refill and
 // returns it (nil when the worker already looks after too many).
-func (p *Plugin) leaseRemember(r *Rule, key, comp string) *leaseBucket {
+func (p *Plugin) leaseRemember(r *rule, key, comp string) *leaseBucket {
 	for _, b := range p.lease.buckets {
 		if b.key == key {
 			return b
@@ -692,7 +693,7 @@ func (p *Plugin) leaseOnTick(now float64) {
 // leaseSize returns the allowance to aim for: enough for a refill period
 // plus a round trip at leaseHeadroom times the local rate observed since
 // the last refill (0 without demand), at most lease_max.
-func leaseSize(rec *sharedstate.LeaseRecord, l *LeaseConfig, tick, timeout, now float64) float64 {
+func leaseSize(rec *sharedstate.LeaseRecord, l *config.LeaseConfig, tick, timeout, now float64) float64 {
 	if rec.Used <= 0 {
 		return 0
 	}
@@ -781,7 +782,7 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 			act = renew
 			target = math.Min(math.Max(target, 2*rec.Ramp), l.Max)
 			want = math.Max(1, ceilTokens(target-u))
-		case !live && !b.r.shadow:
+		case !live && !b.r.Shadow:
 			// Holding no lease: requests that find nothing wait, and
 			// their calls take what they need.
 			if now-rec.Since >= leaseIdleForgetFactor*l.TTL {
