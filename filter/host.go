@@ -10,8 +10,6 @@
 package filter
 
 import (
-	"strconv"
-
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -205,7 +203,7 @@ func (p *Plugin) findCapabilities(h Host) {
 	p.bl, _ = h.(bytesLogger)
 	p.bv, _ = h.(bytesViewer)
 	p.timer.ticker, _ = h.(Ticker)
-	p.timer.log = h.Log
+	p.timer.log = h
 }
 
 // checkCapabilities logs, at warn level, what the configuration's rules
@@ -214,7 +212,7 @@ func (p *Plugin) findCapabilities(h Host) {
 // a defined fallback, the one a request would meet if the capability failed
 // at run time (a failed callout, a refused tick).
 func (p *Plugin) checkCapabilities() {
-	var logged [len(capabilityNotes)]bool
+	var logged uint8 // a bit per note
 	for _, r := range p.rules.rules {
 		k := -1
 		switch {
@@ -227,9 +225,9 @@ func (p *Plugin) checkCapabilities() {
 		case r.Settle != nil && r.Settle.Response >= config.ResponseJSON && p.br == nil:
 			k = 3
 		}
-		if k >= 0 && !logged[k] {
-			logged[k] = true
-			p.host.Log(LogWarn, "tokengate: rule "+strconv.Quote(r.Name)+capabilityNotes[k])
+		if k >= 0 && logged&(1<<k) == 0 {
+			logged |= 1 << k
+			p.host.Log(LogWarn, "tokengate: rule "+r.Name+capabilityNotes[k])
 		}
 	}
 }
@@ -237,8 +235,8 @@ func (p *Plugin) checkCapabilities() {
 // capabilityNotes say what a rule needs that the host lacks, and what the
 // filter does instead (checkCapabilities).
 var capabilityNotes = [...]string{
-	" needs HTTP callouts (proxy_http_call), which the host lacks: it takes settings.rls.on_error on every request",
-	" holds requests (max_reserved), which needs a timer and stream resumption the host lacks: a request that would wait is rejected",
-	" leases, which needs a timer the host lacks: its allowance is not refilled ahead, and a request it cannot cover makes its own call",
+	" needs HTTP callouts, which the host lacks: it takes settings.rls.on_error",
+	" holds requests (max_reserved), which needs a timer and stream resumption the host lacks: they are rejected instead",
+	" leases, which needs a timer the host lacks: no refill ahead, a request short of allowance makes its own call",
 	" reads its cost in the response body, which the host cannot: the cost is default_cost",
 }

@@ -152,10 +152,6 @@ type leaseState struct {
 	tick   timerEntry
 }
 
-// leaseDue is the owner of lease mode's timer entry: it runs lease mode's
-// tick (leaseOnTick), before any held request is released (timer.go).
-func leaseDue(p *Plugin, now float64) { p.leaseOnTick(now) }
-
 // leaseConfigure resets the worker's lease state for a new configuration
 // and starts ticks if a rule is in lease mode.
 func (p *Plugin) leaseConfigure(cfg *config.Config) {
@@ -465,7 +461,7 @@ func (p *Plugin) leaseSetPeriod() {
 	if e.armed() && e.every == every && e.poll == poll {
 		return
 	}
-	e.every, e.poll, e.owner = every, poll, leaseDue
+	e.every, e.poll, e.owner = every, poll, (*Plugin).leaseOnTick
 	if !p.timer.arm(e, p.Clock()) {
 		p.lease.refill = 0
 	}

@@ -11,15 +11,15 @@ import (
 // Who owns what:
 //   - the timer alone calls Ticker.SetTickPeriod and chooses the period
 //     (period, armedFor, armedEvery), keeps the entries in order (the
-//     deadline heap of one-shot entries, the list of periodic ones) and
-//     moves every deadline when the clock is stepped back (rebase);
+//     deadline heap of one-shot entries, and one periodic entry) and moves
+//     every deadline when the clock is stepped back (rebase);
 //   - each entry belongs to the code that armed it, which alone arms, moves
 //     or stops it: one one-shot entry per held request (delay.go, owned by
 //     waiter.due), and lease mode's periodic entry (lease.go,
-//     leaseState.tick, owned by leaseDue: due at the next periodic refill,
+//     leaseState.tick, owned by leaseOnTick: due at the next periodic refill,
 //     every lease_tick_ms; polled at every tick, every leasePollMs, while
 //     requests wait for a refill);
-//   - OnTick dispatches the due entries to their owners: the periodic ones
+//   - OnTick dispatches the due entries to their owners: the periodic one
 //     first, then the one-shot ones in deadline order. Lease mode makes its
 //     calls from its periodic entry, and a call made once a stream is
 //     effective would belong to that stream and die with it in Envoy
@@ -28,7 +28,7 @@ import (
 //
 // Envoy recreates the timer on every proxy_set_tick_period_milliseconds, so
 // outside a tick the period is set only when the entries changed (the
-// earliest deadline moved, or the fastest periodic entry changed), never
+// earliest deadline moved, or the periodic entry's period changed), never
 // because time passed: a period set per request would postpone the tick for
 // as long as requests keep coming.
 
@@ -55,8 +55,8 @@ type timerEntry struct {
 	owner func(p *Plugin, now float64)
 
 	seq uint64 // arming order: equal deadlines are due in that order
-	// pos is the entry's position plus one in the heap (inHeap) or the
-	// periodic list; 0: not armed.
+	// pos is the entry's position plus one in the heap (inHeap), 1 for
+	// the periodic entry; 0: not armed.
 	pos    int
 	inHeap bool
 	gen    uint64 // timer.gen when it was armed
@@ -66,28 +66,27 @@ type timerEntry struct {
 func (e *timerEntry) armed() bool { return e.pos > 0 }
 
 // timer is the plugin's timer: a min-heap of one-shot entries on (deadline,
-// seq), a short list of periodic entries, and the tick period it has set.
+// seq), one periodic entry, and the tick period it has set. One periodic
+// entry is all lease mode needs; a second one would take its place.
 type timer struct {
 	// ticker is the host's timer, nil on a host without one; refused is
 	// set once the host has refused a period (a proxy-wasm host without
 	// timers answers UNIMPLEMENTED): the timer asks for none after that.
 	ticker  Ticker
 	refused bool
-	// log reports the refusal, once.
-	log func(LogLevel, string)
+	// log reports the refusal, once: the host.
+	log Host
 
 	h        []*timerEntry
-	periodic []*timerEntry
+	periodic *timerEntry
 	seq      uint64
 	// gen counts ticks; an entry armed during a tick's dispatch (its gen
 	// is timer.gen) waits for the next tick.
 	gen uint64
-	// due is scratch for the periodic entries of a dispatch.
-	due []*timerEntry
 
-	// period is the tick period in force (ms, 0: none); armedFor is the
-	// earliest one-shot deadline and armedEvery the fastest periodic
-	// entry it was chosen for.
+	// period is the tick period in force (ms, 0: none); armedFor and
+	// armedEvery are the earliest one-shot deadline and the periodic
+	// entry's every it was chosen for.
 	period     uint32
 	armedFor   float64
 	armedEvery uint32
@@ -106,22 +105,20 @@ const minTickMs = 1
 // not refused a period.
 func (t *timer) usable() bool { return t.ticker != nil && !t.refused }
 
-// arm puts e in the timer, or, if it is armed, moves it to its (new)
-// deadline, period and poll setting, and sets the tick for the entries.
-// It reports false, leaving e out of the timer, if the timer cannot tick.
+// arm puts e in the timer and sets the tick for the entries. Arming an
+// armed entry again applies its new deadline (a one-shot entry is then
+// armed anew, after the others of its deadline), or its new every and poll
+// (a periodic entry). Whether an entry is periodic is fixed while it is
+// armed. arm reports false, leaving e out of the timer, if the timer cannot
+// tick.
 func (t *timer) arm(e *timerEntry, now float64) bool {
+	if e.inHeap || !t.usable() {
+		t.remove(e) // a one-shot entry armed again is armed anew
+	}
 	if !t.usable() {
-		t.remove(e)
 		return false
 	}
-	if e.armed() && e.inHeap != (e.every == 0) {
-		t.remove(e) // turned from one-shot to periodic or back
-	}
-	switch {
-	case e.armed() && e.inHeap:
-		t.down(e.pos - 1)
-		t.up(e.pos - 1)
-	case !e.armed():
+	if !e.armed() {
 		t.seq++
 		e.seq, e.gen, e.inHeap = t.seq, t.gen, e.every == 0
 		if e.inHeap {
@@ -129,8 +126,10 @@ func (t *timer) arm(e *timerEntry, now float64) bool {
 			e.pos = len(t.h)
 			t.up(e.pos - 1)
 		} else {
-			t.periodic = append(t.periodic, e)
-			e.pos = len(t.periodic)
+			if t.periodic != nil {
+				t.remove(t.periodic)
+			}
+			t.periodic, e.pos = e, 1
 		}
 	}
 	t.rebase(now) // a clock stepped back since e's deadline was set moves it with the rest
@@ -161,7 +160,7 @@ func (t *timer) rebase(now float64) {
 		for _, e := range t.h {
 			e.deadline -= step
 		}
-		for _, e := range t.periodic {
+		if e := t.periodic; e != nil {
 			e.deadline -= step
 		}
 		t.armedFor = 0
@@ -171,14 +170,12 @@ func (t *timer) rebase(now float64) {
 }
 
 // want returns the period the entries need at now (0: none), the earliest
-// one-shot deadline (0: none) and the fastest periodic entry's every (0:
-// none): the time left to the earliest deadline, rounded up to whole ms
-// (at least minTickMs), or the fastest period if that is shorter.
+// one-shot deadline (0: none) and the periodic entry's every (0: none): the
+// time left to the earliest deadline, rounded up to whole ms (at least
+// minTickMs), or every if that is shorter.
 func (t *timer) want(now float64) (ms uint32, top float64, every uint32) {
-	for _, e := range t.periodic {
-		if every == 0 || e.every < every {
-			every = e.every
-		}
+	if t.periodic != nil {
+		every = t.periodic.every
 	}
 	if len(t.h) > 0 {
 		top = t.h[0].deadline
@@ -219,27 +216,23 @@ func (t *timer) rearm(now float64, ticked bool) bool {
 	}
 	if err := t.ticker.SetTickPeriod(ms); err != nil {
 		t.refused = true
-		t.log(LogError, "tokengate: the host refused a tick period ("+err.Error()+
-			"): from now on a request that would wait for its reservation is rejected, and lease allowances are not refilled ahead")
+		t.log.Log(LogError, "tokengate: the host refused a tick period ("+err.Error()+
+			"): from now on requests that would wait for a reservation are rejected, and leases are not refilled ahead")
 		return false
 	}
 	t.period, t.armedFor, t.armedEvery = ms, top, every
 	return true
 }
 
-// dispatch runs the entries due at now: the periodic ones first (see the
+// dispatch runs the entries due at now: the periodic one first (see the
 // file comment), then the one-shot ones in (deadline, seq) order. An entry
 // armed during the dispatch waits for the next tick. It ends with the tick
 // set for what is left.
 func (t *timer) dispatch(p *Plugin, now float64) {
 	t.rebase(now)
 	t.gen++
-	t.due = append(t.due[:0], t.periodic...)
-	for i, e := range t.due {
-		t.due[i] = nil
-		if e.armed() && !e.inHeap && e.gen != t.gen && (e.poll || e.deadline <= now) {
-			e.owner(p, now)
-		}
+	if e := t.periodic; e != nil && e.gen != t.gen && (e.poll || e.deadline <= now) {
+		e.owner(p, now)
 	}
 	// One at a time from the heap: an owner may stop other entries (a
 	// stream that ends while another is resumed). An entry armed during
@@ -252,20 +245,15 @@ func (t *timer) dispatch(p *Plugin, now float64) {
 	t.rearm(now, true)
 }
 
-// remove takes e out of the heap or the periodic list (nothing if it is in
-// neither), without touching the tick.
+// remove takes e out of the timer (nothing if it is not in it), without
+// touching the tick.
 func (t *timer) remove(e *timerEntry) {
 	if !e.armed() {
 		return
 	}
 	i := e.pos - 1
 	if !e.inHeap {
-		last := len(t.periodic) - 1
-		t.periodic[i] = t.periodic[last]
-		t.periodic[i].pos = i + 1
-		t.periodic[last] = nil
-		t.periodic = t.periodic[:last]
-		e.pos = 0
+		t.periodic, e.pos = nil, 0
 		return
 	}
 	last := len(t.h) - 1

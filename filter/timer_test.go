@@ -44,7 +44,7 @@ func (e *testEntry) due(_ *Plugin, now float64) {
 func newTestTimer() (*timer, *tickRecorder, *[]string) {
 	rec := &tickRecorder{}
 	var logs []string
-	t := &timer{ticker: rec, log: func(_ LogLevel, msg string) { logs = append(logs, msg) }}
+	t := &timer{ticker: rec, log: logHost{logs: &logs}}
 	return t, rec, &logs
 }
 
@@ -53,6 +53,14 @@ func (l *dueLog) entry(name string, deadline float64) *testEntry {
 	e.deadline, e.owner = deadline, e.due
 	return e
 }
+
+// logHost is a Host that only logs, into logs.
+type logHost struct {
+	Host
+	logs *[]string
+}
+
+func (h logHost) Log(_ LogLevel, msg string) { *h.logs = append(*h.logs, msg) }
 
 const t0 = 1_700_000_000.0 // seconds since the epoch
 
@@ -139,38 +147,64 @@ func TestTimerPeriod(t *testing.T) {
 	}
 }
 
-// TestTimerPeriodicFirst: at a tick the periodic entries (lease mode's,
-// which make calls) run before any one-shot entry (a held request, made
-// effective), whatever the deadlines; a polled entry runs at every tick, a
-// periodic one only once its deadline has come.
+// TestTimerPeriodicFirst: at a tick the periodic entry (lease mode's,
+// which makes calls) runs before any one-shot entry (a held request, made
+// effective), whatever the deadlines; polled, it runs at every tick, else
+// only once its deadline has come. A second periodic entry takes the
+// first one's place.
 func TestTimerPeriodicFirst(t *testing.T) {
-	tm, _, _ := newTestTimer()
+	tm, rec, _ := newTestTimer()
 	var l dueLog
-	held := l.entry("held", t0+0.01)
-	refill := l.entry("refill", t0+0.5)
-	refill.every = 100
-	refill.on = func(now float64) { refill.deadline = now + 0.09 }
-	poll := l.entry("poll", t0+100)
-	poll.every, poll.poll = 1, true
-	for _, e := range []*testEntry{held, refill, poll} {
-		tm.arm(&e.timerEntry, t0)
+	lease := l.entry("lease", t0+0.5)
+	lease.every = 100
+	lease.on = func(now float64) {
+		if now >= lease.deadline {
+			lease.deadline = now + 0.09
+		}
+	}
+	tm.arm(&lease.timerEntry, t0)
+	tm.arm(&l.entry("held1", t0+0.01).timerEntry, t0)
+	poll := func(on bool) func() {
+		return func() {
+			lease.every, lease.poll = 100, on
+			if on {
+				lease.every = 1
+			}
+			tm.arm(&lease.timerEntry, t0)
+		}
 	}
 	steps := []struct {
-		now  float64
-		want []string
+		before func()
+		now    float64
+		want   []string
 	}{
-		{t0 + 0.01, []string{"poll", "held"}},
-		{t0 + 0.02, []string{"poll"}},
-		{t0 + 0.5, []string{"refill", "poll"}},
-		{t0 + 0.55, []string{"poll"}},
-		{t0 + 0.59, []string{"refill", "poll"}},
+		{nil, t0 + 0.01, []string{"held1"}},
+		{func() { poll(true)(); tm.arm(&l.entry("held2", t0+0.02).timerEntry, t0) }, t0 + 0.02, []string{"lease", "held2"}},
+		{nil, t0 + 0.03, []string{"lease"}},
+		{poll(false), t0 + 0.04, nil},
+		{nil, t0 + 0.5, []string{"lease"}},
+		{nil, t0 + 0.55, nil},
+		{nil, t0 + 0.59, []string{"lease"}},
 	}
 	for i, st := range steps {
+		if st.before != nil {
+			st.before()
+		}
 		l.got = nil
 		tm.dispatch(nil, st.now)
 		if !slices.Equal(l.got, st.want) {
 			t.Errorf("step %d: got %v, want %v", i, l.got, st.want)
 		}
+	}
+	other := l.entry("other", t0)
+	other.every = 50
+	tm.arm(&other.timerEntry, t0+0.6)
+	if lease.armed() || !other.armed() || tm.period != 50 {
+		t.Errorf("second periodic entry: first armed %v, second %v, period %d; want false, true, 50",
+			lease.armed(), other.armed(), tm.period)
+	}
+	if len(rec.periods) == 0 {
+		t.Error("no period set")
 	}
 }
 
