@@ -12,27 +12,6 @@ import (
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
-// Caller is implemented by hosts that can call out and resume a paused
-// stream from the root context (filter/abi). Without it, cluster-scope
-// rules take settings.rls.on_error.
-type Caller interface {
-	// HTTPCall dispatches an HTTP call (proxy_http_call) and returns its
-	// token; the response arrives as Plugin.OnHTTPCallResponse.
-	HTTPCall(cluster string, headers [][2]string, body []byte, timeoutMs uint32) (uint32, error)
-	// CallResponseHeader and CallResponseTrailer return a header or
-	// trailer of the call response being delivered, CallResponseBody its
-	// body; valid until the callback returns.
-	CallResponseHeader(name string) (string, bool)
-	CallResponseTrailer(name string) (string, bool)
-	CallResponseBody(size int) ([]byte, bool)
-	// SetEffectiveContext makes the stream with context id the one later
-	// calls act on (proxy_set_effective_context); false if it is gone.
-	SetEffectiveContext(id uint32) bool
-	// ContinueRequest resumes the effective stream's request
-	// (proxy_continue_stream).
-	ContinueRequest() error
-}
-
 // The paths of ShouldRateLimit in either protocol; the descriptor sent for
 // a cluster rule is rlscontract.ClusterDescriptor (docs/rls.md).
 const (
@@ -44,7 +23,6 @@ const (
 // cluster rules. It owns copies of everything it needs, since the request
 // scratch is reused by the requests decided meanwhile.
 type pendingCall struct {
-	token  uint32
 	s      *Stream
 	now    float64
 	grpc   bool
@@ -82,8 +60,7 @@ func (s *Stream) askCluster(st *reqState) Action {
 	pc.buckets = cloneReqs(g.reqs)
 
 	rls := p.cfg.Settings.RLS
-	caller, ok := p.host.(Caller)
-	if !ok {
+	if p.caller == nil {
 		return s.clusterFailed(pc, "the host has no HTTP callouts", false)
 	}
 	ds := make([]rlscontract.Descriptor, len(g.rules))
@@ -102,12 +79,11 @@ func (s *Stream) askCluster(st *reqState) Action {
 		}
 	}
 	s.trackCluster(g, ds)
-	token, err := callRLS(caller, rls, ds)
+	token, err := callRLS(p.caller, rls, ds)
 	if err != nil {
 		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
 	}
-	pc.token = token
-	p.calls = append(p.calls, pc)
+	p.callouts.add(token, pc.answered)
 	s.call = token
 	return Pause
 }
@@ -150,28 +126,16 @@ func cloneReqs(reqs []sharedstate.Request) []sharedstate.Request {
 	return out
 }
 
-// OnHTTPCallResponse is proxy_on_http_call_response: the rate-limit
-// service's answer for a paused request, or its failure (no headers).
-func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrailers int) {
-	defer p.recoverTo("proxy_on_http_call_response", func() {})
-	if lc := p.takeLeaseCall(token); lc != nil {
-		p.leaseAnswer(lc, numHeaders, bodySize)
-		return
-	}
-	if p.settleAnswer(token, numHeaders, bodySize) {
-		return // a settlement's answer (cluster_settle.go)
-	}
-	pc := p.takeCall(token)
-	if pc == nil {
-		return // the stream ended first, or the call is not ours
-	}
+// answered is the rate-limit service's answer for a paused request, or its
+// failure (no headers): the request goes on or is answered as the decision
+// or settings.rls.on_error says.
+func (pc *pendingCall) answered(p *Plugin, numHeaders, bodySize int) {
 	pc.s.call = 0
-	caller := p.host.(Caller)
-	if !caller.SetEffectiveContext(pc.s.id) {
+	if !p.caller.SetEffectiveContext(pc.s.id) {
 		pc.s.dropHold(true) // gone: never continued
 		return
 	}
-	resp, reason := p.readRLS(caller, numHeaders, bodySize)
+	resp, reason := p.readRLS(numHeaders, bodySize)
 	if reason != "" {
 		pc.s.clusterFailed(pc, reason, true)
 		return
@@ -185,8 +149,9 @@ func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrail
 // the body, as envoyproxy/ratelimit's /json answers; any other status (its
 // 400 for a failed decision or a bad request, 500 for UNKNOWN; tokengate-rls's
 // 503 when Redis fails) is an error.
-func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlscontract.Response, string) {
+func (p *Plugin) readRLS(numHeaders, bodySize int) (rlscontract.Response, string) {
 	var none rlscontract.Response
+	c := p.caller
 	if numHeaders == 0 {
 		return none, "no response (timeout or connection failure)"
 	}
@@ -422,7 +387,7 @@ func (s *Stream) refundLocal(pc *pendingCall) {
 
 // resume continues the paused request (the effective context is set).
 func (s *Stream) resume() {
-	if err := s.p.host.(Caller).ContinueRequest(); err != nil {
+	if err := s.p.caller.ContinueRequest(); err != nil {
 		s.p.host.Log(LogError, "tokengate: continue stream: "+err.Error())
 	}
 }
@@ -493,18 +458,4 @@ func (s *Stream) sendCostExceedsBurst(pc *pendingCall, r *rule) {
 // sendUnavailable is the 503 of on_error: deny.
 func (s *Stream) sendUnavailable(pc *pendingCall, r *rule) {
 	s.send(pc.grpc, &localReply{unavailable: true, reason: "rls_error", details: "tokengate_rls_error", rule: r})
-}
-
-// takeCall removes and returns the pending call with this token, or nil.
-func (p *Plugin) takeCall(token uint32) *pendingCall {
-	for i, pc := range p.calls {
-		if pc.token == token {
-			last := len(p.calls) - 1
-			p.calls[i] = p.calls[last]
-			p.calls[last] = nil
-			p.calls = p.calls[:last]
-			return pc
-		}
-	}
-	return nil
 }

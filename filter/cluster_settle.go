@@ -166,44 +166,31 @@ func (s *Stream) sendClusterSettles() {
 		fail("no rate-limit service configured")
 		return
 	}
-	caller, ok := p.host.(Caller)
-	if !ok {
+	if p.caller == nil {
 		fail("the host has no HTTP callouts")
 		return
 	}
-	if len(p.settleCalls) >= maxSettleCalls {
+	if p.settling >= maxSettleCalls {
 		fail("too many settlement calls in flight (" + strconv.Itoa(maxSettleCalls) + ")")
 		return
 	}
 	rls := p.cfg.Settings.RLS
-	token, err := callRLSWith(caller, rls, ds, max(rls.TimeoutMs, minSettleTimeoutMs), [][2]string{{rlscontract.SettleHeader, "1"}})
+	token, err := callRLSWith(p.caller, rls, ds, max(rls.TimeoutMs, minSettleTimeoutMs), [][2]string{{rlscontract.SettleHeader, "1"}})
 	if err != nil {
 		fail("dispatch: " + err.Error())
 		return
 	}
-	p.settleCalls = append(p.settleCalls, token)
+	p.callouts.add(token, settleAnswered)
+	p.settling++
 	p.metrics.settleCalls.inc(p.host, 1)
 }
 
-// settleAnswer reports whether token is a settlement call's and, if so,
-// counts its failure: the answer itself changes nothing.
-func (p *Plugin) settleAnswer(token uint32, numHeaders, bodySize int) bool {
-	found := false
-	for i, t := range p.settleCalls {
-		if t == token {
-			last := len(p.settleCalls) - 1
-			p.settleCalls[i] = p.settleCalls[last]
-			p.settleCalls = p.settleCalls[:last]
-			found = true
-			break
-		}
-	}
-	if !found {
-		return false
-	}
-	if _, reason := p.readRLS(p.host.(Caller), numHeaders, bodySize); reason != "" {
+// settleAnswered is the owner of a settlement's answer (callouts.go): it
+// counts a failure; the answer itself changes nothing.
+func settleAnswered(p *Plugin, numHeaders, bodySize int) {
+	p.settling--
+	if _, reason := p.readRLS(numHeaders, bodySize); reason != "" {
 		p.metrics.settleErrors.inc(p.host, 1)
 		p.warnf(p.Clock(), "event=rls_settle_error reason="+strconv.Quote(reason))
 	}
-	return true
 }

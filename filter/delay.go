@@ -4,7 +4,6 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -23,28 +22,13 @@ import (
 // RetryAfter is the time until the request would fit the reservation again,
 // and bucket.Limit.Delay is the wait an admission leaves.
 
-// Ticker is implemented by hosts with a per-worker timer
-// (proxy_set_tick_period_milliseconds); the timer calls Plugin.OnTick.
-// Without it (or without Caller), or once the host has refused a tick
-// period (Plugin.noTicks), a request that would have to wait is rejected
-// instead.
-type Ticker interface {
-	// SetTickPeriod sets the period of the root context's tick, in
-	// milliseconds; 0 stops it.
-	SetTickPeriod(ms uint32) error
-}
-
-// minTickMs is the shortest tick period the filter asks for. Envoy's timers
-// count milliseconds, so a release is late by less than a millisecond plus
-// the host's timer slack, and never early (OnTick rechecks the clock).
-const minTickMs = 1
-
-// waiter is one held request in the plugin's timer heap.
+// waiter is one held request: its entry in the plugin's timer (timer.go)
+// is due at the request's release.
 type waiter struct {
-	deadline float64 // seconds since the epoch: release at or after it
-	seq      uint64  // admission order, to release equal deadlines in order
-	idx      int     // position in the heap
-	s        *Stream
+	// timerEntry's deadline is the release, in seconds since the epoch:
+	// at or after it.
+	timerEntry
+	s *Stream
 	// rules are the reserving rules that count this request against their
 	// max_pending; refund are the buckets given back if the client leaves
 	// (rules with refund_on_cancel), copies owned by the waiter.
@@ -54,105 +38,8 @@ type waiter struct {
 	by *rule
 }
 
-// delayQueue is a plugin's held requests, a binary min-heap on (deadline,
-// seq), and the tick it has asked the host for.
-type delayQueue struct {
-	h   []*waiter
-	seq uint64
-	// period is the tick period in force (ms, 0 = off) and armedFor the
-	// deadline it was computed for.
-	period   uint32
-	armedFor float64
-	// latest is the latest time seen when holding or ticking: a clock
-	// more than bucket.MaxClockSkew behind it was stepped back.
-	latest float64
-}
-
-// rebase moves every deadline back by the amount the clock was stepped
-// back since latest, so that held requests keep the wait they had left
-// instead of waiting for the old time to come back (the buckets re-anchor
-// at the new time too; see bucket.Limit.Refill). Moving them all keeps the
-// heap's order.
-func (q *delayQueue) rebase(now float64) {
-	if step := q.latest - now; step > bucket.MaxClockSkew {
-		for _, w := range q.h {
-			w.deadline -= step
-		}
-		q.armedFor = 0
-		q.latest = now
-	}
-	q.latest = max(q.latest, now)
-}
-
-func (q *delayQueue) less(i, j int) bool {
-	a, b := q.h[i], q.h[j]
-	return a.deadline < b.deadline || a.deadline == b.deadline && a.seq < b.seq
-}
-
-func (q *delayQueue) swap(i, j int) {
-	q.h[i], q.h[j] = q.h[j], q.h[i]
-	q.h[i].idx, q.h[j].idx = i, j
-}
-
-func (q *delayQueue) up(i int) {
-	for i > 0 {
-		parent := (i - 1) / 2
-		if !q.less(i, parent) {
-			return
-		}
-		q.swap(i, parent)
-		i = parent
-	}
-}
-
-func (q *delayQueue) down(i int) {
-	n := len(q.h)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			return
-		}
-		m := l
-		if r := l + 1; r < n && q.less(r, l) {
-			m = r
-		}
-		if !q.less(m, i) {
-			return
-		}
-		q.swap(i, m)
-		i = m
-	}
-}
-
-func (q *delayQueue) push(w *waiter) {
-	q.seq++
-	w.seq = q.seq
-	w.idx = len(q.h)
-	q.h = append(q.h, w)
-	q.up(w.idx)
-}
-
-// remove takes w out of the heap.
-func (q *delayQueue) remove(w *waiter) {
-	i, last := w.idx, len(q.h)-1
-	if i != last {
-		q.swap(i, last)
-	}
-	q.h[last] = nil
-	q.h = q.h[:last]
-	if i != last {
-		q.down(i)
-		q.up(i)
-	}
-	w.idx = -1
-}
-
 // Waiting returns the number of requests the plugin holds.
-func (p *Plugin) Waiting() int { return len(p.delays.h) }
-
-// TickPeriod returns the tick period, in milliseconds, the plugin last set
-// (0: no tick).
-func (p *Plugin) TickPeriod() uint32 { return p.delays.period }
+func (p *Plugin) Waiting() int { return p.held }
 
 // reservationWait returns the longest wait, in seconds, the admission of
 // g's requests left (bucket.Limit.Delay: 0 unless a bucket was taken into
@@ -180,9 +67,7 @@ func reservationWait(g *group) (float64, int) {
 // tick period), by, the rule whose reservation the request would wait for.
 func (s *Stream) unholdable(g *group, by int) int {
 	p := s.p
-	_, caller := p.host.(Caller)
-	_, ticks := p.host.(Ticker)
-	if !caller || !ticks || p.noTicks {
+	if p.caller == nil || !p.timer.usable() {
 		return by
 	}
 	for i, r := range g.rules {
@@ -202,8 +87,9 @@ func (s *Stream) unholdable(g *group, by int) int {
 // can be held.
 func (s *Stream) prepareHold(g *group, now, wait float64, by int) *waiter {
 	p := s.p
-	p.delays.rebase(now)
-	w := &waiter{deadline: now + wait, s: s, by: g.rules[by]}
+	p.timer.rebase(now)
+	w := &waiter{s: s, by: g.rules[by]}
+	w.deadline = now + wait
 	for i, r := range g.rules {
 		if r.Delay.Debt == 0 {
 			continue
@@ -220,16 +106,15 @@ func (s *Stream) prepareHold(g *group, now, wait float64, by int) *waiter {
 // startHold puts the prepared hold w of the stream in the timer heap:
 // OnTick releases the request at its deadline. It reports false, holding
 // nothing (the hold is dropped), if the host refused the tick the request
-// needs (the plugin then holds nothing more: noTicks).
+// needs (the timer then refuses every later hold: timer.usable).
 func (s *Stream) startHold(w *waiter, now float64) bool {
 	p := s.p
-	p.delays.push(w)
-	p.delays.rebase(now) // a clock stepped back since moves w with the rest
-	if !p.arm(p.host.(Ticker), now, false) {
-		p.delays.remove(w)
+	w.owner = w.due
+	if !p.timer.arm(&w.timerEntry, now) {
 		p.forget(w)
 		return false
 	}
+	p.held++
 	s.waiter = w
 	for _, r := range w.rules {
 		r.metrics.delayed.inc(p.host, 1)
@@ -318,92 +203,19 @@ func (s *Stream) refuseHold(req *request, g *group, now, wait float64, over int)
 	return Pause
 }
 
-// arm sets the tick for the earliest deadline. Outside a tick it changes
-// the period only when the earliest deadline moved (Envoy recreates the
-// timer on every call, so setting it per request would postpone the tick
-// for as long as requests keep coming); in a tick (ticked) it also corrects
-// a period that no longer matches the time left. Nothing waiting: 0. It
-// reports false if the host refused the period.
-func (p *Plugin) arm(t Ticker, now float64, ticked bool) bool {
-	q := &p.delays
-	if len(q.h) == 0 {
-		ok := true
-		if q.period != 0 {
-			ok = p.setTick(t, 0)
-		}
-		q.armedFor = 0
-		return ok
+// due releases a held request whose deadline has come (the timer calls it
+// from OnTick). A stream that is gone leaves the previous context
+// effective: continuing then would resume the wrong stream. Its client
+// left.
+func (w *waiter) due(p *Plugin, now float64) {
+	p.held--
+	p.forget(w)
+	w.s.waiter = nil
+	if p.caller.SetEffectiveContext(w.s.id) {
+		w.s.resume()
+	} else {
+		p.cancelled(w, now)
 	}
-	top := q.h[0].deadline
-	if top == q.armedFor && q.period != 0 && !ticked {
-		return true
-	}
-	ms := uint32(minTickMs)
-	// The microsecond taken off absorbs rounding in top-now (epoch
-	// seconds carry about 0.2 µs of precision); a tick that comes that
-	// early finds nothing due and re-arms for 1 ms.
-	if left := math.Ceil((top-now)*1000 - 1e-3); left > minTickMs {
-		ms = uint32(min(left, math.MaxUint32))
-	}
-	if ms != q.period || !ticked {
-		if !p.setTick(t, ms) {
-			return false
-		}
-	}
-	q.armedFor = top
-	return true
-}
-
-// setTick sets the host's tick period. A host that refuses it (a proxy-wasm
-// host without timers answers UNIMPLEMENTED) is remembered as one without
-// ticks: requests that would have to wait are rejected from then on.
-func (p *Plugin) setTick(t Ticker, ms uint32) bool {
-	// Lease mode refills every lease.period ms: the timer never runs
-	// slower than that, nor stops, while a lease rule exists (lease.go).
-	if lp := p.lease.period; lp > 0 && (ms == 0 || ms > lp) {
-		ms = lp
-	}
-	if err := t.SetTickPeriod(ms); err != nil {
-		if !p.noTicks {
-			p.host.Log(LogError, "tokengate: the host refused a tick period ("+err.Error()+
-				"): requests that would wait for their reservation are rejected from now on")
-		}
-		p.noTicks = true
-		return false
-	}
-	p.delays.period = ms
-	return true
-}
-
-// OnTick is the root context's proxy_on_tick: every held request whose
-// deadline has come is released, in deadline order, and the tick is set
-// for the next one (or stopped).
-func (p *Plugin) OnTick() {
-	defer p.recoverTo("proxy_on_tick", func() {})
-	t, ok := p.host.(Ticker)
-	if !ok {
-		return
-	}
-	now := p.Clock()
-	// Lease calls first: a call made once a stream is effective would
-	// belong to that stream, and die with it in Envoy (lease.go).
-	p.leaseOnTick(now)
-	q := &p.delays
-	q.rebase(now)
-	for len(q.h) > 0 && q.h[0].deadline <= now {
-		w := q.h[0]
-		q.remove(w)
-		p.forget(w)
-		w.s.waiter = nil
-		// A stream that is gone leaves the previous context effective:
-		// continuing then would resume the wrong stream. Its client left.
-		if p.host.(Caller).SetEffectiveContext(w.s.id) {
-			w.s.resume()
-		} else {
-			p.cancelled(w, now)
-		}
-	}
-	p.arm(t, now, true)
 }
 
 // abandon forgets what a stream that ended was waiting for: the rate-limit
@@ -415,7 +227,7 @@ func (s *Stream) abandon() {
 	p := s.p
 	s.ended = true
 	if s.call != 0 {
-		p.takeCall(s.call)
+		p.callouts.take(s.call) // its answer is dropped
 		s.call = 0
 	}
 	s.dropHold(true)
@@ -441,13 +253,11 @@ func (s *Stream) cancelWait() {
 	p := s.p
 	defer p.recoverTo("the end of a held stream", func() {})
 	s.waiter = nil
-	p.delays.remove(w)
+	p.held--
 	p.forget(w)
 	now := p.Clock()
+	p.timer.stop(&w.timerEntry, now)
 	p.cancelled(w, now)
-	if t, ok := p.host.(Ticker); ok {
-		p.arm(t, now, false)
-	}
 }
 
 // cancelled counts a held request whose client left and, if its rules ask

@@ -9,7 +9,10 @@
 // docs/proxy-wasm.md). Logs go through Host.Log.
 package filter
 
-import "github.com/tokengate/tokengate/sharedstate"
+import (
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/sharedstate"
+)
 
 // LogLevel is a proxy-wasm log level.
 type LogLevel uint32
@@ -105,4 +108,135 @@ type Host interface {
 	// upstream (proxy_send_local_response). grpcStatus is NoGRPCStatus for a
 	// plain HTTP reply.
 	SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) error
+}
+
+// The optional capabilities of a host: the filter finds them once, when the
+// plugin starts (NewPlugin, findCapabilities), keeps them in fields of the
+// Plugin (nil when the host lacks one), and never asks the host again.
+// OnConfigure logs what a configuration needs that the host lacks, and
+// what the filter does instead (checkCapabilities).
+
+// Caller is implemented by hosts that can call out and resume a paused
+// stream from the root context (filter/abi). Without it, cluster-scope
+// rules take settings.rls.on_error.
+type Caller interface {
+	// HTTPCall dispatches an HTTP call (proxy_http_call) and returns its
+	// token; the response arrives as Plugin.OnHTTPCallResponse.
+	HTTPCall(cluster string, headers [][2]string, body []byte, timeoutMs uint32) (uint32, error)
+	// CallResponseHeader and CallResponseTrailer return a header or
+	// trailer of the call response being delivered, CallResponseBody its
+	// body; valid until the callback returns.
+	CallResponseHeader(name string) (string, bool)
+	CallResponseTrailer(name string) (string, bool)
+	CallResponseBody(size int) ([]byte, bool)
+	// SetEffectiveContext makes the stream with context id the one later
+	// calls act on (proxy_set_effective_context); false if it is gone.
+	SetEffectiveContext(id uint32) bool
+	// ContinueRequest resumes the effective stream's request
+	// (proxy_continue_stream).
+	ContinueRequest() error
+}
+
+// Ticker is implemented by hosts with a per-worker timer
+// (proxy_set_tick_period_milliseconds); the timer calls Plugin.OnTick.
+// Without it (or without Caller), or once the host has refused a tick
+// period, a request that would have to wait for its reservation is
+// rejected instead, and lease rules are not refilled ahead.
+type Ticker interface {
+	// SetTickPeriod sets the period of the root context's tick, in
+	// milliseconds; 0 stops it.
+	SetTickPeriod(ms uint32) error
+}
+
+// bodyReader is implemented by hosts that can read the response body chunk
+// of the running proxy_on_response_body (filter/abi, over
+// proxy_get_buffer_bytes). Without it a response_json or response_sse cost
+// is always default_cost.
+type bodyReader interface {
+	// ResponseBody returns up to max bytes of the current body chunk from
+	// start; they are valid until the next ResponseBody call or the end of
+	// the callback.
+	ResponseBody(start, max int) ([]byte, bool)
+}
+
+// headerBytesSetter is implemented by hosts that can set or add a response
+// header from a byte slice without converting it to a string first
+// (filter/abi: the host copies the value during the call).
+type headerBytesSetter interface {
+	// SetResponseHeaderBytes is SetResponseHeader with the value as bytes;
+	// the host must not keep value after the call.
+	SetResponseHeaderBytes(name string, value []byte)
+	// AddResponseHeaderBytes is AddResponseHeader with the value as bytes.
+	AddResponseHeaderBytes(name string, value []byte)
+}
+
+// propertyStringer is implemented by hosts that can return a property as a
+// string without a copy, valid until the callback returns (filter/abi).
+type propertyStringer interface {
+	PropertyString(path ...string) (string, bool)
+}
+
+// bytesLogger is implemented by hosts that can log a message held in a byte
+// slice (filter/abi); the host must not keep msg after the call.
+type bytesLogger interface {
+	LogBytes(level LogLevel, msg []byte)
+}
+
+// bytesViewer is implemented by hosts that can give a string view of a
+// byte slice without copying it (filter/abi, which alone may use unsafe).
+// The filter uses it for buffers it does not touch again until the next
+// request or rejection: the request's shared-data keys (sharedstate.Store
+// forbids keeping a key past the call) and the 429's header values (hosts
+// copy them).
+type bytesViewer interface {
+	// ViewString returns a string sharing b's bytes: valid while b is not
+	// modified.
+	ViewString(b []byte) string
+}
+
+// findCapabilities records which optional interfaces h implements.
+func (p *Plugin) findCapabilities(h Host) {
+	p.caller, _ = h.(Caller)
+	p.br, _ = h.(bodyReader)
+	p.hbs, _ = h.(headerBytesSetter)
+	p.ps, _ = h.(propertyStringer)
+	p.bl, _ = h.(bytesLogger)
+	p.bv, _ = h.(bytesViewer)
+	p.timer.ticker, _ = h.(Ticker)
+	p.timer.log = h
+}
+
+// checkCapabilities logs, at warn level, what the configuration's rules
+// need that the host lacks: one line for the first rule of each kind concerned, saying what
+// the filter does instead. None of them refuses the configuration: each has
+// a defined fallback, the one a request would meet if the capability failed
+// at run time (a failed callout, a refused tick).
+func (p *Plugin) checkCapabilities() {
+	var logged uint8 // a bit per note
+	for _, r := range p.rules.rules {
+		k := -1
+		switch {
+		case (r.Cluster || r.Lease != nil) && p.caller == nil:
+			k = 0
+		case r.Delay.Debt > 0 && (p.caller == nil || p.timer.ticker == nil):
+			k = 1
+		case r.Lease != nil && p.timer.ticker == nil:
+			k = 2
+		case r.Settle != nil && r.Settle.Response >= config.ResponseJSON && p.br == nil:
+			k = 3
+		}
+		if k >= 0 && logged&(1<<k) == 0 {
+			logged |= 1 << k
+			p.host.Log(LogWarn, "tokengate: rule "+r.Name+capabilityNotes[k])
+		}
+	}
+}
+
+// capabilityNotes say what a rule needs that the host lacks, and what the
+// filter does instead (checkCapabilities).
+var capabilityNotes = [...]string{
+	" needs HTTP callouts, which the host lacks: it takes settings.rls.on_error",
+	" holds requests (max_reserved), which needs a timer and stream resumption the host lacks: they are rejected instead",
+	" leases, which needs a timer the host lacks: no refill ahead, a request short of allowance makes its own call",
+	" reads its cost in the response body, which the host cannot: the cost is default_cost",
 }

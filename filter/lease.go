@@ -65,8 +65,7 @@ type leaseBucket struct {
 
 // leaseCall is a lease request in flight.
 type leaseCall struct {
-	token uint32
-	b     *leaseBucket
+	b *leaseBucket
 	// seq is the claim's sequence number (LeaseRecord.Claimer).
 	seq     uint32
 	sent    float64
@@ -138,19 +137,19 @@ type leaseItem struct {
 type leaseState struct {
 	holder  string
 	buckets []*leaseBucket
-	calls   []*leaseCall
 	waiters []*leaseWaiter
 	// debits are the current request's debits (scratch).
 	debits []leaseDebit
 	pass   uint64
 	upd    sharedstate.LeaseUpdater
 	// refill is the refill period in ms (0: no lease rule, or a host
-	// without ticks); period is the tick period lease mode needs: refill,
-	// or leasePollMs while requests wait (setTick never lets the timer run
-	// slower); next is when the periodic refill is due.
+	// without ticks or callouts). tick is lease mode's entry in the
+	// plugin's timer (timer.go), armed while refill is not 0: its deadline
+	// is when the periodic refill is due; it keeps the tick every refill
+	// ms, or every leasePollMs, polled at every tick, while requests wait
+	// (leaseSetPeriod).
 	refill uint32
-	period uint32
-	next   float64
+	tick   timerEntry
 }
 
 // leaseConfigure resets the worker's lease state for a new configuration
@@ -168,27 +167,21 @@ func (p *Plugin) leaseConfigure(cfg *config.Config) {
 		// No service to ask any more, and no cluster rule to decide:
 		// the waiting requests go on, as the new configuration admits.
 		for _, w := range p.lease.waiters {
-			if w.s.id == w.id && !w.s.ended && p.host.(Caller).SetEffectiveContext(w.id) {
+			if w.s.id == w.id && !w.s.ended && p.caller.SetEffectiveContext(w.id) {
 				w.s.proceed(w.pc)
 			}
 		}
 		clear(p.lease.waiters)
 		p.lease.waiters = p.lease.waiters[:0]
 	}
-	t, ok := p.host.(Ticker)
-	if !ok || !leases && p.lease.period == 0 {
-		return
-	}
-	p.lease.refill, p.lease.period = 0, 0
-	if leases {
+	// Without callouts nothing can be refilled, and without a timer
+	// nothing resumes a request that waits: each request short of
+	// allowance makes its own call, or takes on_error.
+	p.lease.refill = 0
+	if leases && p.caller != nil && p.timer.usable() {
 		p.lease.refill = cfg.Settings.RLS.LeaseTickMs
-		p.lease.period = p.lease.refill
-		if len(p.lease.waiters) > 0 {
-			p.lease.period = leasePollMs
-		}
 	}
-	// The delay queue's period, combined with the refill's (setTick).
-	p.setTick(t, p.delays.period)
+	p.leaseSetPeriod()
 }
 
 // leaseOutcome is what an allowance said about one request.
@@ -309,8 +302,7 @@ func (s *Stream) leaseAdmit(st *reqState) Action {
 	)
 	// The request waits for its process's call unless it makes an exact
 	// call anyway, or the host cannot resume it.
-	_, ticks := p.host.(Ticker)
-	canWait := ticks && p.lease.refill > 0 && len(st.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
+	canWait := p.lease.refill > 0 && p.timer.usable() && len(st.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
 		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, math.Inf(1), true, canWait && !r.Shadow, false, 0)
@@ -450,22 +442,28 @@ func (p *Plugin) leaseRefund(ds []leaseDebit) {
 	}
 }
 
-// leaseSetPeriod keeps the tick at leasePollMs while requests wait, and
-// lets it go back to the refill period (at the next arm) when none does.
+// leaseSetPeriod arms lease mode's timer entry while a lease rule exists:
+// the tick every refill period, or, while requests wait, every leasePollMs
+// with the entry due at every tick; and stops it when none does. A timer
+// the host refuses leaves lease mode without ticks (refill 0).
 func (p *Plugin) leaseSetPeriod() {
+	e := &p.lease.tick
 	if p.lease.refill == 0 {
+		if e.armed() {
+			p.timer.stop(e, p.Clock())
+		}
 		return
 	}
-	want := p.lease.refill
+	every, poll := p.lease.refill, false
 	if len(p.lease.waiters) > 0 {
-		want = leasePollMs
+		every, poll = leasePollMs, true
 	}
-	if want == p.lease.period {
+	if e.armed() && e.every == every && e.poll == poll {
 		return
 	}
-	p.lease.period = want
-	if t, ok := p.host.(Ticker); ok && want < p.delays.period {
-		p.setTick(t, p.delays.period)
+	e.every, e.poll, e.owner = every, poll, (*Plugin).leaseOnTick
+	if !p.timer.arm(e, p.Clock()) {
+		p.lease.refill = 0
 	}
 }
 
@@ -615,7 +613,7 @@ func (p *Plugin) leaseFinish(w *leaseWaiter) {
 	if w.outcome == waitGone {
 		return // the client left: its tokens stay spent
 	}
-	if !p.host.(Caller).SetEffectiveContext(w.id) {
+	if !p.caller.SetEffectiveContext(w.id) {
 		w.s.dropHold(true) // gone: never continued
 		return
 	}
@@ -679,10 +677,11 @@ func (p *Plugin) leaseOnTick(now float64) {
 	if p.lease.refill == 0 || p.cfg == nil || p.cfg.Settings.RLS == nil {
 		return
 	}
-	periodic := now >= p.lease.next
+	e := &p.lease.tick
+	periodic := now >= e.deadline
 	if periodic {
 		// 0.9: a tick that comes a little early still refills.
-		p.lease.next = now + 0.9*float64(p.lease.refill)/1000
+		e.deadline = now + 0.9*float64(p.lease.refill)/1000
 	}
 	p.leaseServe(now, periodic)
 }
@@ -846,9 +845,8 @@ func (p *Plugin) leaseDispatch(lc *leaseCall, grant uint64, now float64) {
 		p.leaseApply(lc, now, nil, 0)
 		return
 	}
-	lc.token = token
 	b.calling = true
-	p.lease.calls = append(p.lease.calls, lc)
+	p.callouts.add(token, lc.answered)
 	p.metrics.leaseCalls.inc(p.host, 1)
 }
 
@@ -857,8 +855,8 @@ func sharedstateFloor(x float64) float64 { return math.Floor(x*1e6) / 1e6 }
 
 // leaseSend dispatches a lease request, release or exact take for b.
 func (p *Plugin) leaseSend(b *leaseBucket, lc *leaseCall, grant uint64) (uint32, error) {
-	caller, ok := p.host.(Caller)
-	if !ok {
+	caller := p.caller
+	if caller == nil {
 		return 0, errNoCallouts
 	}
 	// want is whole (ceilTokens, or an allowance's whole tokens left).
@@ -892,26 +890,12 @@ func (p *Plugin) leaseHolder() string {
 	return p.lease.holder
 }
 
-// takeLeaseCall removes and returns the lease call with this token, or nil.
-func (p *Plugin) takeLeaseCall(token uint32) *leaseCall {
-	for i, lc := range p.lease.calls {
-		if lc.token == token {
-			last := len(p.lease.calls) - 1
-			p.lease.calls[i] = p.lease.calls[last]
-			p.lease.calls[last] = nil
-			p.lease.calls = p.lease.calls[:last]
-			return lc
-		}
-	}
-	return nil
-}
-
 // leaseAnswer reads the service's answer to a lease call (or its failure),
 // applies it, and serves the requests of this worker that wait for it.
 func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 	lc.b.calling = false
 	now := p.Clock()
-	resp, reason := p.readRLS(p.host.(Caller), numHeaders, bodySize)
+	resp, reason := p.readRLS(numHeaders, bodySize)
 	var st *rlscontract.Status
 	if reason == "" {
 		switch {

@@ -37,26 +37,30 @@ type Plugin struct {
 	st  reqState
 	buf scratch
 
-	// Optional host methods that save a copy; nil when the host lacks them.
-	hbs headerBytesSetter
-	ps  propertyStringer
-	bv  bytesViewer
-	bl  bytesLogger
+	// The host's optional capabilities, found once by NewPlugin (host.go);
+	// nil when the host lacks them. caller: callouts and stream resumption
+	// (cluster and lease rules, held requests); br: the response body
+	// (response_json and response_sse costs); hbs, ps, bv, bl save copies.
+	caller Caller
+	br     bodyReader
+	hbs    headerBytesSetter
+	ps     propertyStringer
+	bv     bytesViewer
+	bl     bytesLogger
 	// free holds released streams for NewStream to reuse.
 	free []*Stream
-	// calls are the requests paused for the rate-limit service (cluster.go);
-	// a slice, not a map: few are pending at once, and a map type costs the
-	// module tens of kilobytes.
-	calls []*pendingCall
+	// callouts are the calls in flight and the owners of their answers
+	// (callouts.go); settling counts the settlements among them
+	// (cluster_settle.go).
+	callouts calloutTable
+	settling int
 	// lease is the lease-mode state of this worker (lease.go).
 	lease leaseState
-	// settleCalls are the tokens of the settlement calls in flight
-	// (cluster_settle.go).
-	settleCalls []uint32
-	// delays are the requests held for their reservation (delay.go);
-	// noTicks is set once the host refuses a tick period.
-	delays  delayQueue
-	noTicks bool
+	// timer is the worker's one timer (timer.go): held requests
+	// (delay.go) and lease mode's refills arm entries in it; held counts
+	// the held requests.
+	timer timer
+	held  int
 
 	// warn limits warn-level lines on the request path so that a store
 	// outage cannot flood the proxy's log; see warnf.
@@ -97,10 +101,7 @@ func NewPlugin(h Host) *Plugin {
 	p := &Plugin{host: h, Clock: wallClock}
 	p.store = &sharedstate.LocalFallback{Host: h, OnFallback: p.localState}
 	p.upd.Store = p.store
-	p.hbs, _ = h.(headerBytesSetter)
-	p.ps, _ = h.(propertyStringer)
-	p.bl, _ = h.(bytesLogger)
-	p.bv, _ = h.(bytesViewer)
+	p.findCapabilities(h)
 	// Workers that collide on a key must not retry in lockstep; seed each
 	// plugin instance (one per worker VM) differently.
 	p.upd.Backoff = sharedstate.SpinBackoff(rand.Uint64())
@@ -143,6 +144,7 @@ func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 	p.cfg, p.rules = cfg, rules
 	p.upd.MaxAttempts = cfg.Settings.MaxAttempts
 	p.leaseConfigure(cfg)
+	p.checkCapabilities()
 	p.host.Log(LogInfo, "tokengate: configured "+strconv.Itoa(len(rules.rules))+" rules in "+
 		strconv.Itoa(len(cfg.Policies))+" policies")
 	return true

@@ -44,17 +44,6 @@ import (
 // the settlements of cluster-scope rules are sent to the rate-limit service
 // from there (cluster_settle.go).
 
-// bodyReader is implemented by hosts that can read the response body chunk
-// of the running proxy_on_response_body (filter/abi, over
-// proxy_get_buffer_bytes). Without it a response_json or response_sse cost
-// is always default_cost.
-type bodyReader interface {
-	// ResponseBody returns up to max bytes of the current body chunk from
-	// start; they are valid until the next ResponseBody call or the end of
-	// the callback.
-	ResponseBody(start, max int) ([]byte, bool)
-}
-
 // bodyWindow is the most body bytes read at once.
 const bodyWindow = 8 << 10
 
@@ -157,7 +146,7 @@ func (s *Stream) settleHeaders(endOfStream bool) {
 	st.status, _ = strconv.Atoi(v)
 	enc, _ := p.host.ResponseHeader("content-encoding")
 	encoded := enc != "" && !strings.EqualFold(enc, "identity")
-	_, canRead := p.host.(bodyReader)
+	canRead := p.br != nil
 	for i := range st.charges {
 		c := &st.charges[i]
 		spec := c.r.Settle
@@ -214,7 +203,7 @@ func (s *Stream) OnResponseBody(size int, endOfStream bool) (act Action) {
 	if st == nil || st.ended {
 		return Continue
 	}
-	if br, ok := s.p.host.(bodyReader); ok && size > 0 && st.scanning() {
+	if br := s.p.br; br != nil && size > 0 && st.scanning() {
 		for start := 0; start < size && st.scanning(); {
 			b, ok := br.ResponseBody(start, min(bodyWindow, size-start))
 			if !ok || len(b) == 0 {
