@@ -213,15 +213,36 @@ func (p *Plugin) leaseServe(now float64, periodic bool) {
 	p.leaseSetPeriod()
 }
 
+// leaseParams is what a refill decision needs of a lease rule and the
+// service settings.
+type leaseParams struct {
+	tick    float64 // the refill period (settings.rls.lease_tick_ms), seconds
+	timeout float64 // settings.rls.timeout_ms, seconds
+	max     float64 // lease_max, tokens
+	ttl     float64 // lease_ttl_ms, seconds
+	shadow  bool    // a rule of a shadow policy: its requests never wait
+}
+
+// leaseParamsOf returns the refill parameters of rule r under rls.
+func leaseParamsOf(r *Rule, rls *RLSSettings) leaseParams {
+	return leaseParams{
+		tick:    float64(rls.LeaseTickMs) / 1000,
+		timeout: float64(rls.TimeoutMs) / 1000,
+		max:     r.Lease.Max,
+		ttl:     r.Lease.TTL,
+		shadow:  r.shadow,
+	}
+}
+
 // leaseSize returns the allowance to aim for: enough for a refill period
 // plus a round trip at leaseHeadroom times the local rate observed since
 // the last refill (0 without demand), at most lease_max.
-func leaseSize(rec *sharedstate.LeaseRecord, l *LeaseConfig, tick, timeout, now float64) float64 {
+func leaseSize(rec *sharedstate.LeaseRecord, pp leaseParams, now float64) float64 {
 	if rec.Used <= 0 {
 		return 0
 	}
-	rate := rec.Used / math.Max(now-rec.Since, tick)
-	return math.Min(ceilTokens(leaseHeadroom*rate*(tick+leaseRTT(rec, timeout))), l.Max)
+	rate := rec.Used / math.Max(now-rec.Since, pp.tick)
+	return math.Min(ceilTokens(leaseHeadroom*rate*(pp.tick+leaseRTT(rec, pp.timeout))), pp.max)
 }
 
 // ceilTokens rounds x up to whole tokens, ignoring float noise (0.1 +
@@ -237,10 +258,27 @@ func leaseRTT(rec *sharedstate.LeaseRecord, timeout float64) float64 {
 	return math.Min(2*rec.RTT, timeout)
 }
 
-// leaseTick looks after one bucket and reports whether to keep it. urgent
-// is a call that requests wait for: it is sent at once unless a call is in
-// flight, the bucket is known empty, the service failing, or the last call
-// was less than a refill period ago and not granted in full.
+// leaseAction is what a tick does for one lease bucket (leaseDecide).
+type leaseAction uint8
+
+const (
+	leaseKeep    leaseAction = iota // nothing now: keep the bucket, record unchanged
+	leaseRenew                      // claim a call: a lease request for want new tokens (0: renew the expiry)
+	leaseExact                      // claim a call: an exact take of want tokens for the waiting requests
+	leaseRelease                    // claim a call: give the unspent tokens back
+	leaseRoll                       // restart the demand window: record written, no call
+	leaseForget                     // forget the bucket (empty and idle): record unchanged
+)
+
+// calls reports whether a claims a lease call.
+func (a leaseAction) calls() bool { return a == leaseRenew || a == leaseExact || a == leaseRelease }
+
+// leaseDecide is the refill decision for one bucket at now, a pure function
+// of its record: it returns what to do, the tokens to ask for (want) and
+// the record to write (the same record for leaseKeep and leaseForget).
+// urgent is a call that requests wait for: it is made at once unless a
+// call is in flight, the bucket is known empty, or the last call was less
+// than a refill period ago and not granted in full (a failed one is not).
 //
 // The process leases only while it shows demand a lease serves. Cold (no
 // live grant, and no call granted in full within the refill period), the
@@ -250,113 +288,129 @@ func leaseRTT(rec *sharedstate.LeaseRecord, timeout float64) float64 {
 // the last full grant or take aimed for, so that calls that follow each
 // other within a period are few (the allowance doubles each time, up to
 // lease_max). The periodic refill renews only a live grant (or a shadow
-// rule's, whose requests never wait).
+// rule's, whose requests never wait). A claim's record names the call
+// (Claimer, Claim, Hold) and starts a new demand window.
+func leaseDecide(rec sharedstate.LeaseRecord, pp leaseParams, now float64, urgent bool) (leaseAction, float64, sharedstate.LeaseRecord) {
+	if rec.Claim > now || now < rec.Retry {
+		return leaseKeep, 0, rec
+	}
+	// One call per refill period and process: the periodic refill waits
+	// for the period's end (less a tenth, for ticks that come a little
+	// early), a request's call for all of it, unless the last call was
+	// granted in full (a ramp).
+	switch {
+	case urgent && rec.Ramp > 0:
+	case urgent && now < rec.Hold, !urgent && now < rec.Hold-0.1*pp.tick:
+		return leaseKeep, 0, rec
+	}
+	var act leaseAction
+	var want float64
+	if urgent {
+		act, want = leaseUrgent(&rec, pp, now)
+	} else {
+		act, want = leasePeriodic(&rec, pp, now)
+	}
+	switch act {
+	case leaseKeep, leaseForget:
+		return act, 0, rec
+	case leaseRoll:
+		// Enough held: the demand window starts again, so that the next
+		// refill is sized from recent demand, and an idle bucket is seen
+		// idle.
+		rec.Used, rec.Since = 0, now
+		return act, 0, rec
+	}
+	u := rec.Spendable(now)
+	rec.Claimer = nextClaim(rec.Claimer)
+	rec.Claim = now + pp.timeout + leaseClaimSlack
+	rec.Hold = now + pp.tick
+	rec.Used, rec.Since, rec.Wait = 0, now, 0
+	rec.Tokens = u // expired tokens are worthless
+	if act == leaseRelease {
+		// Nobody spends what is being returned, and the bucket is cold
+		// again.
+		rec.Tokens, rec.Expiry = 0, 0
+	}
+	return act, want, rec
+}
+
+// leaseUrgent chooses the call requests wait for: an exact take of their
+// cost when the bucket is cold or they need more than lease_max, else a
+// lease request for at least twice the last full grant's aim.
+func leaseUrgent(rec *sharedstate.LeaseRecord, pp leaseParams, now float64) (leaseAction, float64) {
+	live := rec.Grant != 0 && now < rec.Expiry
+	warm := live || rec.Ramp > 0 && now < rec.Hold
+	if rec.Wait > 0 && (!warm || rec.Wait > pp.max) {
+		if rec.Taken > 0 && now < rec.Hold {
+			// The last take's tokens are still some waiting requests'
+			// (other workers resume them at their next tick): one take
+			// at a time.
+			return leaseKeep, 0
+		}
+		return leaseExact, ceilTokens(rec.Wait)
+	}
+	target := math.Min(math.Max(leaseSize(rec, pp, now), 2*rec.Ramp), pp.max)
+	return leaseRenew, math.Max(1, ceilTokens(target-rec.Spendable(now)))
+}
+
+// leasePeriodic chooses the periodic refill's action: renew a live grant
+// that demand will spend or that would expire before the next call could
+// renew it, roll the demand window when what is held covers it, release
+// what an idle bucket holds, forget a bucket empty and idle.
+func leasePeriodic(rec *sharedstate.LeaseRecord, pp leaseParams, now float64) (leaseAction, float64) {
+	u := rec.Spendable(now)
+	live := rec.Grant != 0 && now < rec.Expiry
+	target := leaseSize(rec, pp, now)
+	horizon := pp.tick + leaseRTT(rec, pp.timeout)
+	demand := rec.Used > 0
+	idle := now - rec.Since
+	switch {
+	case !live && !pp.shadow:
+		// Holding no lease: requests that find nothing wait, and their
+		// calls take what they need.
+		if idle >= leaseIdleForgetFactor*pp.ttl {
+			return leaseForget, 0
+		}
+		return leaseKeep, 0
+	case demand && (u < target || rec.Expiry-now < horizon+pp.tick):
+		return leaseRenew, math.Max(0, ceilTokens(target-u))
+	case demand && idle >= pp.tick:
+		return leaseRoll, 0
+	case !demand && u > 0 && idle >= pp.ttl/2:
+		return leaseRelease, 0
+	case !demand && u == 0 && idle >= leaseIdleForgetFactor*pp.ttl:
+		return leaseForget, 0
+	}
+	return leaseKeep, 0
+}
+
+// leaseTick looks after one bucket (leaseDecide) and reports whether to
+// keep it: it writes the decision's record and sends the call it claims.
 func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 	if b.calling {
 		return true
 	}
-	rls := p.cfg.Settings.RLS
-	l := b.r.Lease
-	tick := float64(rls.LeaseTickMs) / 1000
-	timeout := float64(rls.TimeoutMs) / 1000
-	const (
-		none = iota
-		renew
-		release
-		forget
-		roll
-		exact
-	)
-	act := none
+	pp := leaseParamsOf(b.r, p.cfg.Settings.RLS)
+	act := leaseKeep
 	var want, unspent float64
-	var grant uint64
-	var seq uint32
-	_, wrote, err := p.lease.upd.Update(b.key, func(rec *sharedstate.LeaseRecord) bool {
-		act = none
-		if rec.Claim > now || now < rec.Retry {
-			return false
-		}
-		// One call per refill period and process: the periodic refill
-		// waits for the period's end (less a tenth, for ticks that come
-		// a little early), a request's call for all of it, unless the
-		// last call was granted in full (a ramp).
-		switch {
-		case urgent && rec.Ramp > 0:
-		case urgent && now < rec.Hold, !urgent && now < rec.Hold-0.1*tick:
-			return false
-		}
-		u := rec.Spendable(now)
-		live := rec.Grant != 0 && now < rec.Expiry
-		warm := live || rec.Ramp > 0 && now < rec.Hold
-		target := leaseSize(rec, l, tick, timeout, now)
-		horizon := tick + leaseRTT(rec, timeout)
-		demand := rec.Used > 0
-		switch {
-		case urgent && rec.Wait > 0 && (!warm || rec.Wait > l.Max):
-			if rec.Taken > 0 && now < rec.Hold {
-				// The last take's tokens are still some waiting
-				// requests' (other workers resume them at their next
-				// tick): one take at a time.
-				return false
-			}
-			act = exact
-			want = ceilTokens(rec.Wait)
-		case urgent:
-			act = renew
-			target = math.Min(math.Max(target, 2*rec.Ramp), l.Max)
-			want = math.Max(1, ceilTokens(target-u))
-		case !live && !b.r.shadow:
-			// Holding no lease: requests that find nothing wait, and
-			// their calls take what they need.
-			if now-rec.Since >= leaseIdleForgetFactor*l.TTL {
-				act = forget
-			}
-			return false
-		case demand && (u < target || rec.Expiry-now < horizon+tick):
-			act = renew
-			want = math.Max(0, ceilTokens(target-u))
-		case demand && now-rec.Since >= tick:
-			// Enough held: the demand window starts again, so that the
-			// next refill is sized from recent demand, and an idle
-			// bucket is seen idle.
-			act = roll
-			rec.Used, rec.Since = 0, now
-			return true
-		case !demand && u > 0 && now-rec.Since >= l.TTL/2:
-			act = release
-		case !demand && u == 0 && now-rec.Since >= leaseIdleForgetFactor*l.TTL:
-			act = forget
-			return false
-		default:
-			return false
-		}
-		unspent, grant = sharedstateFloor(u), rec.Grant
-		rec.Claimer = nextClaim(rec.Claimer)
-		seq = rec.Claimer
-		rec.Claim = now + timeout + leaseClaimSlack
-		rec.Hold = now + tick
-		rec.Used, rec.Since, rec.Wait = 0, now, 0
-		rec.Tokens = u // expired tokens are worthless
-		if act == release {
-			// Nobody spends what is being returned, and the bucket is
-			// cold again.
-			rec.Tokens, rec.Expiry = 0, 0
-		}
-		return true
+	rec, wrote, err := p.lease.upd.Update(b.key, func(rec *sharedstate.LeaseRecord) bool {
+		unspent = sharedstateFloor(rec.Spendable(now))
+		act, want, *rec = leaseDecide(*rec, pp, now, urgent)
+		return act.calls() || act == leaseRoll
 	})
 	switch {
 	case err != nil:
 		p.warnf(now, "event=lease_error rule="+b.r.Name+" reason="+strconv.Quote(err.Error()))
 		return true
-	case act == forget:
+	case act == leaseForget:
 		return false
-	case !wrote || act == roll:
+	case !wrote || !act.calls():
 		return true
 	}
-	lc := &leaseCall{b: b, seq: seq, sent: now, unspent: unspent, want: want, release: act == release}
-	if act == exact {
-		lc.unspent, lc.exact, lc.pool = 0, true, seq
+	lc := &leaseCall{b: b, seq: rec.Claimer, sent: now, unspent: unspent, want: want, release: act == leaseRelease}
+	if act == leaseExact {
+		lc.unspent, lc.exact, lc.pool = 0, true, rec.Claimer
 	}
-	p.leaseDispatch(lc, grant, now)
+	p.leaseDispatch(lc, rec.Grant, now)
 	return true
 }
