@@ -45,7 +45,7 @@ func TestLeaseDecide(t *testing.T) {
 		// once, a lease request sized from the demand, 1 in 1/64 s over a
 		// period: ceil(2 × 8/s × (1/8 + 1/32)) = 3, at least 2 × Ramp.
 		{now: t0 + 3.0/64, urgent: true, event: func(r *rec) { r.Claim, r.Ramp, r.RTT, r.TakenSeq = 0, 1, 1.0/64, 1 },
-			act: leaseRenew, want: 3, next: rec{Since: t0 + 3.0/64, Claim: t0 + 3.0/64 + 1.0625, Claimer: 2, Hold: t0 + 3.0/64 + 0.125, Ramp: 1, RTT: 1.0/64, TakenSeq: 1}},
+			act: leaseRenew, want: 3, next: rec{Since: t0 + 3.0/64, Claim: t0 + 3.0/64 + 1.0625, Claimer: 2, Hold: t0 + 3.0/64 + 0.125, Ramp: 1, RTT: 1.0 / 64, TakenSeq: 1}},
 		// 4. Granted 3 (grant 7, expiring a ttl after the send, Ramp 3); the
 		// waiting request spends one. The periodic tick within the period:
 		// nothing.
@@ -53,32 +53,32 @@ func TestLeaseDecide(t *testing.T) {
 			r.Claim, r.Tokens, r.Grant, r.Expiry, r.Ramp = 0, 2, 7, t0+3.0/64+2, 3
 			r.Used, r.Since = 1, t0+4.0/64
 		},
-			act: leaseKeep, next: rec{Tokens: 2, Expiry: t0 + 3.0/64 + 2, Grant: 7, Used: 1, Since: t0 + 4.0/64, Claimer: 2, Hold: t0 + 11.0/64, Ramp: 3, RTT: 1.0/64, TakenSeq: 1}},
+			act: leaseKeep, next: rec{Tokens: 2, Expiry: t0 + 3.0/64 + 2, Grant: 7, Used: 1, Since: t0 + 4.0/64, Claimer: 2, Hold: t0 + 11.0/64, Ramp: 3, RTT: 1.0 / 64, TakenSeq: 1}},
 		// 5. The period's end: 1 used, 2 held for a target of 3: renew for
 		// 1 more, reporting the 2.
 		{now: t0 + 11.0/64,
-			act: leaseRenew, want: 1, next: rec{Tokens: 2, Expiry: t0 + 3.0/64 + 2, Grant: 7, Since: t0 + 11.0/64, Claim: t0 + 11.0/64 + 1.0625, Claimer: 3, Hold: t0 + 19.0/64, Ramp: 3, RTT: 1.0/64, TakenSeq: 1}},
+			act: leaseRenew, want: 1, next: rec{Tokens: 2, Expiry: t0 + 3.0/64 + 2, Grant: 7, Since: t0 + 11.0/64, Claim: t0 + 11.0/64 + 1.0625, Claimer: 3, Hold: t0 + 19.0/64, Ramp: 3, RTT: 1.0 / 64, TakenSeq: 1}},
 		// 6. Granted 8 in all (grant 8); 1 request in the period. The next
 		// period's tick: 8 cover the demand: the window rolls, no call.
 		{now: t0 + 19.0/64, event: func(r *rec) {
 			r.Claim, r.Tokens, r.Grant, r.Expiry = 0, 8, 8, t0+11.0/64+2
 			r.Used = 1
 		},
-			act: leaseRoll, next: rec{Tokens: 8, Expiry: t0 + 11.0/64 + 2, Grant: 8, Since: t0 + 19.0/64, Claimer: 3, Hold: t0 + 19.0/64, Ramp: 3, RTT: 1.0/64, TakenSeq: 1}},
+			act: leaseRoll, next: rec{Tokens: 8, Expiry: t0 + 11.0/64 + 2, Grant: 8, Since: t0 + 19.0/64, Claimer: 3, Hold: t0 + 19.0/64, Ramp: 3, RTT: 1.0 / 64, TakenSeq: 1}},
 		// 7. Idle for less than half a ttl: nothing.
 		{now: t0 + 19.0/64 + 0.875,
-			act: leaseKeep, next: rec{Tokens: 8, Expiry: t0 + 11.0/64 + 2, Grant: 8, Since: t0 + 19.0/64, Claimer: 3, Hold: t0 + 19.0/64, Ramp: 3, RTT: 1.0/64, TakenSeq: 1}},
+			act: leaseKeep, next: rec{Tokens: 8, Expiry: t0 + 11.0/64 + 2, Grant: 8, Since: t0 + 19.0/64, Claimer: 3, Hold: t0 + 19.0/64, Ramp: 3, RTT: 1.0 / 64, TakenSeq: 1}},
 		// 8. Idle for half a ttl: release the 8; nothing is spendable
 		// while they are being returned.
 		{now: t0 + 19.0/64 + 1,
-			act: leaseRelease, next: rec{Grant: 8, Since: t0 + 19.0/64 + 1, Claim: t0 + 19.0/64 + 1 + 1.0625, Claimer: 4, Hold: t0 + 19.0/64 + 1.125, Ramp: 3, RTT: 1.0/64, TakenSeq: 1}},
+			act: leaseRelease, next: rec{Grant: 8, Since: t0 + 19.0/64 + 1, Claim: t0 + 19.0/64 + 1 + 1.0625, Claimer: 4, Hold: t0 + 19.0/64 + 1.125, Ramp: 3, RTT: 1.0 / 64, TakenSeq: 1}},
 		// 9. The release answered (Hold and Ramp cleared): no lease, idle
 		// for less than twice the ttl: kept.
 		{now: t0 + 19.0/64 + 4.875, event: func(r *rec) { r.Claim, r.Hold, r.Ramp = 0, 0, 0 },
-			act: leaseKeep, next: rec{Grant: 8, Since: t0 + 19.0/64 + 1, Claimer: 4, RTT: 1.0/64, TakenSeq: 1}},
+			act: leaseKeep, next: rec{Grant: 8, Since: t0 + 19.0/64 + 1, Claimer: 4, RTT: 1.0 / 64, TakenSeq: 1}},
 		// 10. Idle for twice the ttl: forgotten.
 		{now: t0 + 19.0/64 + 5,
-			act: leaseForget, next: rec{Grant: 8, Since: t0 + 19.0/64 + 1, Claimer: 4, RTT: 1.0/64, TakenSeq: 1}},
+			act: leaseForget, next: rec{Grant: 8, Since: t0 + 19.0/64 + 1, Claimer: 4, RTT: 1.0 / 64, TakenSeq: 1}},
 	}
 	var r rec
 	for i, s := range steps {
