@@ -74,53 +74,45 @@ const (
 	leaseBroken                // shared data failed
 )
 
-// leaseTake debits cost from the allowance under key if it holds that
-// much, appending the debit to p.lease.debits. Otherwise it says why
-// (leaseDown: a lease call failed after failedSince), and with demand (a
-// new request) adds cost to the demand the refill is sized from, and with
-// wait to Wait as well, returning the Claimer it was counted under.
-//
-// A request that waits (counted, with the Claimer seq it was counted
-// under) spends first from the tokens of the exact take claimed for it.
-func (p *Plugin) leaseTake(key string, cost, now, failedSince float64, demand, wait, counted bool, seq uint32) (leaseOutcome, float64, uint32) {
-	out := leaseShort
-	var retry float64
+// leaseSpend debits cost from rec's allowance if it covers it at now,
+// returning the debit (to give back with leaseRefund).
+func leaseSpend(rec *sharedstate.LeaseRecord, key string, cost, now float64) (leaseDebit, bool) {
+	if rec.Spendable(now) < cost {
+		return leaseDebit{}, false
+	}
+	rec.Tokens -= cost
+	return leaseDebit{key: key, cost: cost, grant: rec.Grant, expiry: rec.Expiry, seq: rec.Claimer}, true
+}
+
+// leaseDemand adds cost to the demand the next refill is sized from.
+func leaseDemand(rec *sharedstate.LeaseRecord, cost, now float64) {
+	if rec.Used == 0 {
+		// The demand window starts at the first request since the last
+		// refill, not at the refill: an idle spell must not dilute the
+		// rate the next lease is sized from.
+		rec.Since = now
+	}
+	rec.Used += cost
+}
+
+// leaseTake debits a new request's cost from the allowance under key if
+// it holds that much, appending the debit to p.lease.debits; otherwise it
+// says why (leaseEmpty, with the time until the retry; leaseShort). Either
+// way cost is demand, which the refill is sized from; with wait, a short
+// request is counted in Wait too, and seq is the Claimer it was counted
+// under (the exact take claimed next is for it).
+func (p *Plugin) leaseTake(key string, cost, now float64, wait bool) (out leaseOutcome, retry float64, seq uint32) {
 	var d leaseDebit
 	_, _, err := p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
-		if counted && rec.Taken >= cost && rec.TakenSeq == nextClaim(seq) {
-			// Taken for this request: counted already.
+		var ok bool
+		out, seq = leaseShort, 0
+		if d, ok = leaseSpend(rec, key, cost, now); ok {
 			out = leaseAdmitted
-			d = leaseDebit{key: key, cost: cost, seq: rec.TakenSeq, taken: true}
-			rec.Taken -= cost
-			return true
-		}
-		switch {
-		case rec.Spendable(now) >= cost:
-			out = leaseAdmitted
-			d = leaseDebit{key: key, cost: cost, grant: rec.Grant, expiry: rec.Expiry, seq: rec.Claimer}
-			rec.Tokens -= cost
-			if counted && rec.Claimer == seq {
-				// No call counted it yet: no exact take is for it.
-				rec.Wait = math.Max(0, rec.Wait-cost)
-			}
-		case now < rec.Retry:
+		} else if now < rec.Retry {
 			out, retry = leaseEmpty, rec.Retry-now
 			return false
-		case rec.Down > failedSince:
-			out = leaseDown
-		default:
-			out = leaseShort
 		}
-		if out != leaseAdmitted && !demand {
-			return false
-		}
-		if rec.Used == 0 {
-			// The demand window starts at the first request since the
-			// last refill, not at the refill: an idle spell must not
-			// dilute the rate the next lease is sized from.
-			rec.Since = now
-		}
-		rec.Used += cost
+		leaseDemand(rec, cost, now)
 		if out == leaseShort && wait {
 			rec.Wait += cost
 			seq = rec.Claimer
@@ -134,6 +126,48 @@ func (p *Plugin) leaseTake(key string, cost, now, failedSince float64, demand, w
 		p.lease.debits = append(p.lease.debits, d)
 	}
 	return out, retry, seq
+}
+
+// leaseTakeWaiting debits a waiting request's cost (counted in Wait under
+// the Claimer seq, or no longer counted) if it is covered: first from the
+// tokens of the exact take claimed for it, then from the allowance. If
+// not, it says why: leaseEmpty (and the time until the retry), leaseDown
+// (a lease call failed after failedSince, when the request started
+// waiting) or leaseShort.
+func (p *Plugin) leaseTakeWaiting(key string, cost, now, failedSince float64, seq uint32) (out leaseOutcome, retry float64, d leaseDebit) {
+	_, _, err := p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
+		var ok bool
+		if rec.Taken >= cost && rec.TakenSeq == nextClaim(seq) {
+			// Taken for this request: counted already.
+			out, d = leaseAdmitted, leaseDebit{key: key, cost: cost, seq: rec.TakenSeq, taken: true}
+			rec.Taken -= cost
+			return true
+		}
+		if d, ok = leaseSpend(rec, key, cost, now); ok {
+			out = leaseAdmitted
+			if rec.Claimer == seq {
+				// No call counted it yet: no exact take is for it.
+				rec.Wait = math.Max(0, rec.Wait-cost)
+			}
+			// Spent from the allowance: demand of the window the call
+			// that refilled it started.
+			leaseDemand(rec, cost, now)
+			return true
+		}
+		switch {
+		case now < rec.Retry:
+			out, retry = leaseEmpty, rec.Retry-now
+		case rec.Down > failedSince:
+			out = leaseDown
+		default:
+			out = leaseShort
+		}
+		return false
+	})
+	if err != nil {
+		return leaseBroken, 0, leaseDebit{}
+	}
+	return out, retry, d
 }
 
 // leaseUncount takes the cost of a request that stops waiting without
@@ -176,7 +210,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	canWait := ticks && p.lease.refill > 0 && len(p.rc.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
-		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, math.Inf(1), true, canWait && !r.shadow, false, 0)
+		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, canWait && !r.shadow)
 		if out != leaseAdmitted && out != leaseBroken {
 			p.leaseRemember(r, lr.Key, lr.Owner)
 		}
@@ -332,13 +366,12 @@ func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
 			waiting = true
 			continue
 		}
-		p.lease.debits = p.lease.debits[:0]
-		out, retry, _ := p.leaseTake(it.b.key, it.cost, now, w.pc.now, false, false, true, it.seq)
+		out, retry, d := p.leaseTakeWaiting(it.b.key, it.cost, now, w.pc.now, it.seq)
 		it.b.seen = 0 // changed: read it again
 		switch out {
 		case leaseAdmitted:
 			it.done = true
-			w.pc.lease = append(w.pc.lease, p.lease.debits[0])
+			w.pc.lease = append(w.pc.lease, d)
 			it.b.r.metrics.allowed.inc(p.host, 1)
 		case leaseEmpty:
 			if w.empty == nil || retry > w.retry {
