@@ -223,15 +223,16 @@ type leaseParams struct {
 	shadow  bool    // a rule of a shadow policy: its requests never wait
 }
 
-// leaseParamsOf returns the refill parameters of rule r under rls.
+// leaseParamsOf returns the refill parameters of rule r under rls (nil:
+// a configuration without a service, which an answer to a call made
+// under the previous one may meet: tick and timeout 0).
 func leaseParamsOf(r *Rule, rls *RLSSettings) leaseParams {
-	return leaseParams{
-		tick:    float64(rls.LeaseTickMs) / 1000,
-		timeout: float64(rls.TimeoutMs) / 1000,
-		max:     r.Lease.Max,
-		ttl:     r.Lease.TTL,
-		shadow:  r.shadow,
+	pp := leaseParams{max: r.Lease.Max, ttl: r.Lease.TTL, shadow: r.shadow}
+	if rls != nil {
+		pp.tick = float64(rls.LeaseTickMs) / 1000
+		pp.timeout = float64(rls.TimeoutMs) / 1000
 	}
+	return pp
 }
 
 // leaseSize returns the allowance to aim for: enough for a refill period
