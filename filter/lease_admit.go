@@ -95,25 +95,71 @@ func leaseDemand(rec *sharedstate.LeaseRecord, cost, now float64) {
 	rec.Used += cost
 }
 
+// leaseArrival is how a new request meets an allowance (leaseTake).
+type leaseArrival uint8
+
+const (
+	// arriveTake: spend if the allowance covers the request; otherwise
+	// its own call takes exactly (not counted in Wait).
+	arriveTake leaseArrival = iota
+	// arriveWait: spend if covered; otherwise wait for the next call,
+	// counted in Wait.
+	arriveWait
+	// arriveBehind: requests of this worker that came earlier wait for
+	// this allowance: wait behind them, counted in Wait, spending
+	// nothing (the tick serves the waiting requests in arrival order).
+	arriveBehind
+)
+
+// leaseArrival returns how a new request that may wait (or not) meets
+// the allowance under key.
+func (p *Plugin) leaseArrival(key string, mayWait bool) leaseArrival {
+	switch {
+	case !mayWait:
+		return arriveTake
+	case p.leaseWaitsFor(key):
+		return arriveBehind
+	}
+	return arriveWait
+}
+
+// leaseWaitsFor reports whether a request of this worker waits for the
+// allowance under key.
+func (p *Plugin) leaseWaitsFor(key string) bool {
+	for _, w := range p.lease.waiters {
+		for i := range w.items {
+			if !w.items[i].done && w.items[i].b.key == key {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // leaseTake debits a new request's cost from the allowance under key if
-// it holds that much, appending the debit to p.lease.debits; otherwise it
-// says why (leaseEmpty, with the time until the retry; leaseShort). Either
-// way cost is demand, which the refill is sized from; with wait, a short
-// request is counted in Wait too, and seq is the Claimer it was counted
-// under (the exact take claimed next is for it).
-func (p *Plugin) leaseTake(key string, cost, now float64, wait bool) (out leaseOutcome, retry float64, seq uint32) {
+// it holds that much (unless how is arriveBehind), appending the debit to
+// p.lease.debits; otherwise it says why (leaseEmpty, with the time until
+// the retry; leaseShort). Either way cost is demand, which the refill is
+// sized from; a short request that waits is counted in Wait too, and seq
+// is the Claimer it was counted under (the exact take claimed next is for
+// it).
+func (p *Plugin) leaseTake(key string, cost, now float64, how leaseArrival) (out leaseOutcome, retry float64, seq uint32) {
 	var d leaseDebit
 	_, _, err := p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
-		var ok bool
 		out, seq = leaseShort, 0
-		if d, ok = leaseSpend(rec, key, cost, now); ok {
-			out = leaseAdmitted
-		} else if now < rec.Retry {
-			out, retry = leaseEmpty, rec.Retry-now
-			return false
+		// Behind earlier requests, whether the allowance covers this one,
+		// or the bucket is known empty, is for the tick to say after them.
+		if how != arriveBehind {
+			var ok bool
+			if d, ok = leaseSpend(rec, key, cost, now); ok {
+				out = leaseAdmitted
+			} else if now < rec.Retry {
+				out, retry = leaseEmpty, rec.Retry-now
+				return false
+			}
 		}
 		leaseDemand(rec, cost, now)
-		if out == leaseShort && wait {
+		if out == leaseShort && how != arriveTake {
 			rec.Wait += cost
 			seq = rec.Claimer
 		}
@@ -210,7 +256,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	canWait := ticks && p.lease.refill > 0 && len(p.rc.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
-		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, canWait && !r.shadow)
+		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, p.leaseArrival(lr.Key, canWait && !r.shadow))
 		if out != leaseAdmitted && out != leaseBroken {
 			p.leaseRemember(r, lr.Key, lr.Owner)
 		}
