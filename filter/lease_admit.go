@@ -475,7 +475,7 @@ func (p *Plugin) leaseStillShort(b *leaseBucket, it *leaseItem, now float64) boo
 		b.left, b.taken, b.takenSeq = rec.Spendable(now), rec.Taken, rec.TakenSeq
 	}
 	if b.taken > 0 && b.takenSeq == nextClaim(it.seq) {
-		return false // an exact take was made for it: leaseTake decides
+		return false // an exact take was made for it: leaseTakeWaiting decides
 	}
 	return b.left >= 0 && b.left < it.cost
 }
