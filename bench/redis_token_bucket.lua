@@ -1,5 +1,5 @@
--- The Redis token bucket of shared/design-notes/03 (the usual Lua pattern of
--- design-notes/02), the peer tokengate is compared with in BENCHMARKS.md.
+-- The usual Redis token bucket in Lua, the peer tokengate is compared with in
+-- BENCHMARKS.md (row 6).
 -- One atomic read-refill-decide-write per check.
 --
 -- KEYS[1]: bucket key, e.g. "rl:user:42:global"

@@ -179,7 +179,7 @@ else
 	log "wrk is missing and could not be installed: no HTTP rows"
 fi
 
-# 6. The Redis peer: the Lua token bucket of design-notes/03 by EVALSHA,
+# 6. The Redis peer: the usual Lua token bucket (bench/redis_token_bucket.lua) by EVALSHA,
 # with as many clients as the HTTP run has connections.
 if ensure_tool redis-server redis-server && ensure_tool redis-benchmark redis-tools; then
 	log "Redis: EVALSHA token bucket, $CONC clients"

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 // rlsEnvoyTypes are the typed_configs deploy/rls/envoy.yaml may name.
@@ -167,7 +168,7 @@ func TestRLSEnvoyYAML(t *testing.T) {
 		t.Fatal("envoy.yaml has no rate_limits actions")
 	}
 	// The filter's own descriptors reach the cluster rule too.
-	if r, _ := cfg.Resolve("tokengate", []rls.Entry{{Key: filter.DescriptorRuleKey, Value: "fleet-per-ip"}, {Key: filter.DescriptorKeyKey, Value: "192.0.2.1"}}); r == nil {
+	if r, _ := cfg.Resolve("tokengate", []rls.Entry{{Key: rlscontract.RuleKey, Value: "fleet-per-ip"}, {Key: rlscontract.CompositeKey, Value: "192.0.2.1"}}); r == nil {
 		t.Error("the filter's descriptor for fleet-per-ip reaches no rule")
 	}
 }

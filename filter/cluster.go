@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -31,13 +31,11 @@ type Caller interface {
 	ContinueRequest() error
 }
 
-// The descriptor the filter sends for a cluster rule: the rule's name and
-// the bucket's composite key (docs/rls.md).
+// The paths of ShouldRateLimit in either protocol; the descriptor sent for
+// a cluster rule is rlscontract.ClusterDescriptor (docs/rls.md).
 const (
-	DescriptorRuleKey = "tokengate_rule"
-	DescriptorKeyKey  = "key"
-	rlsPath           = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-	rlsJSONPath       = "/json"
+	rlsPath     = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	rlsJSONPath = "/json"
 )
 
 // pendingCall is a request paused while the rate-limit service decides its
@@ -88,17 +86,15 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 	if !ok {
 		return s.clusterFailed(pc, "the host has no HTTP callouts", false)
 	}
-	ds := make([]rlswire.Descriptor, len(g.rules))
+	ds := make([]rlscontract.Descriptor, len(g.rules))
 	for i, r := range g.rules {
 		vals := p.rc.vals[g.vals[i][0]:g.vals[i][1]]
-		ds[i] = rlswire.Descriptor{
-			Entries: []rlswire.Entry{{Key: DescriptorRuleKey, Value: r.Name},
-				{Key: DescriptorKeyKey, Value: strings.ToValidUTF8(string(sharedstate.AppendComposite(nil, vals)), "\uFFFD")}},
-			HitsAddend: uint64(math.Ceil(g.reqs[i].Cost)),
-		}
-		if r.Lease != nil {
+		comp, hits := string(sharedstate.AppendComposite(nil, vals)), uint64(math.Ceil(g.reqs[i].Cost))
+		if r.Lease == nil {
+			ds[i] = rlscontract.ClusterDescriptor(r.Name, comp, hits)
+		} else {
 			// A cold lease rule: an exact take from its lease bucket.
-			ds[i].Entries = append(ds[i].Entries, rlswire.Entry{Key: DescriptorModeKey, Value: descriptorModeLease})
+			ds[i] = rlscontract.LeaseDescriptor(rlscontract.Lease{Rule: r.Name, Composite: comp, Want: hits})
 			if pc.leaseKeys == nil {
 				pc.leaseKeys = make([]string, len(g.rules))
 			}
@@ -119,24 +115,24 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 // callRLS sends a RateLimitRequest with descriptors ds to the service, in
 // settings.rls.protocol: unary gRPC (HTTP/2 cluster) or JSON over HTTP/1.1
 // to the service's /json, as envoyproxy/ratelimit and tokengate-rls serve it.
-func callRLS(caller Caller, rls *RLSSettings, ds []rlswire.Descriptor) (uint32, error) {
+func callRLS(caller Caller, rls *RLSSettings, ds []rlscontract.Descriptor) (uint32, error) {
 	return callRLSWith(caller, rls, ds, rls.TimeoutMs, nil)
 }
 
 // callRLSWith is callRLS with its own timeout and extra request headers
 // (a settlement's mark): either protocol carries them as HTTP headers,
 // which gRPC delivers to the service as metadata.
-func callRLSWith(caller Caller, rls *RLSSettings, ds []rlswire.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
+func callRLSWith(caller Caller, rls *RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
 	var body []byte
 	var headers [][2]string
 	if rls.Protocol == RLSProtocolJSON {
-		body = rlswire.AppendRequestJSON(nil, rls.Domain, ds, 0)
+		body = rlscontract.AppendRequestJSON(nil, rls.Domain, ds, 0)
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsJSONPath}, {":authority", rls.Authority},
 			{"content-type", "application/json"},
 		}
 	} else {
-		body = rlswire.Frame(nil, rlswire.AppendRequest(nil, rls.Domain, ds, 0))
+		body = rlscontract.Frame(nil, rlscontract.AppendRequest(nil, rls.Domain, ds, 0))
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
 			{"content-type", "application/grpc"}, {"te", "trailers"},
@@ -189,8 +185,8 @@ func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrail
 // the body, as envoyproxy/ratelimit's /json answers; any other status (its
 // 400 for a failed decision or a bad request, 500 for UNKNOWN; tokengate-rls's
 // 503 when Redis fails) is an error.
-func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, string) {
-	var none rlswire.Response
+func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlscontract.Response, string) {
+	var none rlscontract.Response
 	if numHeaders == 0 {
 		return none, "no response (timeout or connection failure)"
 	}
@@ -203,7 +199,7 @@ func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, 
 		if !ok {
 			return none, "unreadable body"
 		}
-		resp, err := rlswire.ParseResponseJSON(b)
+		resp, err := rlscontract.ParseResponseJSON(b)
 		if err != nil {
 			return none, err.Error()
 		}
@@ -223,11 +219,11 @@ func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, 
 	if !ok {
 		return none, "unreadable body"
 	}
-	msg, err := rlswire.Unframe(b)
+	msg, err := rlscontract.Unframe(b)
 	if err != nil {
 		return none, err.Error()
 	}
-	resp, err := rlswire.ParseResponse(msg)
+	resp, err := rlscontract.ParseResponse(msg)
 	if err != nil {
 		return none, err.Error()
 	}
@@ -238,14 +234,14 @@ func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlswire.Response, 
 // an enforced rule's status is OVER_LIMIT (or, without statuses, the
 // overall code is), in which case the local buckets are refunded and the
 // request gets the rejection with the service's headers.
-func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
+func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlscontract.Response) {
 	p := s.p
 	worst := -1
 	if len(resp.Statuses) == len(pc.rules) {
 		for i, st := range resp.Statuses {
 			r := pc.rules[i]
 			switch {
-			case st.Code != rlswire.CodeOverLimit:
+			case st.Code != rlscontract.CodeOverLimit:
 				r.metrics.allowed.inc(p.host, 1)
 			case r.shadow:
 				r.metrics.shadowRejected.inc(p.host, 1)
@@ -255,11 +251,11 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 					worst = i
 				}
 			}
-			if st.Code == rlswire.CodeOverLimit && pc.leaseKeys != nil && pc.leaseKeys[i] != "" {
+			if st.Code == rlscontract.CodeOverLimit && pc.leaseKeys != nil && pc.leaseKeys[i] != "" {
 				p.leaseKnownEmpty(pc.leaseKeys[i], pc.now, st.UntilReset)
 			}
 		}
-	} else if resp.OverallCode == rlswire.CodeOverLimit {
+	} else if resp.OverallCode == rlscontract.CodeOverLimit {
 		// No status per rule: the overall code is the enforced rules'
 		// (servers leave shadow rules out of it). Shadow rules count a
 		// would-be rejection and never reject; without an enforced rule
@@ -274,7 +270,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 				worst = i
 			}
 		}
-	} else if resp.OverallCode != rlswire.CodeOK {
+	} else if resp.OverallCode != rlscontract.CodeOK {
 		s.clusterFailed(pc, "overall code "+strconv.Itoa(resp.OverallCode), true)
 		return
 	}
@@ -285,7 +281,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 		return
 	}
 	s.refundLocal(pc)
-	var st rlswire.Status
+	var st rlscontract.Status
 	if worst < len(resp.Statuses) {
 		st = resp.Statuses[worst]
 	}
@@ -299,7 +295,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlswire.Response) {
 func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Action {
 	p := s.p
 	p.metrics.rlsErrors.inc(p.host, 1)
-	p.warnf(pc.now, "tokengate: event=rls_error reason="+strconv.Quote(reason))
+	p.warnf(pc.now, "event=rls_error reason="+strconv.Quote(reason))
 	act := Continue
 	switch p.cfg.Settings.RLS.OnError {
 	case OnErrorAllow:
@@ -392,7 +388,7 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 		}
 	}
 	s.refundLocal(pc)
-	st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: out.Results[w].RetryAfter}
+	st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: out.Results[w].RetryAfter}
 	s.sendClusterRejection(pc, rules[w], st, retryAfterHash(st.UntilReset, pc.idHash), nil)
 	return Pause
 }
@@ -408,7 +404,7 @@ func (s *Stream) refundLocal(pc *pendingCall) {
 		return
 	}
 	if _, err := p.upd.Refund(pc.local, pc.now); err != nil {
-		p.warnf(pc.now, "tokengate: event=refund_error reason="+strconv.Quote(err.Error()))
+		p.warnf(pc.now, "event=refund_error reason="+strconv.Quote(err.Error()))
 	}
 }
 
@@ -422,7 +418,7 @@ func (s *Stream) resume() {
 // sendClusterRejection answers a request a cluster rule rejected: the
 // rule's status, the service's response headers (its RateLimit headers)
 // or, without them, RateLimit headers built from the status.
-func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlswire.Status, retry int64, rlsHeaders [][2]string) {
+func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlscontract.Status, retry int64, rlsHeaders [][2]string) {
 	p := s.p
 	set := &p.cfg.Settings
 	headers := [][2]string{{"retry-after", strconv.FormatInt(retry, 10)}}

@@ -4,7 +4,7 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -41,16 +41,10 @@ import (
 // settle there like local rules; when the service failed and the request
 // went through (on_error: allow), nothing was taken and nothing settles.
 
-// Descriptor entries and the call header of a settlement (docs/rls.md).
+// Bounds of the settlement calls; their descriptors are
+// rlscontract.SettlementDescriptor, the call marked with
+// rlscontract.SettleHeader (docs/rls.md).
 const (
-	DescriptorSettleKey = "tokengate_settle"
-	DescriptorAmountKey = "tokengate_amount"
-	// SettleHeader marks a settlement call: its plain descriptors are
-	// extra hits to charge, not requests to decide.
-	SettleHeader = "tokengate-settle"
-
-	descriptorSettleRefund = "refund"
-	descriptorSettleReset  = "reset"
 	// maxSettleCalls bounds the settlement calls in flight per worker.
 	maxSettleCalls = 1024
 	// minSettleTimeoutMs is the least a settlement call may take: nobody
@@ -67,7 +61,7 @@ type clusterCharge struct {
 // cluster rules of g that settle and what the service takes for each (the
 // hits of ds); admitCluster makes them charges once it has admitted the
 // request.
-func (s *Stream) trackCluster(g *group, ds []rlswire.Descriptor) {
+func (s *Stream) trackCluster(g *group, ds []rlscontract.Descriptor) {
 	for i, r := range g.rules {
 		if r.Settle == nil || r.Lease != nil || i >= len(ds) || len(ds[i].Entries) < 2 {
 			continue
@@ -82,7 +76,7 @@ func (s *Stream) trackCluster(g *group, ds []rlswire.Descriptor) {
 // the service admitted the request. A shadow rule's bucket took its hits
 // only if no shadow rule was over its limit (tokengate-rls refunds a shadow
 // group that fails as a whole, as it does the enforced one).
-func (s *Stream) admitCluster(pc *pendingCall, resp *rlswire.Response) {
+func (s *Stream) admitCluster(pc *pendingCall, resp *rlscontract.Response) {
 	st := s.settle
 	if st == nil || len(st.awaiting) == 0 {
 		return
@@ -90,7 +84,7 @@ func (s *Stream) admitCluster(pc *pendingCall, resp *rlswire.Response) {
 	shadowTook := len(resp.Statuses) == len(pc.rules)
 	if shadowTook {
 		for i, stt := range resp.Statuses {
-			if pc.rules[i].shadow && stt.Code == rlswire.CodeOverLimit {
+			if pc.rules[i].shadow && stt.Code == rlscontract.CodeOverLimit {
 				shadowTook = false
 			}
 		}
@@ -132,27 +126,25 @@ func (s *Stream) settleClusterLocally(rules []*Rule, reqs []sharedstate.Request)
 // charge; sendClusterSettles sends the queue when the stream ends.
 func (s *Stream) queueClusterSettle(c *charge, op sharedstate.SettleOp, amount float64) {
 	p := s.p
-	d := rlswire.Descriptor{Entries: []rlswire.Entry{{Key: DescriptorRuleKey, Value: c.r.Name}, {Key: DescriptorKeyKey, Value: c.cluster.comp}}}
+	set := rlscontract.Settlement{Rule: c.r.Name, Composite: c.cluster.comp}
 	switch op {
 	case sharedstate.SettleCharge:
-		d.HitsAddend = uint64(math.Ceil(amount))
-		if d.HitsAddend == 0 {
+		set.Kind, set.Hits = rlscontract.SettleCharge, uint64(math.Ceil(amount))
+		if set.Hits == 0 {
 			return
 		}
 		c.r.metrics.settleCharged.inc(p.host, 1)
 	case sharedstate.SettleRefund:
-		amount = sharedstateFloor(amount) // never give back more than was taken
-		if !(amount > 0) {
+		set.Kind, set.Amount = rlscontract.SettleRefund, sharedstateFloor(amount) // never give back more than was taken
+		if !(set.Amount > 0) {
 			return
 		}
-		d.Entries = append(d.Entries, rlswire.Entry{Key: DescriptorSettleKey, Value: descriptorSettleRefund},
-			rlswire.Entry{Key: DescriptorAmountKey, Value: strconv.FormatFloat(amount, 'f', -1, 64)})
 		c.r.metrics.settleRefunded.inc(p.host, 1)
 	case sharedstate.SettleReset:
-		d.Entries = append(d.Entries, rlswire.Entry{Key: DescriptorSettleKey, Value: descriptorSettleReset})
+		set.Kind = rlscontract.SettleReset
 		c.r.metrics.settleReset.inc(p.host, 1)
 	}
-	s.settle.remote = append(s.settle.remote, d)
+	s.settle.remote = append(s.settle.remote, rlscontract.SettlementDescriptor(set))
 }
 
 // sendClusterSettles sends the stream's queued cluster settlements in one
@@ -184,7 +176,7 @@ func (s *Stream) sendClusterSettles() {
 		return
 	}
 	rls := p.cfg.Settings.RLS
-	token, err := callRLSWith(caller, rls, ds, max(rls.TimeoutMs, minSettleTimeoutMs), [][2]string{{SettleHeader, "1"}})
+	token, err := callRLSWith(caller, rls, ds, max(rls.TimeoutMs, minSettleTimeoutMs), [][2]string{{rlscontract.SettleHeader, "1"}})
 	if err != nil {
 		fail("dispatch: " + err.Error())
 		return

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 const settleClusterCfg = `{"rules":[
@@ -56,11 +57,11 @@ func TestClusterSettleCall(t *testing.T) {
 			t.Fatalf("%d calls after the stream's end, want one settlement call in all", len(f.h.Calls))
 		}
 		c := f.h.Calls[1]
-		if v, _ := findHeader(c.Headers, filter.SettleHeader); v != "1" || c.TimeoutMs != 1000 || c.Cluster != "rls" {
-			t.Errorf("settlement call %+v: want the %s header, 1000 ms, cluster rls", c, filter.SettleHeader)
+		if v, _ := findHeader(c.Headers, rlscontract.SettleHeader); v != "1" || c.TimeoutMs != 1000 || c.Cluster != "rls" {
+			t.Errorf("settlement call %+v: want the %s header, 1000 ms, cluster rls", c, rlscontract.SettleHeader)
 		}
 		// llm: 42 - 1 = 41 extra hits; login: a reset.
-		for _, part := range [][]byte{[]byte("llm"), {0x1a, 0x02, 0x08, 41}, []byte("login"), []byte(filter.DescriptorSettleKey), []byte("reset"), []byte("192.0.2.1")} {
+		for _, part := range [][]byte{[]byte("llm"), {0x1a, 0x02, 0x08, 41}, []byte("login"), []byte(rlscontract.SettleKey), []byte("reset"), []byte("192.0.2.1")} {
 			if !bytes.Contains(c.Body, part) {
 				t.Errorf("settlement body %q lacks %q", c.Body, part)
 			}
@@ -86,7 +87,7 @@ func TestClusterSettleCall(t *testing.T) {
 			t.Fatalf("%d calls, want the admission and one settlement", len(f.h.Calls))
 		}
 		body := f.h.Calls[1].Body
-		for _, part := range []string{"login", filter.DescriptorSettleKey, "refund", filter.DescriptorAmountKey} {
+		for _, part := range []string{"login", rlscontract.SettleKey, "refund", rlscontract.AmountKey} {
 			if !bytes.Contains(body, []byte(part)) {
 				t.Errorf("settlement body %q lacks %q", body, part)
 			}

@@ -5,7 +5,7 @@ import (
 	"strconv"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -318,7 +318,7 @@ func (s *Stream) proceed(pc *pendingCall) {
 	s.refundLocal(pc)
 	w.by.metrics.rejected.inc(p.host, 1)
 	wait := w.deadline - now
-	st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: wait}
+	st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: wait}
 	s.sendClusterRejection(pc, w.by, st, retryAfterHash(wait, pc.idHash), nil)
 }
 

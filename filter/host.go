@@ -6,7 +6,7 @@
 //
 // The package never prints, never touches the file system and never sleeps:
 // inside Envoy a Go guest that needs WASI poll_oneoff aborts (see
-// PROXY_WASM.md). Logs go through Host.Log.
+// docs/proxy-wasm.md). Logs go through Host.Log.
 package filter
 
 import "github.com/tokengate/tokengate/sharedstate"

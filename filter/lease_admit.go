@@ -4,7 +4,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -300,7 +300,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	if empty != nil {
 		empty.metrics.rejected.inc(p.host, 1)
 		s.refundLocal(pc)
-		st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: emptyRetry}
+		st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: emptyRetry}
 		s.sendClusterRejection(pc, empty, st, retryAfterHash(emptyRetry, pc.idHash), nil)
 		return Pause
 	}
@@ -496,7 +496,7 @@ func (p *Plugin) leaseFinish(w *leaseWaiter) {
 	case waitEmpty:
 		w.empty.metrics.rejected.inc(p.host, 1)
 		s.refundLocal(pc)
-		st := rlswire.Status{Code: rlswire.CodeOverLimit, UntilReset: w.retry}
+		st := rlscontract.Status{Code: rlscontract.CodeOverLimit, UntilReset: w.retry}
 		s.sendClusterRejection(pc, w.empty, st, retryAfterHash(w.retry, pc.idHash), nil)
 	case waitDown, waitLate:
 		reason := "lease: the rate-limit service is failing"

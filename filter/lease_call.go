@@ -4,23 +4,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 
-	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
-// Descriptor entries of a lease request; see docs/lease.md.
-const (
-	DescriptorModeKey    = "tokengate_mode"
-	DescriptorHolderKey  = "tokengate_holder"
-	DescriptorGrantKey   = "tokengate_grant"
-	DescriptorUnspentKey = "tokengate_unspent"
-	DescriptorWantKey    = "tokengate_want"
-	DescriptorReleaseKey = "tokengate_release"
-	descriptorModeLease  = "lease"
-)
-
+// Tuning of lease calls; a lease call's descriptor is
+// rlscontract.LeaseDescriptor (docs/lease.md, "Wire protocol").
 const (
 	leaseClaimSlack = 1.0 // seconds a claim outlives its call's timeout
 	// leaseMinRTT is the smallest round trip sample kept (a clock that
@@ -92,27 +82,14 @@ func (p *Plugin) leaseSend(b *leaseBucket, lc *leaseCall, grant uint64) (uint32,
 	if !ok {
 		return 0, errNoCallouts
 	}
-	rls := p.cfg.Settings.RLS
-	entries := []rlswire.Entry{
-		{Key: DescriptorRuleKey, Value: b.r.Name},
-		{Key: DescriptorKeyKey, Value: strings.ToValidUTF8(b.comp, "\uFFFD")},
-		{Key: DescriptorModeKey, Value: descriptorModeLease},
-	}
-	if lc.exact {
-		// An exact take: no holder, the cost in hits_addend, as a
+	// want is whole (ceilTokens, or an allowance's whole tokens left).
+	l := rlscontract.Lease{Rule: b.r.Name, Composite: b.comp, Want: uint64(lc.want)}
+	if !lc.exact {
+		// An exact take has no holder and its cost in hits_addend, as a
 		// request's exact call takes from a lease bucket.
-		return callRLS(caller, rls, []rlswire.Descriptor{{Entries: entries, HitsAddend: uint64(lc.want)}})
+		l.Holder, l.Grant, l.Unspent, l.Release = p.leaseHolder(), grant, lc.unspent, lc.release
 	}
-	entries = append(entries,
-		rlswire.Entry{Key: DescriptorHolderKey, Value: p.leaseHolder()},
-		rlswire.Entry{Key: DescriptorGrantKey, Value: strconv.FormatUint(grant, 10)},
-		rlswire.Entry{Key: DescriptorUnspentKey, Value: strconv.FormatFloat(lc.unspent, 'f', -1, 64)},
-		rlswire.Entry{Key: DescriptorWantKey, Value: strconv.FormatFloat(lc.want, 'f', 0, 64)},
-	)
-	if lc.release {
-		entries = append(entries, rlswire.Entry{Key: DescriptorReleaseKey, Value: "1"})
-	}
-	return callRLS(caller, rls, []rlswire.Descriptor{{Entries: entries}})
+	return callRLS(caller, p.cfg.Settings.RLS, []rlscontract.Descriptor{rlscontract.LeaseDescriptor(l)})
 }
 
 type constError string
@@ -156,7 +133,7 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 	lc.b.calling = false
 	now := p.Clock()
 	resp, reason := p.readRLS(p.host.(Caller), numHeaders, bodySize)
-	var st *rlswire.Status
+	var st *rlscontract.Status
 	if reason == "" {
 		switch {
 		case len(resp.Statuses) != 1:
@@ -201,7 +178,7 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 // than asked, but some, is followed by a take of what it had (returned,
 // its claim made: the caller sends it), so that the requests it can cover
 // are not turned away.
-func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, grant uint64) (retake *leaseCall) {
+func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlscontract.Status, grant uint64) (retake *leaseCall) {
 	pp := leaseParamsOf(lc.b.r, p.cfg.Settings.RLS)
 	rtt := math.Max(now-lc.sent, leaseMinRTT)
 	_, wrote, _ := p.lease.upd.Update(lc.b.key, func(rec *sharedstate.LeaseRecord) bool {
@@ -245,11 +222,11 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlswire.Status, gran
 // for more than the bucket had, but some, it claims a retake of what it
 // had (returned for the caller to send); refused otherwise, or a retake
 // granted, the bucket is known empty.
-func leaseApplyTake(rec *sharedstate.LeaseRecord, lc *leaseCall, st *rlswire.Status, pp leaseParams, now float64) (retake *leaseCall) {
+func leaseApplyTake(rec *sharedstate.LeaseRecord, lc *leaseCall, st *rlscontract.Status, pp leaseParams, now float64) (retake *leaseCall) {
 	left := float64(st.LimitRemaining)
 	rec.Ramp = 0
 	switch {
-	case st.Code != rlswire.CodeOverLimit:
+	case st.Code != rlscontract.CodeOverLimit:
 		rec.Taken, rec.TakenSeq = lc.want, lc.pool
 		rec.Ramp = lc.want
 		if lc.retake {
@@ -278,7 +255,7 @@ func leaseApplyTake(rec *sharedstate.LeaseRecord, lc *leaseCall, st *rlswire.Sta
 // with nothing left, or OVER_LIMIT, makes the bucket known empty until
 // the refill period ends (or the service's reset); a grant in full lets
 // the next request's call go out at once (Ramp).
-func leaseApplyGrant(rec *sharedstate.LeaseRecord, lc *leaseCall, st *rlswire.Status, grant uint64, pp leaseParams, now float64) {
+func leaseApplyGrant(rec *sharedstate.LeaseRecord, lc *leaseCall, st *rlscontract.Status, grant uint64, pp leaseParams, now float64) {
 	total := float64(st.Quota.Requests)
 	spent := lc.unspent - math.Min(rec.Tokens, lc.unspent) // since the report
 	rec.Tokens = math.Max(0, total-spent)
@@ -287,14 +264,14 @@ func leaseApplyGrant(rec *sharedstate.LeaseRecord, lc *leaseCall, st *rlswire.St
 	// The new tokens, if all the report was carried over (whole tokens
 	// are).
 	granted := total - math.Floor(lc.unspent)
-	empty := st.Code == rlswire.CodeOverLimit || lc.want > 0 && granted < lc.want && st.LimitRemaining == 0
+	empty := st.Code == rlscontract.CodeOverLimit || lc.want > 0 && granted < lc.want && st.LimitRemaining == 0
 	switch {
 	case empty:
 		// The global bucket is (about) empty: 429 locally until the next
 		// refill period, not a call per request.
 		rec.Ramp = 0
 		retry := rec.Hold
-		if st.Code == rlswire.CodeOverLimit {
+		if st.Code == rlscontract.CodeOverLimit {
 			retry = math.Max(retry, now+st.UntilReset)
 		}
 		rec.Retry = math.Max(rec.Retry, retry)

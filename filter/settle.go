@@ -4,8 +4,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tokengate/tokengate/filter/rlswire"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -64,7 +64,7 @@ type settleState struct {
 	// service has not admitted yet, and remote the settlements queued for
 	// it (cluster_settle.go).
 	awaiting []charge
-	remote   []rlswire.Descriptor
+	remote   []rlscontract.Descriptor
 	leases   []lease
 	// status is the response's :status, 0 before proxy_on_response_headers.
 	status int

@@ -171,37 +171,52 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return check(ctx, s.check, wasm, s.kong, stdout)
 	}
-	opts, source, err := loadPlugin(s)
+	opts, source, upstream, err := hostOptions(s, level, stderr)
 	if err != nil {
 		return err
 	}
-	opts.Wasm, err = os.ReadFile(s.wasm)
-	if err != nil {
-		return fmt.Errorf("%w (run `make build` first)", err)
-	}
-	opts.Workers, opts.Kong, opts.MinLogLevel = s.workers, s.kong, level
-	opts.StreamResponses = s.stream
-	opts.LogSink = func(l wasmhost.LogLevel, msg string) { fmt.Fprintf(stderr, "[%s] %s\n", l, msg) }
-	upstream := "embedded echo"
-	switch {
-	case s.upstream == "cluster" && opts.Upstream == nil:
-		return errors.New("-upstream cluster needs -envoy: the route's cluster comes from the bootstrap")
-	case s.upstream == "cluster":
-		upstream = "the route's cluster"
-	case s.upstream != "":
-		u, err := url.Parse(s.upstream)
-		if err != nil || u.Scheme == "" || u.Host == "" {
-			return fmt.Errorf("-upstream: want an absolute URL like http://127.0.0.1:8080, got %q", s.upstream)
-		}
-		opts.Upstream, upstream = wasmhost.ProxyTo(u), u.String()
-	}
-
 	h, err := wasmhost.New(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer h.Close(context.Background())
+	return serve(ctx, s, h, opts, source, upstream, stdout)
+}
 
+// hostOptions builds the local host's options from the flags: the plugin
+// and its configuration, the module, and the upstream (described for the
+// start-up lines).
+func hostOptions(s settings, level wasmhost.LogLevel, stderr io.Writer) (opts wasmhost.Options, source, upstream string, err error) {
+	opts, source, err = loadPlugin(s)
+	if err != nil {
+		return opts, "", "", err
+	}
+	opts.Wasm, err = os.ReadFile(s.wasm)
+	if err != nil {
+		return opts, "", "", fmt.Errorf("%w (run `make build` first)", err)
+	}
+	opts.Workers, opts.Kong, opts.MinLogLevel = s.workers, s.kong, level
+	opts.StreamResponses = s.stream
+	opts.LogSink = func(l wasmhost.LogLevel, msg string) { fmt.Fprintf(stderr, "[%s] %s\n", l, msg) }
+	upstream = "embedded echo"
+	switch {
+	case s.upstream == "cluster" && opts.Upstream == nil:
+		return opts, "", "", errors.New("-upstream cluster needs -envoy: the route's cluster comes from the bootstrap")
+	case s.upstream == "cluster":
+		upstream = "the route's cluster"
+	case s.upstream != "":
+		u, err := url.Parse(s.upstream)
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			return opts, "", "", fmt.Errorf("-upstream: want an absolute URL like http://127.0.0.1:8080, got %q", s.upstream)
+		}
+		opts.Upstream, upstream = wasmhost.ProxyTo(u), u.String()
+	}
+	return opts, source, upstream, nil
+}
+
+// serve listens on the flags' addresses (the proxy, and the admin listener
+// with -admin) until ctx is done or a server fails, then shuts down.
+func serve(ctx context.Context, s settings, h *wasmhost.Host, opts wasmhost.Options, source, upstream string, stdout io.Writer) error {
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return err

@@ -1,5 +1,5 @@
 // A proxy-wasm ABI 0.2.1 host for Node's V8, written from the spec and
-// Envoy's documented behaviour (shared/PROXY_WASM.md), sharing no code with
+// Envoy's documented behaviour (docs/proxy-wasm.md), sharing no code with
 // the Go product or the wazero host: a second engine to judge the module.
 //
 // It provides exactly what the module imports, no more: the env functions

@@ -1,9 +1,10 @@
 // Package abi binds the filter to the proxy-wasm ABI 0.2.1: it exports the
 // proxy_on_* callbacks with //go:wasmexport, imports the host functions
 // with //go:wasmimport, keeps the table of root and HTTP contexts, and
-// implements filter.Host over the imports. It is the only package that uses
-// unsafe, and its bindings only build for GOOS=wasip1; natively only the
-// header-map encoding and the context table remain.
+// implements filter.Host over the imports. It is the only package linked
+// into the module that uses unsafe (filter/filtertest, the test host, uses
+// it too, for the same string views), and its bindings only build for
+// GOOS=wasip1; natively only the context table remains.
 //
 // Every export recovers from panics and fails open: a panic that reached
 // the host would trap the VM and take down every request on that worker.

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 // Pinger is what Readiness checks; *Store is one.
@@ -109,10 +109,10 @@ func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
 			return
 		}
 		ctx := r.Context()
-		if v := r.Header.Values(filter.SettleHeader); len(v) > 0 {
+		if v := r.Header.Values(rlscontract.SettleHeader); len(v) > 0 {
 			// A settlement over JSON carries its mark as an HTTP header, as
 			// the gRPC call carries it as metadata (settle.go).
-			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(filter.SettleHeader, v[0]))
+			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(rlscontract.SettleHeader, v[0]))
 		}
 		resp, err := srv.ShouldRateLimit(ctx, &req)
 		if err != nil {

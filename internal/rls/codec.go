@@ -21,7 +21,7 @@ import (
 // RateLimitRequest and encodes a RateLimitResponse by hand, with
 // protowire and the field numbers of envoy/service/ratelimit/v3/rls.proto
 // and envoy/extensions/common/ratelimit/v3/ratelimit.proto (as
-// filter/rlswire does for the guest, in the other direction). Under load,
+// rlscontract does for the guest, in the other direction). Under load,
 // protobuf's reflection-driven (un)marshalling was about an eighth of the
 // service's CPU. The results are those of proto.Unmarshal and
 // proto.Marshal (codec_test.go checks them against each other): every

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -74,7 +75,7 @@ func walk(ns []*filter.RLSDescriptor, f func(*filter.RLSDescriptor)) {
 }
 
 // Entry is one descriptor entry, as the request carries it.
-type Entry struct{ Key, Value string }
+type Entry = rlscontract.Entry
 
 // maxComposite bounds the composite key the filter sends: 8 limit keys of
 // at most sharedstate.MaxValueLen bytes each, with their separators.
@@ -91,12 +92,12 @@ const maxComposite = 8 * (sharedstate.MaxValueLen + 1)
 //   - Any other descriptor walks the domain's rls_descriptors tree; its
 //     bucket is the composite key of all its entries' values.
 func (c *Config) Resolve(domain string, entries []Entry) (*filter.Rule, string) {
-	if len(entries) == 2 && entries[0].Key == filter.DescriptorRuleKey && entries[1].Key == filter.DescriptorKeyKey {
-		r := c.cluster[entries[0].Value]
+	if rule, comp, ok := rlscontract.ParseCluster(entries); ok {
+		r := c.cluster[rule]
 		if r == nil {
 			return nil, ""
 		}
-		return r, BucketKey(r.Name, cleanComposite(entries[1].Value))
+		return r, BucketKey(r.Name, cleanComposite(comp))
 	}
 	nodes := c.domains[domain]
 	if nodes == nil || len(entries) == 0 {

@@ -3,11 +3,9 @@ package rls
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -17,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 // Lease mode (docs/lease.md): the global bucket of a lease-mode rule lives
@@ -149,77 +148,26 @@ type Leaser interface {
 	Lease(ctx context.Context, op LeaseOp) (LeaseResult, error)
 }
 
-// leaseEntries is what a lease-mode descriptor says; see docs/lease.md's
-// wire protocol.
-type leaseEntries struct {
-	rule, key string
-	holder    string
-	grant     uint64
-	unspent   float64
-	want      uint64
-	release   bool
-}
-
-var errLeaseDescriptor = errors.New("malformed lease descriptor")
-
-// parseLease reports whether entries are a lease-mode descriptor
-// (tokengate_mode=lease after the rule and key) and reads them.
-func parseLease(entries []Entry) (leaseEntries, bool, error) {
-	var l leaseEntries
-	if len(entries) < 3 || entries[0].Key != filter.DescriptorRuleKey || entries[1].Key != filter.DescriptorKeyKey ||
-		entries[2].Key != filter.DescriptorModeKey || entries[2].Value != "lease" {
-		return l, false, nil
-	}
-	l.rule, l.key = entries[0].Value, entries[1].Value
-	var err error
-	for _, e := range entries[3:] {
-		switch e.Key {
-		case filter.DescriptorHolderKey:
-			l.holder = e.Value
-		case filter.DescriptorGrantKey:
-			l.grant, err = strconv.ParseUint(e.Value, 10, 64)
-		case filter.DescriptorUnspentKey:
-			l.unspent, err = strconv.ParseFloat(e.Value, 64)
-			if err == nil && (l.unspent < 0 || math.IsInf(l.unspent, 0) || math.IsNaN(l.unspent)) {
-				err = errLeaseDescriptor
-			}
-		case filter.DescriptorWantKey:
-			l.want, err = strconv.ParseUint(e.Value, 10, 64)
-		case filter.DescriptorReleaseKey:
-			l.release = e.Value == "1"
-		default:
-			err = errLeaseDescriptor
-		}
-		if err != nil {
-			return l, true, fmt.Errorf("%w: entry %q: %q", errLeaseDescriptor, e.Key, e.Value)
-		}
-	}
-	if len(l.holder) > 64 || strings.ContainsAny(l.holder, "{}") {
-		return l, true, fmt.Errorf("%w: holder %q", errLeaseDescriptor, l.holder)
-	}
-	return l, true, nil
-}
-
 // leaseRule returns the lease-mode rule a lease descriptor names and its
 // bucket's key, or nil.
-func (c *Config) leaseRule(l leaseEntries) (*filter.Rule, string) {
-	r := c.cluster[l.rule]
+func (c *Config) leaseRule(l rlscontract.Lease) (*filter.Rule, string) {
+	r := c.cluster[l.Rule]
 	if r == nil || r.Lease == nil {
 		return nil, ""
 	}
-	return r, LeaseKey(r.Name, cleanComposite(l.key))
+	return r, LeaseKey(r.Name, cleanComposite(l.Composite))
 }
 
 // leaseTake returns the rule and bucket of an exact take sent by a
 // lease-mode rule: its lease bucket, or, when this service's configuration
 // has the rule in exact mode, its token bucket (limited either way, never
 // waved through); lease reports which.
-func (c *Config) leaseTake(l leaseEntries) (r *filter.Rule, key string, lease bool) {
+func (c *Config) leaseTake(l rlscontract.Lease) (r *filter.Rule, key string, lease bool) {
 	if r, key := c.leaseRule(l); r != nil {
 		return r, key, true
 	}
-	if r := c.cluster[l.rule]; r != nil {
-		return r, BucketKey(r.Name, cleanComposite(l.key)), false
+	if r := c.cluster[l.Rule]; r != nil {
+		return r, BucketKey(r.Name, cleanComposite(l.Composite)), false
 	}
 	return nil, "", false
 }
@@ -228,15 +176,15 @@ func (c *Config) leaseTake(l leaseEntries) (r *filter.Rule, key string, lease bo
 // request or release. ok is false for any other request.
 func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, ok bool, err error) {
 	ds := req.GetDescriptors()
-	if len(ds) != 1 || len(ds[0].GetEntries()) < 3 || ds[0].GetEntries()[2].GetKey() != filter.DescriptorModeKey {
-		return nil, false, nil // not lease mode (parseLease): skip the copy
+	if len(ds) != 1 || len(ds[0].GetEntries()) < 3 || ds[0].GetEntries()[2].GetKey() != rlscontract.ModeKey {
+		return nil, false, nil // not lease mode (rlscontract.ParseLease): skip the copy
 	}
 	entries := make([]Entry, 0, len(ds[0].GetEntries()))
 	for _, e := range ds[0].GetEntries() {
-		entries = append(entries, Entry{e.GetKey(), e.GetValue()})
+		entries = append(entries, Entry{Key: e.GetKey(), Value: e.GetValue()})
 	}
-	l, isLease, perr := parseLease(entries)
-	if !isLease || perr == nil && l.holder == "" {
+	l, isLease, perr := rlscontract.ParseLease(rlscontract.Descriptor{Entries: entries, HitsAddend: ds[0].GetHitsAddend().GetValue()})
+	if !isLease || perr == nil && l.Exact() {
 		return nil, false, nil // an exact take: ShouldRateLimit's path
 	}
 	if perr != nil {
@@ -246,14 +194,14 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 	r, key := s.cfg.leaseRule(l)
 	if r == nil {
 		s.metrics.request(reqInvalid)
-		return nil, true, status.Error(codes.InvalidArgument, "no lease-mode rule "+strconv.Quote(l.rule))
+		return nil, true, status.Error(codes.InvalidArgument, "no lease-mode rule "+strconv.Quote(l.Rule))
 	}
 	lr, ok2 := s.store.(Leaser)
 	if !ok2 {
 		return nil, true, status.Error(codes.Unimplemented, "this store does not lease")
 	}
 	res, err := lr.Lease(ctx, LeaseOp{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, TTL: r.Lease.TTL,
-		Holder: l.holder, Grant: l.grant, Unspent: l.unspent, Want: l.want, Release: l.release})
+		Holder: l.Holder, Grant: l.Grant, Unspent: l.Unspent, Want: l.Want, Release: l.Release})
 	if err != nil {
 		s.metrics.request(reqUnavailable)
 		return nil, true, status.Error(codes.Unavailable, "tokengate-rls: redis: "+err.Error())
@@ -263,7 +211,7 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 		CurrentLimit:   currentLimit(r),
 		LimitRemaining: uint32(min(math.Floor(res.Tokens), math.MaxUint32)),
 	}
-	if !l.release {
+	if !l.Release {
 		sec, frac := math.Modf(res.ValidUntil)
 		// The grant's whole amount: the reported tokens it carries over
 		// plus the new ones (docs/lease.md, wire protocol).

@@ -11,9 +11,9 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 func at(sec float64) string { return strconv.FormatFloat(sec, 'f', 6, 64) }
@@ -392,10 +392,10 @@ func TestLeaseServer(t *testing.T) {
 	lease := func(grant, unspent, want string) (*rlsv3.RateLimitResponse_DescriptorStatus, *rlsv3.RateLimitResponse_Quota) {
 		t.Helper()
 		d := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
-			{Key: filter.DescriptorRuleKey, Value: "l"}, {Key: filter.DescriptorKeyKey, Value: "k"},
-			{Key: filter.DescriptorModeKey, Value: "lease"}, {Key: filter.DescriptorHolderKey, Value: "h1"},
-			{Key: filter.DescriptorGrantKey, Value: grant}, {Key: filter.DescriptorUnspentKey, Value: unspent},
-			{Key: filter.DescriptorWantKey, Value: want}}}
+			{Key: rlscontract.RuleKey, Value: "l"}, {Key: rlscontract.CompositeKey, Value: "k"},
+			{Key: rlscontract.ModeKey, Value: "lease"}, {Key: rlscontract.HolderKey, Value: "h1"},
+			{Key: rlscontract.GrantKey, Value: grant}, {Key: rlscontract.UnspentKey, Value: unspent},
+			{Key: rlscontract.WantKey, Value: want}}}
 		resp := ask(t, e.client, "tokengate", d)
 		if len(resp.GetStatuses()) != 1 || resp.GetStatuses()[0].GetQuota() == nil {
 			t.Fatalf("answer %v: want one status with a quota", resp)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 // Runner runs bucket updates; *Store is the Redis one.
@@ -79,11 +80,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	for i, d := range req.Descriptors {
 		entries = entries[:0]
 		for _, e := range d.GetEntries() {
-			entries = append(entries, Entry{e.GetKey(), e.GetValue()})
+			entries = append(entries, Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
 		r, key := s.cfg.Resolve(req.Domain, entries)
 		lease := false
-		if l, ok, err := parseLease(entries); ok && err == nil {
+		if l, ok, err := rlscontract.ParseLease(rlscontract.Descriptor{Entries: entries, HitsAddend: d.GetHitsAddend().GetValue()}); ok && err == nil {
 			// An exact take from a lease-mode bucket (lease.go); a rule
 			// this service has in exact mode is still limited, in its
 			// token bucket.

@@ -18,9 +18,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 // testConfig has cluster rules the filter would ask about, a shadow
@@ -105,7 +105,7 @@ func forEachBackend(t *testing.T, f func(t *testing.T, b *backend)) {
 // ours is the descriptor the filter sends for a cluster rule.
 func ours(rule, key string, hits uint64) *ratelimitv3.RateLimitDescriptor {
 	d := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
-		{Key: filter.DescriptorRuleKey, Value: rule}, {Key: filter.DescriptorKeyKey, Value: key}}}
+		{Key: rlscontract.RuleKey, Value: rule}, {Key: rlscontract.CompositeKey, Value: key}}}
 	if hits > 0 {
 		d.HitsAddend = wrapperspb.UInt64(hits)
 	}

@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
-	"strconv"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 // Settling after the response (docs/rls.md): a cluster-scope rule with
@@ -29,21 +29,12 @@ var settleLua string
 
 var settleScript = newScript(withParts(settleLua))
 
-// SettleKind is what a settlement does to a bucket.
-type SettleKind string
-
-// Settlement kinds, as settle.lua names them.
-const (
-	SettleCharge SettleKind = "charge"
-	SettleRefund SettleKind = "refund"
-	SettleReset  SettleKind = "reset"
-)
-
 // SettleOp is one settlement of one bucket.
 type SettleOp struct {
 	Key                  string
 	Rate, Burst, MaxDebt float64
-	Kind                 SettleKind
+	// Kind is the settlement's, as settle.lua names it.
+	Kind rlscontract.SettleKind
 	// Amount is the tokens charged or refunded (> 0; unused by a reset).
 	Amount float64
 	// Now replaces Redis TIME when not empty (tests).
@@ -77,7 +68,7 @@ func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
 // tokengate_settle entry.
 func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		for _, v := range md.Get(filter.SettleHeader) {
+		for _, v := range md.Get(rlscontract.SettleHeader) {
 			if v == "1" {
 				return true
 			}
@@ -85,7 +76,7 @@ func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
 	}
 	for _, d := range req.GetDescriptors() {
 		for _, e := range d.GetEntries() {
-			if e.GetKey() == filter.DescriptorSettleKey {
+			if e.GetKey() == rlscontract.SettleKey {
 				return true
 			}
 		}
@@ -93,41 +84,31 @@ func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
 	return false
 }
 
-// settleRule returns the rule and bucket key of one settlement descriptor,
-// and what to do: [tokengate_rule, key] alone is an extra charge of its
-// hits; with [tokengate_settle=refund, tokengate_amount=N] a refund of N;
-// with [tokengate_settle=reset] a reset. The rule must be a cluster-scope
-// rule that settles (exact mode).
+// settleRule returns the rule and bucket key of one settlement descriptor
+// (rlscontract.ParseSettlement), and what to do: a charge of its hits (the
+// descriptor's hits_addend, else the request's, at least 1), a refund or a
+// reset. The rule must be a cluster-scope rule that settles (exact mode).
 func (c *Config) settleRule(d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (SettleOp, *filter.Rule, error) {
-	es := d.GetEntries()
-	var op SettleOp
-	if len(es) < 2 || es[0].GetKey() != filter.DescriptorRuleKey || es[1].GetKey() != filter.DescriptorKeyKey {
-		return op, nil, fmt.Errorf("a settlement descriptor starts with %s and %s", filter.DescriptorRuleKey, filter.DescriptorKeyKey)
+	es := make([]rlscontract.Entry, len(d.GetEntries()))
+	for i, e := range d.GetEntries() {
+		es[i] = rlscontract.Entry{Key: e.GetKey(), Value: e.GetValue()}
 	}
-	r := c.cluster[es[0].GetValue()]
+	set, err := rlscontract.ParseSettlement(rlscontract.Descriptor{Entries: es, HitsAddend: d.GetHitsAddend().GetValue()})
+	if err != nil {
+		return SettleOp{}, nil, err
+	}
+	r := c.cluster[set.Rule]
 	if r == nil || r.Settle == nil || r.Lease != nil {
-		return op, nil, fmt.Errorf("no cluster-scope rule %q that settles after the response", es[0].GetValue())
+		return SettleOp{}, nil, fmt.Errorf("no cluster-scope rule %q that settles after the response", set.Rule)
 	}
-	op = SettleOp{Key: BucketKey(r.Name, cleanComposite(es[1].GetValue())), Rate: r.Limit.Rate, Burst: r.Limit.Burst, MaxDebt: r.Limit.MaxDebt}
-	rest := es[2:]
-	switch {
-	case len(rest) == 0:
-		hits := uint64(reqHits)
-		if h := d.GetHitsAddend().GetValue(); h > 0 {
-			hits = h
+	op := SettleOp{Key: BucketKey(r.Name, cleanComposite(set.Composite)), Rate: r.Limit.Rate, Burst: r.Limit.Burst, MaxDebt: r.Limit.MaxDebt,
+		Kind: set.Kind, Amount: set.Amount}
+	if set.Kind == rlscontract.SettleCharge {
+		hits := set.Hits
+		if hits == 0 {
+			hits = uint64(reqHits)
 		}
-		op.Kind, op.Amount = SettleCharge, float64(max(hits, 1))
-	case len(rest) == 1 && rest[0].GetKey() == filter.DescriptorSettleKey && rest[0].GetValue() == string(SettleReset):
-		op.Kind = SettleReset
-	case len(rest) == 2 && rest[0].GetKey() == filter.DescriptorSettleKey && rest[0].GetValue() == string(SettleRefund) &&
-		rest[1].GetKey() == filter.DescriptorAmountKey:
-		n, err := strconv.ParseFloat(rest[1].GetValue(), 64)
-		if err != nil || !(n > 0) || math.IsInf(n, 0) {
-			return op, nil, fmt.Errorf("refund amount %q: must be a number > 0", rest[1].GetValue())
-		}
-		op.Kind, op.Amount = SettleRefund, n
-	default:
-		return op, nil, fmt.Errorf("settlement descriptor of rule %q: unknown entries", r.Name)
+		op.Amount = float64(max(hits, 1))
 	}
 	return op, r, nil
 }

@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -73,7 +73,7 @@ func TestSettleScriptMatchesBucket(t *testing.T) {
 					want = l.Reset(st, now)
 				}
 				got = store.Settle(context.Background(), []rls.SettleOp{{Key: key, Rate: l.Rate, Burst: l.Burst, MaxDebt: l.MaxDebt,
-					Kind: rls.SettleKind(kind), Amount: amount, Now: nowStr}})[0]
+					Kind: rlscontract.SettleKind(kind), Amount: amount, Now: nowStr}})[0]
 			}
 			if got.Err != nil {
 				t.Fatalf("limit %d step %d %s: %v", li, step, kind, got.Err)
@@ -130,7 +130,7 @@ func TestServerSettle(t *testing.T) {
 	e := startServer(t, settleConfig, store)
 	settleCtx := func() (context.Context, context.CancelFunc) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		return metadata.AppendToOutgoingContext(ctx, filter.SettleHeader, "1"), cancel
+		return metadata.AppendToOutgoingContext(ctx, rlscontract.SettleHeader, "1"), cancel
 	}
 	settle := func(ds ...*ratelimitv3.RateLimitDescriptor) (*rlsv3.RateLimitResponse, error) {
 		ctx, cancel := settleCtx()
@@ -159,14 +159,14 @@ func TestServerSettle(t *testing.T) {
 	if r := ask(t, e.client, "tokengate", ours("llm", "192.0.2.1", 1)); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("a take in debt: %v, want OVER_LIMIT", r)
 	}
-	if _, err := settle(settleDesc("llm", "192.0.2.1", filter.DescriptorSettleKey, "refund", filter.DescriptorAmountKey, "30.5")); err != nil {
+	if _, err := settle(settleDesc("llm", "192.0.2.1", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "30.5")); err != nil {
 		t.Fatal(err)
 	}
 	if got := tokens("tb:{llm:192.0.2.1}"); got != "10.500000" {
 		t.Fatalf("after a refund of 30.5: %q, want 10.5", got)
 	}
 	// A refund is capped at burst; a reset deletes the key.
-	if _, err := settle(settleDesc("llm", "192.0.2.1", filter.DescriptorSettleKey, "refund", filter.DescriptorAmountKey, "1000")); err != nil {
+	if _, err := settle(settleDesc("llm", "192.0.2.1", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "1000")); err != nil {
 		t.Fatal(err)
 	}
 	if got := tokens("tb:{llm:192.0.2.1}"); got != "100.000000" {
@@ -177,7 +177,7 @@ func TestServerSettle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := e.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "tokengate",
-		Descriptors: []*ratelimitv3.RateLimitDescriptor{settleDesc("login", "192.0.2.1", filter.DescriptorSettleKey, "reset")}}); err != nil {
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{settleDesc("login", "192.0.2.1", rlscontract.SettleKey, "reset")}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := tokens("tb:{login:192.0.2.1}"); got != "" {
@@ -190,9 +190,9 @@ func TestServerSettle(t *testing.T) {
 	}{
 		{"a rule that does not settle", []*ratelimitv3.RateLimitDescriptor{ours("plain", "", 1)}},
 		{"an unknown rule", []*ratelimitv3.RateLimitDescriptor{ours("nope", "", 1)}},
-		{"a negative refund", []*ratelimitv3.RateLimitDescriptor{settleDesc("llm", "x", filter.DescriptorSettleKey, "refund", filter.DescriptorAmountKey, "-1")}},
-		{"a refund without amount", []*ratelimitv3.RateLimitDescriptor{settleDesc("llm", "x", filter.DescriptorSettleKey, "refund")}},
-		{"an unknown kind", []*ratelimitv3.RateLimitDescriptor{settleDesc("llm", "x", filter.DescriptorSettleKey, "double")}},
+		{"a negative refund", []*ratelimitv3.RateLimitDescriptor{settleDesc("llm", "x", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "-1")}},
+		{"a refund without amount", []*ratelimitv3.RateLimitDescriptor{settleDesc("llm", "x", rlscontract.SettleKey, "refund")}},
+		{"an unknown kind", []*ratelimitv3.RateLimitDescriptor{settleDesc("llm", "x", rlscontract.SettleKey, "double")}},
 		{"one bad among good", []*ratelimitv3.RateLimitDescriptor{ours("llm", "y", 5), ours("plain", "", 1)}},
 	} {
 		if _, err := settle(tc.ds...); status.Code(err) != codes.InvalidArgument {

@@ -1,4 +1,4 @@
-// Package host is a proxy-wasm ABI 0.2.1 host on wazero that runs the
+// Package wasmhost is a proxy-wasm ABI 0.2.1 host on wazero that runs the
 // tokengate filter the way Envoy does, for local runs (tokengate-local) and
 // end-to-end tests.
 //
@@ -14,7 +14,7 @@
 //
 // A test typically does:
 //
-//	h, err := host.New(ctx, host.Options{Wasm: wasm, PluginConfig: cfg})
+//	h, err := wasmhost.New(ctx, wasmhost.Options{Wasm: wasm, PluginConfig: cfg})
 //	if err != nil { ... }
 //	defer h.Close(ctx)
 //	srv := httptest.NewServer(h)

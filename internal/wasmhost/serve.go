@@ -238,32 +238,8 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 	if err := w.acquire(); err != nil {
 		return failed(err)
 	}
-	if !s.reset {
-		first := s.local
-		trailers := len(s.respTrailers.h) > 0
-		eos := len(s.respBody) == 0 && !trailers
-		if _, err := w.callStream(s, phaseResponseHeaders, "proxy_on_response_headers",
-			uint64(s.id), uint64(len(s.resp.h)), boolArg(eos)); err != nil {
-			return w.abandon(s, failed, err)
-		}
-		if len(s.respBody) > 0 && s.local == first && !s.reset {
-			if _, err := w.callStream(s, phaseResponseBody, "proxy_on_response_body",
-				uint64(s.id), uint64(len(s.respBody)), boolArg(!trailers)); err != nil {
-				return w.abandon(s, failed, err)
-			}
-		}
-		if trailers && s.local == first && !s.reset {
-			// Trailers end the response (trailers.go).
-			if err := w.responseTrailers(s); err != nil {
-				return w.abandon(s, failed, err)
-			}
-		}
-		if s.local != first {
-			// A local reply sent while processing the upstream response
-			// replaces it; the response callbacks do not run again.
-			s.resp.h, s.respBody = buildLocalReply(s.local, s.grpc, s.head)
-			s.respTrailers.h = nil
-		}
+	if err := w.responseCallbacks(s); err != nil {
+		return w.abandon(s, failed, err)
 	}
 	if err := w.finish(s); err != nil {
 		return failed(err)
@@ -276,6 +252,41 @@ func (h *Host) run(w *worker, s *stream, r *http.Request) (int, []Header, []byte
 		return http.StatusBadGateway, nil, nil
 	}
 	return status, s.resp.h, s.respBody
+}
+
+// responseCallbacks runs the response's callbacks on the filter (w.mu
+// held): headers, then the body and the trailers unless a local reply sent
+// meanwhile replaces the response, as it does in Envoy.
+func (w *worker) responseCallbacks(s *stream) error {
+	if s.reset {
+		return nil
+	}
+	first := s.local
+	trailers := len(s.respTrailers.h) > 0
+	eos := len(s.respBody) == 0 && !trailers
+	if _, err := w.callStream(s, phaseResponseHeaders, "proxy_on_response_headers",
+		uint64(s.id), uint64(len(s.resp.h)), boolArg(eos)); err != nil {
+		return err
+	}
+	if len(s.respBody) > 0 && s.local == first && !s.reset {
+		if _, err := w.callStream(s, phaseResponseBody, "proxy_on_response_body",
+			uint64(s.id), uint64(len(s.respBody)), boolArg(!trailers)); err != nil {
+			return err
+		}
+	}
+	if trailers && s.local == first && !s.reset {
+		// Trailers end the response (trailers.go).
+		if err := w.responseTrailers(s); err != nil {
+			return err
+		}
+	}
+	if s.local != first {
+		// A local reply sent while processing the upstream response
+		// replaces it; the response callbacks do not run again.
+		s.resp.h, s.respBody = buildLocalReply(s.local, s.grpc, s.head)
+		s.respTrailers.h = nil
+	}
+	return nil
 }
 
 // hold waits, with w.mu released, until the paused stream s is continued,

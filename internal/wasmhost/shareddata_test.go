@@ -6,7 +6,7 @@ import (
 )
 
 // TestSharedDataSemantics walks each host's documented CAS rules step by
-// step (PROXY_WASM.md, "Shared data, host by host").
+// step (docs/proxy-wasm.md, "Shared data, host by host").
 func TestSharedDataSemantics(t *testing.T) {
 	type step struct {
 		op       string // get, set, del, evict

@@ -1,18 +1,18 @@
-// Package rlswire encodes the request and decodes the response of Envoy's
-// rate-limit service API (envoy.service.ratelimit.v3.RateLimitService,
-// ShouldRateLimit) by hand, in protobuf's wire format, so that the wasm
-// guest carries no protobuf runtime: the field numbers are those of
-// envoy/service/ratelimit/v3/rls.proto and
-// envoy/extensions/common/ratelimit/v3/ratelimit.proto. It also frames a
-// message for unary gRPC. Tests check it against go-control-plane's
-// generated types.
-package rlswire
+package rlscontract
 
 import (
 	"encoding/binary"
 	"errors"
 	"math"
 )
+
+// The binary form of the messages (settings.rls.protocol "grpc", the
+// default): the request encoded and the response decoded by hand, in
+// protobuf's wire format, so that the guest carries no protobuf runtime.
+// The field numbers are those of envoy/service/ratelimit/v3/rls.proto and
+// envoy/extensions/common/ratelimit/v3/ratelimit.proto; wire_test.go checks
+// them against go-control-plane's generated types. Frame and Unframe are
+// unary gRPC's message framing.
 
 // Entry is one key/value pair of a descriptor.
 type Entry struct{ Key, Value string }
@@ -104,7 +104,7 @@ type Response struct {
 	Headers [][2]string
 }
 
-var errMalformed = errors.New("rlswire: malformed message")
+var errMalformed = errors.New("rlscontract: malformed message")
 
 // ParseResponse decodes a RateLimitResponse. Unknown fields are skipped.
 func ParseResponse(b []byte) (Response, error) {
@@ -217,11 +217,11 @@ func Frame(dst, msg []byte) []byte {
 // Unframe returns the one message of a unary gRPC response body.
 func Unframe(b []byte) ([]byte, error) {
 	if len(b) < 5 || b[0] != 0 {
-		return nil, errors.New("rlswire: not an uncompressed gRPC message")
+		return nil, errors.New("rlscontract: not an uncompressed gRPC message")
 	}
 	n := binary.BigEndian.Uint32(b[1:5])
 	if uint64(n) != uint64(len(b)-5) {
-		return nil, errors.New("rlswire: gRPC frame length does not match the body")
+		return nil, errors.New("rlscontract: gRPC frame length does not match the body")
 	}
 	return b[5:], nil
 }

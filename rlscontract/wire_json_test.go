@@ -1,4 +1,4 @@
-package deploy
+package rlscontract_test
 
 import (
 	"math/rand/v2"
@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 // TestRLSWireJSONMatchesProtojson checks the guest's hand-written JSON form
@@ -43,13 +43,13 @@ func TestRLSWireJSONMatchesProtojson(t *testing.T) {
 	}
 	for i := range 300 {
 		domain := str()
-		var ds []rlswire.Descriptor
+		var ds []rlscontract.Descriptor
 		want := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: uint32(r.IntN(3))}
 		for range r.IntN(4) {
-			var d rlswire.Descriptor
+			var d rlscontract.Descriptor
 			wd := &ratelimitv3.RateLimitDescriptor{}
 			for range 1 + r.IntN(3) {
-				e := rlswire.Entry{Key: str(), Value: str()}
+				e := rlscontract.Entry{Key: str(), Value: str()}
 				d.Entries = append(d.Entries, e)
 				wd.Entries = append(wd.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
 			}
@@ -62,7 +62,7 @@ func TestRLSWireJSONMatchesProtojson(t *testing.T) {
 			ds = append(ds, d)
 			want.Descriptors = append(want.Descriptors, wd)
 		}
-		b := rlswire.AppendRequestJSON(nil, domain, ds, want.HitsAddend)
+		b := rlscontract.AppendRequestJSON(nil, domain, ds, want.HitsAddend)
 		got := &rlsv3.RateLimitRequest{}
 		if err := protojson.Unmarshal(b, got); err != nil {
 			t.Fatalf("request %d: protojson refused %s: %v", i, b, err)
@@ -100,7 +100,7 @@ func TestRLSWireJSONMatchesProtojson(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := rlswire.ParseResponseJSON(jb)
+		p, err := rlscontract.ParseResponseJSON(jb)
 		if err != nil {
 			t.Fatalf("response %d: %v\n%s", i, err, jb)
 		}
@@ -134,12 +134,12 @@ func TestRLSWireJSONMatchesProtojson(t *testing.T) {
 	for _, bad := range []string{``, `[]`, `{"overallCode":"MAYBE"}`, `{"statuses":{}}`, `{"statuses":[1]}`,
 		`{"statuses":[{"durationUntilReset":"5"}]}`, `{"statuses":[{"limitRemaining":-1}]}`, `{"statuses":[{"limitRemaining":1.5}]}`,
 		`{"responseHeadersToAdd":[{"key":1}]}`, `{"statuses":[{"quota":{"validUntil":"yesterday"}}]}`, `{"overallCode":"OK"`} {
-		if _, err := rlswire.ParseResponseJSON([]byte(bad)); err == nil {
+		if _, err := rlscontract.ParseResponseJSON([]byte(bad)); err == nil {
 			t.Errorf("ParseResponseJSON(%s) accepted a malformed message", bad)
 		}
 	}
 	// Invalid UTF-8 goes out as U+FFFD, still a request protojson reads.
-	b := rlswire.AppendRequestJSON(nil, "d\xff", []rlswire.Descriptor{{Entries: []rlswire.Entry{{Key: "k", Value: "v\xc3"}}}}, 0)
+	b := rlscontract.AppendRequestJSON(nil, "d\xff", []rlscontract.Descriptor{{Entries: []rlscontract.Entry{{Key: "k", Value: "v\xc3"}}}}, 0)
 	var got rlsv3.RateLimitRequest
 	if err := protojson.Unmarshal(b, &got); err != nil || got.Domain != "d\uFFFD" || got.Descriptors[0].Entries[0].Value != "v\uFFFD" {
 		t.Errorf("%s: %v %v", b, &got, err)
@@ -149,3 +149,13 @@ func TestRLSWireJSONMatchesProtojson(t *testing.T) {
 // near compares seconds read from decimal text with the exact value: equal
 // within a few float64 ulps at 1e10 s (a timestamp), about 2 us.
 func near(a, b float64) bool { return a-b <= 4e-6 && b-a <= 4e-6 }
+
+// FuzzParseResponseJSON: any JSON body is decoded or refused, never a
+// panic.
+func FuzzParseResponseJSON(f *testing.F) {
+	f.Add([]byte(`{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","durationUntilReset":"1.5s","quota":{"requests":10,"id":"7","validUntil":"2025-01-15T11:20:00.5Z"}}],"responseHeadersToAdd":[{"key":"a","rawValue":"Yg=="}]}`))
+	f.Add([]byte(`{"overall_code":2,"statuses":[{"limit_remaining":4294967295}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = rlscontract.ParseResponseJSON(b)
+	})
+}

@@ -1,4 +1,4 @@
-package deploy
+package rlscontract_test
 
 import (
 	"math/rand/v2"
@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tokengate/tokengate/filter/rlswire"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 // TestRLSWireMatchesGoControlPlane checks the guest's hand-written RLS
@@ -32,13 +32,13 @@ func TestRLSWireMatchesGoControlPlane(t *testing.T) {
 	}
 	for i := range 300 {
 		domain := "d" + strconv.Itoa(i)
-		var ds []rlswire.Descriptor
+		var ds []rlscontract.Descriptor
 		want := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: uint32(r.IntN(3))}
 		for range r.IntN(4) {
-			var d rlswire.Descriptor
+			var d rlscontract.Descriptor
 			wd := &ratelimitv3.RateLimitDescriptor{}
 			for range 1 + r.IntN(3) {
-				e := rlswire.Entry{Key: str(), Value: str()}
+				e := rlscontract.Entry{Key: str(), Value: str()}
 				d.Entries = append(d.Entries, e)
 				wd.Entries = append(wd.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
 			}
@@ -52,7 +52,7 @@ func TestRLSWireMatchesGoControlPlane(t *testing.T) {
 			want.Descriptors = append(want.Descriptors, wd)
 		}
 		got := &rlsv3.RateLimitRequest{}
-		if err := proto.Unmarshal(rlswire.AppendRequest(nil, domain, ds, want.HitsAddend), got); err != nil {
+		if err := proto.Unmarshal(rlscontract.AppendRequest(nil, domain, ds, want.HitsAddend), got); err != nil {
 			t.Fatal(err)
 		}
 		if !proto.Equal(got, want) {
@@ -81,7 +81,7 @@ func TestRLSWireMatchesGoControlPlane(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := rlswire.ParseResponse(b)
+		p, err := rlscontract.ParseResponse(b)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,15 +108,35 @@ func TestRLSWireMatchesGoControlPlane(t *testing.T) {
 		}
 	}
 	for _, bad := range [][]byte{{0x08}, {0x12, 0x05, 1}, {0x0b}, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}} {
-		if _, err := rlswire.ParseResponse(bad); err == nil {
+		if _, err := rlscontract.ParseResponse(bad); err == nil {
 			t.Errorf("ParseResponse(%x) accepted a malformed message", bad)
 		}
 	}
-	framed := rlswire.Frame(nil, []byte("abc"))
-	if m, err := rlswire.Unframe(framed); err != nil || string(m) != "abc" {
+	framed := rlscontract.Frame(nil, []byte("abc"))
+	if m, err := rlscontract.Unframe(framed); err != nil || string(m) != "abc" {
 		t.Errorf("Unframe(Frame) = %q %v", m, err)
 	}
-	if _, err := rlswire.Unframe(append(framed, 'x')); err == nil {
+	if _, err := rlscontract.Unframe(append(framed, 'x')); err == nil {
 		t.Error("a frame with trailing bytes was accepted")
 	}
+}
+
+// FuzzParseResponse: any body the service's cluster answers with is
+// decoded or refused, never a panic; a frame decodes to what it framed.
+func FuzzParseResponse(f *testing.F) {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{
+		Code: rlsv3.RateLimitResponse_OVER_LIMIT, LimitRemaining: 3, DurationUntilReset: &durationpb.Duration{Seconds: 1, Nanos: 5e8},
+		Quota: &rlsv3.RateLimitResponse_Quota{Requests: 10, Id: "7"}}}}
+	b, err := proto.Marshal(resp)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Add([]byte{0x08})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = rlscontract.ParseResponse(b)
+		if m, err := rlscontract.Unframe(rlscontract.Frame(nil, b)); err != nil || string(m) != string(b) {
+			t.Fatalf("Unframe(Frame(%x)) = %x %v", b, m, err)
+		}
+	})
 }

@@ -1,4 +1,4 @@
-package rlswire
+package rlscontract
 
 import (
 	"encoding/base64"
@@ -88,7 +88,7 @@ func appendJSONString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
-var errJSON = errors.New("rlswire: malformed JSON RateLimitResponse")
+var errJSON = errors.New("rlscontract: malformed JSON RateLimitResponse")
 
 // ParseResponseJSON decodes a RateLimitResponse in protobuf's JSON form.
 // It accepts what protojson accepts for the fields the filter uses: the
@@ -237,7 +237,7 @@ func jsonEnum(v ljson.Result, names []string) (int, error) {
 				return i, nil
 			}
 		}
-		return 0, errors.New("rlswire: unknown enum value " + strconv.Quote(v.Str))
+		return 0, errors.New("rlscontract: unknown enum value " + strconv.Quote(v.Str))
 	case ljson.Number:
 		if v.Num >= 0 && v.Num <= math.MaxInt32 && v.Num == math.Trunc(v.Num) {
 			return int(v.Num), nil
