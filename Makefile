@@ -2,7 +2,7 @@
 
 GO        ?= go
 WASM      := build/tokengate.wasm
-GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/lite rlscontract -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
+GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/lite rlscontract config ratelimitheader -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 
 .PHONY: all build build-small test run bench fuzz lint check clean envoy image ratelimit cluster
 
@@ -95,7 +95,7 @@ fuzz:
 ## lint: gofmt, go vet and staticcheck, on the product module, the guest build and the deploy module.
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK         := build/bin/staticcheck-$(STATICCHECK_VERSION)
-GUEST_PKGS          := ./cmd/tokengate ./filter/... ./bucket/... ./sharedstate/... ./rlscontract/...
+GUEST_PKGS          := ./cmd/tokengate ./filter/... ./config/... ./ratelimitheader/... ./rlscontract/... ./bucket/... ./sharedstate/...
 
 $(STATICCHECK):
 	@mkdir -p build/bin

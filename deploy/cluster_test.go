@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 )
 
 // parseFleetBootstrap parses examples/cluster/envoy.yaml as parseBootstrap
@@ -55,7 +55,7 @@ func TestFleetEnvoyYAML(t *testing.T) {
 	if err != nil {
 		t.Fatalf("examples/cluster/envoy.yaml: %v", err)
 	}
-	var cfg *filter.Config
+	var cfg *config.Config
 	for _, l := range bs.GetStaticResources().GetListeners() {
 		for _, fc := range l.GetFilterChains() {
 			for _, f := range fc.GetFilters() {
@@ -71,7 +71,7 @@ func TestFleetEnvoyYAML(t *testing.T) {
 				if err := ws[0].GetConfig().GetConfiguration().UnmarshalTo(sv); err != nil {
 					t.Fatal(err)
 				}
-				if cfg, err = filter.ParseConfig([]byte(sv.GetValue())); err != nil {
+				if cfg, err = config.Parse([]byte(sv.GetValue())); err != nil {
 					t.Fatalf("plugin configuration: %v", err)
 				}
 			}

@@ -4,7 +4,7 @@
 //   - envoy.yaml is parsed into go-control-plane's bootstrap/v3 Bootstrap,
 //     validated with Envoy's own generated rules (ValidateAll) down through
 //     every typed_config, and its wasm filter's plugin configuration is fed
-//     through filter.ParseConfig; mutated copies (a field-name typo, a wrong
+//     through config.Parse; mutated copies (a field-name typo, a wrong
 //     @type, an invalid rule, ...) must fail.
 //   - deploy/istio/wasmplugin.yaml is parsed into Istio's WasmPlugin API
 //     type and its pluginConfig must parse and equal envoy.yaml's

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/filter"
 )
 
@@ -142,7 +143,7 @@ func eachAny(m protoreflect.Message, path string, fn func(*anypb.Any, string) er
 type envoyPlugin struct {
 	wasm   *wasmfilterv3.Wasm
 	config []byte // the plugin configuration: the StringValue's value
-	parsed *filter.Config
+	parsed *config.Config
 }
 
 // checkEnvoyYAML parses and validates an envoy.yaml and checks everything
@@ -204,7 +205,7 @@ func checkEnvoyYAML(doc []byte) (*envoyPlugin, error) {
 	if err := pc.GetConfiguration().UnmarshalTo(sv); err != nil {
 		return nil, err
 	}
-	cfg, err := filter.ParseConfig([]byte(sv.GetValue()))
+	cfg, err := config.Parse([]byte(sv.GetValue()))
 	if err != nil {
 		return nil, fmt.Errorf("plugin configuration: %w", err)
 	}
@@ -250,7 +251,7 @@ var counters = []string{
 // counter of cfg into tokengate_rule_<counter>{rule="<rule>"} and leaves the
 // plugin-wide counters alone. Envoy evaluates the regex with its own engine;
 // the pattern uses only syntax that RE2 and ECMAScript read the same way.
-func checkStatsTags(bs *bootstrapv3.Bootstrap, cfg *filter.Config) error {
+func checkStatsTags(bs *bootstrapv3.Bootstrap, cfg *config.Config) error {
 	var re *regexp.Regexp
 	for _, ts := range bs.GetStatsConfig().GetStatsTags() {
 		if ts.GetTagName() == "rule" {

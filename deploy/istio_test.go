@@ -13,7 +13,7 @@ import (
 	istioext "istio.io/api/extensions/v1alpha1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 )
 
 // wasmPluginDoc is the Kubernetes envelope of a WasmPlugin; the spec is
@@ -85,7 +85,7 @@ func TestIstioWasmPlugin(t *testing.T) {
 		t.Error("selector.matchLabels is empty: the plugin would apply to every workload in the namespace")
 	}
 
-	cfg, err := filter.ParseConfig(pluginCfg)
+	cfg, err := config.Parse(pluginCfg)
 	if err != nil {
 		t.Fatalf("pluginConfig: %v\n%s", err, pluginCfg)
 	}
@@ -137,7 +137,7 @@ func TestIstioWasmPluginMutations(t *testing.T) {
 	}
 }
 
-func ruleNames(c *filter.Config) string {
+func ruleNames(c *config.Config) string {
 	var names []string
 	for _, r := range c.Rules() {
 		names = append(names, r.Name)

@@ -21,7 +21,7 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/rls"
 	"github.com/tokengate/tokengate/rlscontract"
 )
@@ -102,7 +102,7 @@ func TestRLSEnvoyYAML(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := filter.ParseConfig(cfgJSON); err != nil {
+	if _, err := config.Parse(cfgJSON); err != nil {
 		t.Fatalf("deploy/rls/tokengate.json, by the filter's parser: %v", err)
 	}
 	cfg, err := rls.ParseConfig(cfgJSON)

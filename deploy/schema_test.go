@@ -10,7 +10,7 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 )
 
 const schemaFile = "config.schema.json"
@@ -113,7 +113,7 @@ func TestSchemaAcceptsEveryExample(t *testing.T) {
 			if err := validateSchema(sch, configs[n]); err != nil {
 				t.Errorf("schema rejects %s: %v", n, err)
 			}
-			if _, err := filter.ParseConfig(configs[n]); err != nil {
+			if _, err := config.Parse(configs[n]); err != nil {
 				t.Errorf("parser rejects %s: %v", n, err)
 			}
 		})
@@ -196,7 +196,7 @@ func TestSchemaAndParserRejectInvalid(t *testing.T) {
 			if err := validateSchema(sch, []byte(tt.config)); err == nil {
 				t.Errorf("schema accepts %s", tt.config)
 			}
-			_, err := filter.ParseConfig([]byte(tt.config))
+			_, err := config.Parse([]byte(tt.config))
 			if err == nil {
 				t.Fatalf("parser accepts %s", tt.config)
 			}
@@ -236,7 +236,7 @@ func TestParserOnlyChecks(t *testing.T) {
 			if err := validateSchema(sch, []byte(tt.config)); err != nil {
 				t.Errorf("schema rejects it (move the case to TestSchemaAndParserRejectInvalid): %v", err)
 			}
-			_, err := filter.ParseConfig([]byte(tt.config))
+			_, err := config.Parse([]byte(tt.config))
 			if err == nil {
 				t.Fatalf("parser accepts %s", tt.config)
 			}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -52,7 +53,7 @@ type pendingCall struct {
 	local []sharedstate.Request
 	// rules are the cluster rules asked about, in descriptor order, and
 	// buckets the shared-data buckets they fall back to (on_error: local).
-	rules   []*Rule
+	rules   []*rule
 	buckets []sharedstate.Request
 	// leaseKeys are the allowance keys of cold lease rules, by rule index
 	// ("" for others; nil if none): a rejection marks them empty.
@@ -115,17 +116,17 @@ func (s *Stream) askCluster(req *request, now float64) Action {
 // callRLS sends a RateLimitRequest with descriptors ds to the service, in
 // settings.rls.protocol: unary gRPC (HTTP/2 cluster) or JSON over HTTP/1.1
 // to the service's /json, as envoyproxy/ratelimit and tokengate-rls serve it.
-func callRLS(caller Caller, rls *RLSSettings, ds []rlscontract.Descriptor) (uint32, error) {
+func callRLS(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor) (uint32, error) {
 	return callRLSWith(caller, rls, ds, rls.TimeoutMs, nil)
 }
 
 // callRLSWith is callRLS with its own timeout and extra request headers
 // (a settlement's mark): either protocol carries them as HTTP headers,
 // which gRPC delivers to the service as metadata.
-func callRLSWith(caller Caller, rls *RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
+func callRLSWith(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
 	var body []byte
 	var headers [][2]string
-	if rls.Protocol == RLSProtocolJSON {
+	if rls.Protocol == config.RLSProtocolJSON {
 		body = rlscontract.AppendRequestJSON(nil, rls.Domain, ds, 0)
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsJSONPath}, {":authority", rls.Authority},
@@ -191,7 +192,7 @@ func (p *Plugin) readRLS(c Caller, numHeaders, bodySize int) (rlscontract.Respon
 		return none, "no response (timeout or connection failure)"
 	}
 	st, _ := c.CallResponseHeader(":status")
-	if p.cfg.Settings.RLS.Protocol == RLSProtocolJSON {
+	if p.cfg.Settings.RLS.Protocol == config.RLSProtocolJSON {
 		if st != "200" && st != "429" {
 			return none, "HTTP status " + st
 		}
@@ -243,7 +244,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlscontract.Response) {
 			switch {
 			case st.Code != rlscontract.CodeOverLimit:
 				r.metrics.allowed.inc(p.host, 1)
-			case r.shadow:
+			case r.Shadow:
 				r.metrics.shadowRejected.inc(p.host, 1)
 			default:
 				r.metrics.rejected.inc(p.host, 1)
@@ -261,7 +262,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlscontract.Response) {
 		// would-be rejection and never reject; without an enforced rule
 		// the request passes.
 		for i, r := range pc.rules {
-			if r.shadow {
+			if r.Shadow {
 				r.metrics.shadowRejected.inc(p.host, 1)
 				continue
 			}
@@ -298,17 +299,17 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 	p.warnf(pc.now, "event=rls_error reason="+strconv.Quote(reason))
 	act := Continue
 	switch p.cfg.Settings.RLS.OnError {
-	case OnErrorAllow:
+	case config.OnErrorAllow:
 		for _, r := range pc.rules {
 			r.metrics.failOpen.inc(p.host, 1)
 		}
-	case OnErrorDeny:
+	case config.OnErrorDeny:
 		// Only an enforced rule fails closed; shadow rules fail open, as
 		// a local shadow rule does on a store error (observe). The 503
 		// names and counts the first enforced rule.
 		denier := -1
 		for i, r := range pc.rules {
-			if r.shadow {
+			if r.Shadow {
 				r.metrics.failOpen.inc(p.host, 1)
 			} else if denier < 0 {
 				denier = i
@@ -322,7 +323,7 @@ func (s *Stream) clusterFailed(pc *pendingCall, reason string, resumed bool) Act
 		r.metrics.storeDenied.inc(p.host, 1)
 		s.sendUnavailable(pc, r)
 		act = Pause
-	case OnErrorLocal:
+	case config.OnErrorLocal:
 		act = s.clusterLocally(pc)
 	}
 	s.dropAwaiting() // the service took nothing (on_error: local settles in shared data)
@@ -338,9 +339,9 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 	p := s.p
 	res := make([]bucket.Result, len(pc.buckets))
 	var enforce, shadow []sharedstate.Request
-	var rules, shadows []*Rule
+	var rules, shadows []*rule
 	for i, r := range pc.rules {
-		if r.shadow {
+		if r.Shadow {
 			shadow = append(shadow, pc.buckets[i])
 			shadows = append(shadows, r)
 		} else {
@@ -418,7 +419,7 @@ func (s *Stream) resume() {
 // sendClusterRejection answers a request a cluster rule rejected: the
 // rule's status, the service's response headers (its RateLimit headers)
 // or, without them, RateLimit headers built from the status.
-func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlscontract.Status, retry int64, rlsHeaders [][2]string) {
+func (s *Stream) sendClusterRejection(pc *pendingCall, r *rule, st rlscontract.Status, retry int64, rlsHeaders [][2]string) {
 	p := s.p
 	set := &p.cfg.Settings
 	headers := [][2]string{{"retry-after", strconv.FormatInt(retry, 10)}}
@@ -434,8 +435,8 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlscontract.S
 			}
 		} else {
 			headers = append(headers,
-				[2]string{"ratelimit", r.planOf().quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(retry, 10)},
-				[2]string{"ratelimit-policy", r.planOf().policy})
+				[2]string{"ratelimit", r.plan.Quoted + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(retry, 10)},
+				[2]string{"ratelimit-policy", r.plan.Policy})
 		}
 	}
 	if set.RuleHeaders {
@@ -459,7 +460,7 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *Rule, st rlscontract.S
 // the service, which counts them as would-be rejections.
 func (s *Stream) costOverBurst(req *request, now float64, g *group) bool {
 	for i, r := range g.rules {
-		if !r.shadow && g.reqs[i].Cost > r.Limit.Burst {
+		if !r.Shadow && g.reqs[i].Cost > r.Limit.Burst {
 			pc := &pendingCall{s: s, now: now, local: s.p.rc.enforce.reqs}
 			if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
 				pc.grpc = true
@@ -477,13 +478,13 @@ func (s *Stream) costOverBurst(req *request, now float64, g *group) bool {
 // 413 (gRPC OUT_OF_RANGE), reason cost_exceeds_burst, no Retry-After. The
 // RateLimit header that states what remains is left out (the service was
 // not asked, so this proxy does not know); RateLimit-Policy is sent.
-func (s *Stream) sendCostExceedsBurst(pc *pendingCall, r *Rule) {
+func (s *Stream) sendCostExceedsBurst(pc *pendingCall, r *rule) {
 	p := s.p
 	set := &p.cfg.Settings
 	r.metrics.rejected.inc(p.host, 1)
 	var headers [][2]string
 	if set.RateLimitHeaders {
-		headers = append(headers, [2]string{"ratelimit-policy", r.planOf().policy})
+		headers = append(headers, [2]string{"ratelimit-policy", r.plan.Policy})
 	}
 	body := `{"error":"rate_limited","reason":"` + ReasonCostExceedsBurst + `"}` + "\n"
 	if set.RuleHeaders {
@@ -498,7 +499,7 @@ func (s *Stream) sendCostExceedsBurst(pc *pendingCall, r *Rule) {
 }
 
 // sendUnavailable is the 503 of on_error: deny.
-func (s *Stream) sendUnavailable(pc *pendingCall, r *Rule) {
+func (s *Stream) sendUnavailable(pc *pendingCall, r *rule) {
 	var headers [][2]string
 	body := `{"error":"rate_limiter_unavailable","reason":"rls_error"}` + "\n"
 	if s.p.cfg.Settings.RuleHeaders {

@@ -84,13 +84,13 @@ func (s *Stream) admitCluster(pc *pendingCall, resp *rlscontract.Response) {
 	shadowTook := len(resp.Statuses) == len(pc.rules)
 	if shadowTook {
 		for i, stt := range resp.Statuses {
-			if pc.rules[i].shadow && stt.Code == rlscontract.CodeOverLimit {
+			if pc.rules[i].Shadow && stt.Code == rlscontract.CodeOverLimit {
 				shadowTook = false
 			}
 		}
 	}
 	for _, c := range st.awaiting {
-		if !c.r.shadow || shadowTook {
+		if !c.r.Shadow || shadowTook {
 			st.charges = append(st.charges, c)
 		}
 	}
@@ -107,7 +107,7 @@ func (s *Stream) dropAwaiting() {
 
 // settleClusterLocally makes the cluster rules that on_error: local decided
 // in shared data (reqs, stored by TakeAll) settle there, as local rules do.
-func (s *Stream) settleClusterLocally(rules []*Rule, reqs []sharedstate.Request) {
+func (s *Stream) settleClusterLocally(rules []*rule, reqs []sharedstate.Request) {
 	for i, r := range rules {
 		if r.Settle == nil || i >= len(reqs) {
 			continue

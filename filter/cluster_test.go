@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
@@ -528,11 +529,11 @@ func TestClusterJSON(t *testing.T) {
 			`{"cluster":"rls","protocol":"http"}`: `settings.rls.protocol: must be "grpc" (unary gRPC on an HTTP/2 cluster) or "json" (JSON over HTTP/1.1 to /json), got "http"`,
 			`{"cluster":"rls","protocol":1}`:      `settings.rls.protocol: must be "grpc"`,
 		} {
-			c, err := filter.ParseConfig([]byte(`{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":1}}],"settings":{"rls":` + cfg + `}}`))
+			c, err := config.Parse([]byte(`{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":1}}],"settings":{"rls":` + cfg + `}}`))
 			switch {
 			case want == "" && err != nil:
 				t.Errorf("%s: %v", cfg, err)
-			case want == "" && (c.Settings.RLS.Protocol == filter.RLSProtocolJSON) != strings.Contains(cfg, "json"):
+			case want == "" && (c.Settings.RLS.Protocol == config.RLSProtocolJSON) != strings.Contains(cfg, "json"):
 				t.Errorf("%s: protocol %v", cfg, c.Settings.RLS.Protocol)
 			case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
 				t.Errorf("%s: error %v, want %q", cfg, err, want)

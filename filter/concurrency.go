@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -25,15 +24,8 @@ const ReasonConcurrency = "concurrency_limit"
 
 // lease is a place in flight a stream holds.
 type lease struct {
-	r *Rule
+	r *rule
 	f sharedstate.InFlight
-}
-
-// bucketForInFlight is the bucket.Limit that describes a concurrency rule
-// in the RateLimit-Policy header: a quota of max_in_flight.
-func bucketForInFlight(spec *InFlightSpec) bucket.Limit {
-	n := float64(spec.Max)
-	return bucket.Limit{Rate: n, Burst: n}
 }
 
 // markInFlight turns a bucket key just appended ("tb:..." or
@@ -56,11 +48,11 @@ func (s *Stream) admitInFlight(req *request, now float64) Action {
 	p := s.p
 	g := &p.rc.inflight
 	var enforce []sharedstate.InFlight
-	var rules []*Rule
+	var rules []*rule
 	for i, r := range g.rules {
 		f := sharedstate.InFlight{Key: g.reqs[i].Key, Alt: g.reqs[i].Alt, Owner: g.reqs[i].Owner,
 			Slotted: g.reqs[i].Slotted, Max: r.InFlight.Max, Lease: r.InFlight.Lease}
-		if !r.shadow {
+		if !r.Shadow {
 			enforce, rules = append(enforce, f), append(rules, r)
 			continue
 		}
@@ -123,7 +115,7 @@ func quote(err error) string { return `"` + strings.ReplaceAll(err.Error(), `"`,
 
 // holdInFlight keeps a place in flight for release when the stream ends; the keys
 // are copied, since the request's key buffer is reused.
-func (s *Stream) holdInFlight(r *Rule, f *sharedstate.InFlight) {
+func (s *Stream) holdInFlight(r *rule, f *sharedstate.InFlight) {
 	l := lease{r: r, f: *f}
 	l.f.Key, l.f.Alt, l.f.Owner, l.f.Stored = "", "", strings.Clone(f.Owner), strings.Clone(f.Stored)
 	st := s.settleOf()
@@ -150,7 +142,7 @@ func (s *Stream) releaseAll() {
 }
 
 // logInFlight logs a concurrency rejection at debug level.
-func (s *Stream) logInFlight(prefix string, r *Rule, f *sharedstate.InFlight) {
+func (s *Stream) logInFlight(prefix string, r *rule, f *sharedstate.InFlight) {
 	k := f.Key
 	if f.Slotted {
 		k = f.Owner
@@ -163,13 +155,13 @@ func (s *Stream) logInFlight(prefix string, r *Rule, f *sharedstate.InFlight) {
 // sendInFlightRejection answers a request whose key has max_in_flight
 // requests in flight: 429 (settings.rejection_status) with Retry-After: 1,
 // a hint, since no one knows when a request in flight will end.
-func (s *Stream) sendInFlightRejection(req *request, r *Rule) {
+func (s *Stream) sendInFlightRejection(req *request, r *rule) {
 	st := &s.p.cfg.Settings
 	headers := [][2]string{{"retry-after", "1"}}
 	if st.RateLimitHeaders {
 		headers = append(headers,
-			[2]string{"ratelimit", r.planOf().quoted + ";r=0;t=1"},
-			[2]string{"ratelimit-policy", r.planOf().quoted + ";q=" + strconv.FormatInt(r.InFlight.Max, 10)})
+			[2]string{"ratelimit", r.plan.Quoted + ";r=0;t=1"},
+			[2]string{"ratelimit-policy", r.plan.Quoted + ";q=" + strconv.FormatInt(r.InFlight.Max, 10)})
 	}
 	body := `{"error":"rate_limited","reason":"` + ReasonConcurrency + `","retry_after":1}` + "\n"
 	if st.RuleHeaders {

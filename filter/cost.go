@@ -4,6 +4,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/tokengate/tokengate/config"
 )
 
 // admitPositive is the admission cost of a response_* rule with
@@ -19,21 +21,22 @@ const admitPositive = math.SmallestNonzeroFloat64
 // maxCostLen bounds the cost header or parameter the filter parses.
 const maxCostLen = 32
 
-// cost returns the number of tokens the request takes under rule r.
-func (c *CostSource) cost(req *request) float64 {
+// costOf returns the number of tokens the request takes under cost source
+// c.
+func costOf(c *config.CostSource, req *request) float64 {
 	var raw string
 	var ok bool
 	switch c.Kind {
-	case CostFixed:
+	case config.CostFixed:
 		return c.Fixed
-	case CostResponse:
+	case config.CostResponse:
 		if c.PreCharge > 0 {
 			return c.PreCharge
 		}
 		return admitPositive
-	case CostHeader:
+	case config.CostHeader:
 		raw, ok = req.header(c.Name)
-	case CostQuery:
+	case config.CostQuery:
 		req.loadPath()
 		raw, ok = queryParam(req.query, c.Name)
 	}

@@ -34,30 +34,6 @@ type Ticker interface {
 	SetTickPeriod(ms uint32) error
 }
 
-// Delay is a token-bucket rule's delayed admission (docs/configuration.md,
-// "Delayed admission").
-type Delay struct {
-	// MaxReserved is the debt, in tokens, an admission may leave in the
-	// bucket ("max_reserved"); 0 rejects as soon as the bucket is short.
-	MaxReserved float64
-	// MaxDelayMs caps the wait ("max_delay_ms"); 0 means no cap beyond
-	// MaxReserved/rate.
-	MaxDelayMs float64
-	// MaxPending caps the requests this rule holds at once on one worker
-	// ("max_pending", default DefaultMaxPending).
-	MaxPending int
-	// RefundOnCancel gives a held request's tokens back when its client
-	// leaves before it is released ("refund_on_cancel").
-	RefundOnCancel bool
-
-	// debt is the effective reservation: MaxReserved, capped by
-	// MaxDelayMs × rate. It is the shift of the stored balance.
-	debt float64
-}
-
-// DefaultMaxPending is the default of max_pending.
-const DefaultMaxPending = 1024
-
 // minTickMs is the shortest tick period the filter asks for. Envoy's timers
 // count milliseconds, so a release is late by less than a millisecond plus
 // the host's timer slack, and never early (OnTick rechecks the clock).
@@ -72,10 +48,10 @@ type waiter struct {
 	// rules are the reserving rules that count this request against their
 	// max_pending; refund are the buckets given back if the client leaves
 	// (rules with refund_on_cancel), copies owned by the waiter.
-	rules  []*Rule
+	rules  []*rule
 	refund []sharedstate.Request
 	// by is the rule whose reservation makes the wait.
-	by *Rule
+	by *rule
 }
 
 // delayQueue is a plugin's held requests, a binary min-heap on (deadline,
@@ -180,8 +156,8 @@ func (p *Plugin) TickPeriod() uint32 { return p.delays.period }
 
 // shift returns the limit r's requests are stored under: its burst grown by
 // the reservation.
-func (r *Rule) shift(l bucket.Limit) bucket.Limit {
-	l.Burst += r.Delay.debt
+func (r *rule) shift(l bucket.Limit) bucket.Limit {
+	l.Burst += r.Delay.Debt
 	return l
 }
 
@@ -192,7 +168,7 @@ func (r *Rule) shift(l bucket.Limit) bucket.Limit {
 func unshift(g *group) (float64, int) {
 	wait, by := 0.0, -1
 	for i, r := range g.rules {
-		d := r.Delay.debt
+		d := r.Delay.Debt
 		if d == 0 {
 			continue
 		}
@@ -218,7 +194,7 @@ func (s *Stream) unholdable(g *group, by int) int {
 		return by
 	}
 	for i, r := range g.rules {
-		if r.Delay.debt > 0 && r.waiting >= r.Delay.MaxPending {
+		if r.Delay.Debt > 0 && r.waiting >= r.Delay.MaxPending {
 			return i
 		}
 	}
@@ -237,7 +213,7 @@ func (s *Stream) prepareHold(g *group, now, wait float64, by int) {
 	p.delays.rebase(now)
 	w := &waiter{deadline: now + wait, s: s, by: g.rules[by]}
 	for i, r := range g.rules {
-		if r.Delay.debt == 0 {
+		if r.Delay.Debt == 0 {
 			continue
 		}
 		w.rules = append(w.rules, r)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 )
@@ -401,13 +402,13 @@ func TestDelayConfig(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := filter.ParseConfig([]byte(tc.config))
+			_, err := config.Parse([]byte(tc.config))
 			if err == nil || !strings.Contains(err.Error(), tc.expectedErr) {
 				t.Errorf("got error %v, want one containing %q", err, tc.expectedErr)
 			}
 		})
 	}
-	cfg, err := filter.ParseConfig([]byte(`{"name":"g","algorithm_config":{"rps":1,"burst":1,"max_reserved":0}}`))
+	cfg, err := config.Parse([]byte(`{"name":"g","algorithm_config":{"rps":1,"burst":1,"max_reserved":0}}`))
 	if err != nil || cfg.Policies[0].Rules[0].Delay.MaxReserved != 0 {
 		t.Errorf("max_reserved 0: %v", err)
 	}

@@ -4,6 +4,8 @@ import (
 	"encoding/base64"
 	"strings"
 	"testing"
+
+	"github.com/tokengate/tokengate/config"
 )
 
 func TestNormalizeIP(t *testing.T) {
@@ -116,7 +118,7 @@ func TestParseCost(t *testing.T) {
 }
 
 func TestSelectorMatches(t *testing.T) {
-	sel := Selector{PathPrefix: "/api/", Methods: []string{"GET", "POST"}, Hosts: []string{"example.com", "*.example.org"}}
+	sel := config.Selector{PathPrefix: "/api/", Methods: []string{"GET", "POST"}, Hosts: []string{"example.com", "*.example.org"}}
 	tests := []struct {
 		method, path, host string
 		expected           bool
@@ -132,7 +134,7 @@ func TestSelectorMatches(t *testing.T) {
 	for _, tc := range tests {
 		h := &headerHost{headers: map[string]string{":method": tc.method, ":path": tc.path, ":authority": tc.host}}
 		r := request{host: h}
-		if got := sel.matches(&r); got != tc.expected {
+		if got := selectorMatches(&sel, &r); got != tc.expected {
 			t.Errorf("%s %s host %s: got %v, want %v", tc.method, tc.path, tc.host, got, tc.expected)
 		}
 	}
@@ -203,7 +205,7 @@ func TestClientIPFromXFF(t *testing.T) {
 // Trusted CIDRs work as Envoy's xff_trusted_cidrs: only a trusted peer's
 // x-forwarded-for counts, and the client is the right-most untrusted entry.
 func TestClientIPFromTrustedCIDRs(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":1}}],
+	cfg, err := config.Parse([]byte(`{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":1}}],
 		"settings":{"xff_trusted_cidrs":["10.0.0.0/8","2001:db8::/32","192.0.2.7/32"]}}`))
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -105,7 +106,7 @@ func TestBurstThen429(t *testing.T) {
 	}
 	// The stored value has the documented format, key and exact numbers:
 	// one of the identity's two slots, owned by its client IP.
-	key, v, err := sharedstatetest.Lookup(h.Store, false, "global-rps", "10.0.0.1", filter.DefaultMaxKeys)
+	key, v, err := sharedstatetest.Lookup(h.Store, false, "global-rps", "10.0.0.1", config.DefaultMaxKeys)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func TestRefillAndIsolation(t *testing.T) {
 	if got := h.Do(p, b).Status(); got != 200 {
 		t.Fatalf("b is limited by a's bucket: got %d, want 200", got)
 	}
-	if _, _, err := sharedstatetest.Lookup(h.Store, false, "global-rps", "2001:db8::1", filter.DefaultMaxKeys); err != nil {
+	if _, _, err := sharedstatetest.Lookup(h.Store, false, "global-rps", "2001:db8::1", config.DefaultMaxKeys); err != nil {
 		t.Errorf("IPv6 bucket: %v", err)
 	}
 	c.now += 0.4 // 2 tokens at 5/s
@@ -292,7 +293,7 @@ func TestShadowMode(t *testing.T) {
 	if got := counter(t, h, "watch-ip", filter.CounterAllowed); got != 2 {
 		t.Errorf("allowed: got %d, want 2", got)
 	}
-	if _, _, err := sharedstatetest.Lookup(h.Store, true, "watch-ip", "10.1.1.1", filter.DefaultMaxKeys); err != nil {
+	if _, _, err := sharedstatetest.Lookup(h.Store, true, "watch-ip", "10.1.1.1", config.DefaultMaxKeys); err != nil {
 		t.Errorf("shadow bucket: %v", err)
 	}
 	for _, e := range h.Store.(*sharedstatetest.Store).Snapshot("tb:") {
@@ -324,12 +325,12 @@ func TestAllOrNothing(t *testing.T) {
 			t.Errorf("request %d: RateLimit-Policy got %q, want %q", i, got, want)
 		}
 	}
-	_, wide, _ := sharedstatetest.Lookup(h.Store, false, "wide", "1.1.1.1", filter.DefaultMaxKeys)
+	_, wide, _ := sharedstatetest.Lookup(h.Store, false, "wide", "1.1.1.1", config.DefaultMaxKeys)
 	res := h.Do(p, filtertest.Get("/x", "1.1.1.1:1"))
 	if res.Status() != 429 || res.Header("x-tokengate-rule") != "narrow" {
 		t.Fatalf("third request: got %d rule %q, want 429 by narrow", res.Status(), res.Header("x-tokengate-rule"))
 	}
-	if _, after, _ := sharedstatetest.Lookup(h.Store, false, "wide", "1.1.1.1", filter.DefaultMaxKeys); string(after) != string(wide) {
+	if _, after, _ := sharedstatetest.Lookup(h.Store, false, "wide", "1.1.1.1", config.DefaultMaxKeys); string(after) != string(wide) {
 		t.Errorf("the rejected request took from the wide bucket: %q → %q", wide, after)
 	}
 	if got := counter(t, h, "wide", filter.CounterRejected); got != 0 {

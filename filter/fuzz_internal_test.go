@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/tokengate/tokengate/config"
 )
 
 // Fuzz targets for descriptor extraction (issue 6, "Fuzzing"); seed corpora
@@ -135,7 +137,7 @@ func FuzzDescriptorValues(f *testing.F) {
 			t.Fatalf("normalizeIP(%q) = %q, not canonical", addr, ip)
 		}
 
-		n := int(hops%maxXFFHops) + 1
+		n := int(hops%config.MaxXFFHops) + 1
 		if got, ok := forwardedFor(xff, n); ok {
 			if !isCanonicalIP(got) {
 				t.Fatalf("forwardedFor(%q, %d) = %q, not a canonical IP", xff, n, got)
@@ -160,7 +162,7 @@ func FuzzDescriptorValues(f *testing.F) {
 		hh := &propHost{headerHost: headerHost{headers: map[string]string{
 			":path": "/p?" + query, ":authority": host, "x-forwarded-for": xff}}, addr: addr}
 		r := request{host: hh, xffHops: n}
-		if v, ok := r.value(Descriptor{Kind: DescQuery, Name: name}); ok {
+		if v, ok := r.value(config.Descriptor{Kind: config.DescQuery, Name: name}); ok {
 			if w, wok := queryParam(query, name); !wok || w != v {
 				t.Fatalf("request query %q = %q, helper %q %v", name, v, w, wok)
 			}

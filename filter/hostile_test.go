@@ -676,7 +676,7 @@ func TestPathSelectorSeesRawPath(t *testing.T) {
 // -9223372036854775808 on amd64 (the result is implementation-defined),
 // and with rps 1e-320 a request costing less than the burst was rejected
 // as cost_exceeds_burst without Retry-After, because the wait overflowed.
-// The fix bounds the fill time in ParseConfig (tokens_per_second >=
+// The fix bounds the fill time in config.Parse (tokens_per_second >=
 // burst/1e9) and saturates the conversions; refusing such a configuration
 // passes this test.
 func TestHugeFillTimeOverflowsHeaders(t *testing.T) {

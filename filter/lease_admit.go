@@ -35,7 +35,7 @@ type leaseWaiter struct {
 	// outcome is how the wait ended; empty and retry name the rule that
 	// found its global bucket empty and its retry time.
 	outcome waitOutcome
-	empty   *Rule
+	empty   *rule
 	retry   float64
 }
 
@@ -244,7 +244,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	}
 	p.lease.debits = p.lease.debits[:0]
 	var (
-		empty      *Rule
+		empty      *rule
 		emptyRetry float64
 		short      []int    // rules the allowance cannot cover
 		seqs       []uint32 // the Claimer each was counted under
@@ -256,11 +256,11 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	canWait := ticks && p.lease.refill > 0 && len(p.rc.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
-		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, p.leaseArrival(lr.Key, canWait && !r.shadow))
+		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, p.leaseArrival(lr.Key, canWait && !r.Shadow))
 		if out != leaseAdmitted && out != leaseBroken {
 			p.leaseRemember(r, lr.Key, lr.Owner)
 		}
-		if r.shadow {
+		if r.Shadow {
 			// Observed, never enforced: counted, and never waits.
 			if out == leaseAdmitted {
 				r.metrics.allowed.inc(p.host, 1)
@@ -292,7 +292,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	}
 	if empty != nil || len(broken) > 0 {
 		for k, i := range short {
-			if canWait && !g.rules[i].shadow {
+			if canWait && !g.rules[i].Shadow {
 				p.leaseUncount(g.reqs[i].Key, g.reqs[i].Cost, seqs[k])
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -1002,13 +1003,13 @@ func TestLeaseConfigErrors(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := strings.NewReplacer("SCOPE", tc.scope, "EXTRA", tc.extra, "RLS", tc.rls).Replace(base)
-			_, err := filter.ParseConfig([]byte(cfg))
+			_, err := config.Parse([]byte(cfg))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
 		})
 	}
-	cfg, err := filter.ParseConfig([]byte(strings.NewReplacer("SCOPE", "cluster", "EXTRA", `,"mode":"lease"`, "RLS", "").Replace(base)))
+	cfg, err := config.Parse([]byte(strings.NewReplacer("SCOPE", "cluster", "EXTRA", `,"mode":"lease"`, "RLS", "").Replace(base)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -36,7 +37,7 @@ const (
 // leaseBucket is a bucket this worker has seen and whose allowance its ticks
 // look after (shared data cannot be listed).
 type leaseBucket struct {
-	r    *Rule
+	r    *rule
 	key  string // the allowance key, tl:{rule}:{composite}
 	comp string // the composite key sent to the service
 	// calling is set while this worker's lease call for it is in flight;
@@ -74,13 +75,13 @@ type leaseState struct {
 
 // leaseConfigure resets the worker's lease state for a new configuration
 // and starts ticks if a rule is in lease mode.
-func (p *Plugin) leaseConfigure(cfg *Config) {
+func (p *Plugin) leaseConfigure(cfg *config.Config) {
 	p.lease.buckets = p.lease.buckets[:0]
 	p.lease.upd.Store = p.store
 	p.lease.upd.MaxAttempts = cfg.Settings.MaxAttempts
 	p.lease.upd.Backoff = p.upd.Backoff
 	leases := false
-	for _, r := range cfg.rules {
+	for _, r := range cfg.Rules() {
 		leases = leases || r.Lease != nil
 	}
 	if cfg.Settings.RLS == nil && len(p.lease.waiters) > 0 {
@@ -112,7 +113,7 @@ func (p *Plugin) leaseConfigure(cfg *Config) {
 
 // leaseRemember adds a bucket to the ones this worker's ticks refill and
 // returns it (nil when the worker already looks after too many).
-func (p *Plugin) leaseRemember(r *Rule, key, comp string) *leaseBucket {
+func (p *Plugin) leaseRemember(r *rule, key, comp string) *leaseBucket {
 	for _, b := range p.lease.buckets {
 		if b.key == key {
 			return b
@@ -226,8 +227,8 @@ type leaseParams struct {
 // leaseParamsOf returns the refill parameters of rule r under rls (nil:
 // a configuration without a service, which an answer to a call made
 // under the previous one may meet: tick and timeout 0).
-func leaseParamsOf(r *Rule, rls *RLSSettings) leaseParams {
-	pp := leaseParams{max: r.Lease.Max, ttl: r.Lease.TTL, shadow: r.shadow}
+func leaseParamsOf(r *rule, rls *config.RLSSettings) leaseParams {
+	pp := leaseParams{max: r.Lease.Max, ttl: r.Lease.TTL, shadow: r.Shadow}
 	if rls != nil {
 		pp.tick = float64(rls.LeaseTickMs) / 1000
 		pp.timeout = float64(rls.TimeoutMs) / 1000

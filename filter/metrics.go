@@ -129,7 +129,7 @@ func define(h Host, name string) counter {
 	return counter{id: id, defined: true}
 }
 
-func (r *Rule) defineMetrics(h Host) {
+func (r *rule) defineMetrics(h Host) {
 	n := func(c string) counter { return define(h, RuleMetricName(r.Name, c)) }
 	r.metrics = ruleMetrics{
 		allowed:           n(CounterAllowed),

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -20,7 +22,9 @@ type Plugin struct {
 	// defaults to the wall clock (WASI clock_time_get inside the guest).
 	Clock func() float64
 
-	cfg     *Config
+	cfg *config.Config
+	// rules is the runtime state of cfg's rules (rules.go).
+	rules   ruleSet
 	metrics pluginMetrics
 	upd     sharedstate.Updater
 	seed    uint64 // slot seed shared by every worker; see sharedstate.SlotPair
@@ -98,7 +102,7 @@ type reqContext struct {
 	replyBuf, bodyBuf, logBuf []byte
 	replyHdrs                 [][2]string
 	// quotas is the rejection's scratch for the RateLimit list.
-	quotas []quota
+	quotas []ratelimitheader.Quota
 	// wait is the seconds an admission by take must be held (delay.go),
 	// waitRule the index of the rule whose reservation makes it.
 	wait     float64
@@ -119,7 +123,7 @@ func (c *reqContext) begin() {
 
 // group is the set of buckets one request takes from in one mode.
 type group struct {
-	rules []*Rule
+	rules []*rule
 	reqs  []sharedstate.Request
 	res   []bucket.Result
 	// vals locate each bucket's limit-key values in reqContext.vals.
@@ -186,7 +190,7 @@ func NewPlugin(h Host) *Plugin {
 
 // Config returns the configuration in force, or nil before the first
 // successful OnConfigure.
-func (p *Plugin) Config() *Config { return p.cfg }
+func (p *Plugin) Config() *config.Config { return p.cfg }
 
 // OnVMStart is proxy_on_vm_start. The VM configuration is not used.
 func (p *Plugin) OnVMStart(vmConfig []byte) bool { return true }
@@ -197,21 +201,19 @@ func (p *Plugin) OnVMStart(vmConfig []byte) bool { return true }
 // configuration, if any, stays in force.
 func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 	defer p.recoverTo("proxy_on_configure", func() { ok = false })
-	cfg, err := ParseConfig(data)
+	cfg, err := config.Parse(data)
 	if err != nil {
 		p.metrics.configRejected.inc(p.host, 1)
 		p.host.Log(LogError, "tokengate: invalid configuration: "+err.Error())
 		return false
 	}
-	for _, r := range cfg.rules {
-		r.defineMetrics(p.host)
-	}
+	rules := newRules(cfg, p.host)
 	p.rc.nowSet = false
 	p.refreshSeed()
-	p.cfg = cfg
+	p.cfg, p.rules = cfg, rules
 	p.upd.MaxAttempts = cfg.Settings.MaxAttempts
 	p.leaseConfigure(cfg)
-	p.host.Log(LogInfo, "tokengate: configured "+strconv.Itoa(len(cfg.rules))+" rules in "+
+	p.host.Log(LogInfo, "tokengate: configured "+strconv.Itoa(len(rules.rules))+" rules in "+
 		strconv.Itoa(len(cfg.Policies))+" policies")
 	return true
 }
@@ -273,43 +275,21 @@ type Stream struct {
 	// quotas describe, for the response headers, the bucket of every
 	// enforced rule that admitted the request; best indexes the one with
 	// the fewest tokens left, which the legacy headers describe.
-	quotas []quota
+	quotas []ratelimitheader.Quota
 	best   int
 	// settle is what the stream settles and releases when it ends
 	// (settle.go); nil for a request that needs nothing of the kind.
 	settle *settleState
 }
 
-// quota is what the RateLimit headers say about one bucket that varies per
-// request; the rest is in the rule's plan.
-type quota struct {
-	r         *Rule
-	remaining int64 // whole tokens left
-	reset     int64 // seconds until full
-}
-
-func quotaOf(r *Rule, res bucket.Result) quota {
-	return quota{
-		r:         r,
-		remaining: max(0, int64(math.Floor(res.Tokens))), // 0 while in debt
-		reset:     seconds(res.FullIn),
+// quotaOf is what the RateLimit headers say about r's bucket after a
+// decision res; the rest is in the rule's plan.
+func quotaOf(r *rule, res bucket.Result) ratelimitheader.Quota {
+	return ratelimitheader.Quota{
+		Plan:      &r.plan,
+		Remaining: max(0, int64(math.Floor(res.Tokens))), // 0 while in debt
+		Reset:     ratelimitheader.Seconds(res.FullIn),
 	}
-}
-
-// maxHeaderSeconds caps the seconds a header states: a rate of 1e-9 tokens
-// a second would otherwise overflow int64 (about 31 years).
-const maxHeaderSeconds = 1 << 30
-
-// seconds rounds a duration up to whole seconds, within [0,
-// maxHeaderSeconds].
-func seconds(d float64) int64 {
-	if !(d > 0) {
-		return 0
-	}
-	if d >= maxHeaderSeconds {
-		return maxHeaderSeconds
-	}
-	return int64(math.Ceil(d))
 }
 
 // OnRequestHeaders is proxy_on_request_headers: it takes tokens from every
@@ -324,7 +304,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	req := request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata}
 	p.rc.begin()
-	p.collect(cfg, &req)
+	p.collect(&req)
 	if len(p.rc.shadow.reqs) == 0 && len(p.rc.enforce.reqs) == 0 && len(p.rc.cluster.reqs) == 0 && len(p.rc.lease.reqs) == 0 && len(p.rc.inflight.reqs) == 0 {
 		return Continue
 	}
@@ -390,21 +370,22 @@ func (p *Plugin) refreshSeed() {
 // when none is. It finds the rules first and builds their keys after, so
 // that the slot seed is refreshed once, before any slot is chosen, and only
 // for a request that has a slotted rule.
-func (p *Plugin) collect(cfg *Config, req *request) {
+func (p *Plugin) collect(req *request) {
 	slotted := false
-	for _, pol := range cfg.Policies {
-		if !pol.Selector.matches(req) {
+	for i := range p.rules.policies {
+		pol := &p.rules.policies[i]
+		if !selectorMatches(&pol.Selector, req) {
 			continue
 		}
 		applied := false
-		for _, r := range pol.Rules {
+		for _, r := range pol.rules {
 			if r.matches(req) && p.add(r, req) {
 				applied = true
 				slotted = slotted || r.MaxKeys > 0
 			}
 		}
-		if !applied && pol.Fallback != nil && p.add(pol.Fallback, req) {
-			slotted = slotted || pol.Fallback.MaxKeys > 0
+		if !applied && pol.fallback != nil && p.add(pol.fallback, req) {
+			slotted = slotted || pol.fallback.MaxKeys > 0
 		}
 	}
 	if len(p.rc.enforce.reqs)+len(p.rc.shadow.reqs)+len(p.rc.cluster.reqs)+len(p.rc.lease.reqs)+len(p.rc.inflight.reqs) == 0 {
@@ -444,7 +425,7 @@ func (p *Plugin) collect(cfg *Config, req *request) {
 	rc.inflight.setKeys(keys)
 }
 
-func (r *Rule) matches(req *request) bool {
+func (r *rule) matches(req *request) bool {
 	for _, m := range r.Match {
 		if v, ok := req.value(m.Descriptor); !ok || v != m.Value {
 			return false
@@ -456,7 +437,7 @@ func (r *Rule) matches(req *request) bool {
 // add appends r's bucket for this request to its group, with its limit-key
 // values, and reports whether it did; a rule with an absent limit key is
 // skipped and counted. buildKeys makes the keys later.
-func (p *Plugin) add(r *Rule, req *request) bool {
+func (p *Plugin) add(r *rule, req *request) bool {
 	start := len(p.rc.vals)
 	for _, d := range r.Keys {
 		v, ok := req.value(d)
@@ -475,12 +456,12 @@ func (p *Plugin) add(r *Rule, req *request) bool {
 		g = &p.rc.inflight
 	case r.Cluster:
 		g = &p.rc.cluster
-	case r.shadow:
+	case r.Shadow:
 		g = &p.rc.shadow
 	}
 	g.rules = append(g.rules, r)
-	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.shift(r.Limit), Cost: r.Cost.cost(req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
-	if r.windowStart != WindowAligned {
+	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.shift(r.Limit), Cost: costOf(&r.Cost, req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
+	if r.WindowStart != config.WindowAligned {
 		g.reqs[len(g.reqs)-1].Limit.Offset = r.windowOffset(p.rc.vals[start:])
 	}
 	g.vals = append(g.vals, [2]int{start, len(p.rc.vals)})
@@ -511,21 +492,21 @@ func (p *Plugin) buildKeys(g *group) {
 			sp.owner[1] = len(p.rc.keyBuf)
 			a, b := sharedstate.SlotPairBytes(p.seed, p.rc.keyBuf[sp.owner[0]:], uint32(r.MaxKeys))
 			sp.key[0] = len(p.rc.keyBuf)
-			p.rc.keyBuf = sharedstate.AppendSlotKey(p.rc.keyBuf, r.shadow, r.Name, a)
+			p.rc.keyBuf = sharedstate.AppendSlotKey(p.rc.keyBuf, r.Shadow, r.Name, a)
 			sp.key[1] = len(p.rc.keyBuf)
 			if r.MaxKeys > 1 {
 				sp.alt[0] = len(p.rc.keyBuf)
-				p.rc.keyBuf = sharedstate.AppendSlotKey(p.rc.keyBuf, r.shadow, r.Name, b)
+				p.rc.keyBuf = sharedstate.AppendSlotKey(p.rc.keyBuf, r.Shadow, r.Name, b)
 				sp.alt[1] = len(p.rc.keyBuf)
 			}
 		} else {
 			sp.key[0] = len(p.rc.keyBuf)
-			p.rc.keyBuf = sharedstate.AppendKey(p.rc.keyBuf, r.shadow, r.Name, vals)
+			p.rc.keyBuf = sharedstate.AppendKey(p.rc.keyBuf, r.Shadow, r.Name, vals)
 			sp.key[1] = len(p.rc.keyBuf)
 		}
 		if r.InFlight != nil {
-			markInFlight(p.rc.keyBuf[sp.key[0]:sp.key[1]], r.shadow)
-			markInFlight(p.rc.keyBuf[sp.alt[0]:sp.alt[1]], r.shadow)
+			markInFlight(p.rc.keyBuf[sp.key[0]:sp.key[1]], r.Shadow)
+			markInFlight(p.rc.keyBuf[sp.alt[0]:sp.alt[1]], r.Shadow)
 		}
 		g.spans = append(g.spans, sp)
 	}
@@ -761,7 +742,7 @@ func appendReqHash(dst []byte, r *sharedstate.Request) []byte {
 	return strconv.AppendUint(dst, fnv64(k)>>32, 16)
 }
 
-func ruleNames(rules []*Rule) string {
+func ruleNames(rules []*rule) string {
 	names := make([]string, len(rules))
 	for i, r := range rules {
 		names[i] = r.Name
@@ -828,9 +809,9 @@ func (p *Plugin) recoverTo(callback string, fail func()) {
 // by the key's hash (the same on every worker and after a restart), or at
 // random (used only when the key's state is created; the stored window
 // start keeps it from then on, for every worker).
-func (r *Rule) windowOffset(vals []string) float64 {
+func (r *rule) windowOffset(vals []string) float64 {
 	w := r.Limit.Window
-	if r.windowStart == WindowRandom {
+	if r.WindowStart == config.WindowRandom {
 		return rand.Float64() * w
 	}
 	h := fnv64(r.Name)

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/ratelimitheader"
 )
 
 // Rejection reasons, sent in X-Tokengate-Reason.
@@ -45,10 +46,11 @@ func reasonOf(res bucket.Result) string {
 // wait seconds more: ceil(wait), at least 1, plus a jitter of 0 to 50% of
 // that chosen by h, the hash of the client's identity, so that one client
 // always gets the same offset and different clients spread out. The sum
-// never exceeds maxHeaderSeconds, like every seconds value a header states.
+// never exceeds ratelimitheader.MaxSeconds, like every seconds value a
+// header states.
 func retryAfterHash(wait float64, h uint64) int64 {
-	base := max(seconds(wait), 1)
-	return min(base+int64(h%uint64(base/2+1)), maxHeaderSeconds)
+	base := max(ratelimitheader.Seconds(wait), 1)
+	return min(base+int64(h%uint64(base/2+1)), ratelimitheader.MaxSeconds)
 }
 
 // sendRejection sends the local reply of a request rejected by the buckets
@@ -73,18 +75,18 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 	b := strconv.AppendInt(p.rc.replyBuf[:0], retry, 10)
 	retryEnd := len(b)
 	headers := p.rc.replyHdrs[:0]
-	var f rateLimitFields
+	var f ratelimitheader.Fields
 	if st.RateLimitHeaders {
 		quotas := p.rc.quotas[:0]
 		for i, rr := range g.rules {
 			q := quotaOf(rr, g.res[i])
 			if !g.res[i].Allowed && !math.IsInf(g.res[i].RetryAfter, 1) {
-				q.reset = seconds(g.res[i].RetryAfter)
+				q.Reset = ratelimitheader.Seconds(g.res[i].RetryAfter)
 			}
 			quotas = append(quotas, q)
 		}
 		p.rc.quotas = quotas
-		b, f = appendRateLimitFields(b, quotas, w)
+		b, f = ratelimitheader.AppendFields(b, quotas, w)
 	}
 	p.rc.replyBuf = b
 	vals := p.view(b)
@@ -93,11 +95,11 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 	}
 	if st.RateLimitHeaders {
 		headers = append(headers,
-			[2]string{"ratelimit-limit", r.planOf().limit},
-			[2]string{"ratelimit-remaining", vals[f.best.remaining:f.best.remainingEnd]},
-			[2]string{"ratelimit-reset", vals[f.best.reset:f.best.resetEnd]},
-			[2]string{"ratelimit", vals[f.list[0]:f.list[1]]},
-			[2]string{"ratelimit-policy", vals[f.policy[0]:f.policy[1]]},
+			[2]string{"ratelimit-limit", r.plan.Limit},
+			[2]string{"ratelimit-remaining", vals[f.Remaining[0]:f.Remaining[1]]},
+			[2]string{"ratelimit-reset", vals[f.Reset[0]:f.Reset[1]]},
+			[2]string{"ratelimit", vals[f.List[0]:f.List[1]]},
+			[2]string{"ratelimit-policy", vals[f.Policy[0]:f.Policy[1]]},
 		)
 	}
 	if st.RuleHeaders {
@@ -129,7 +131,7 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 
 // sendStoreDenied sends the 503 reply of a rule that fails closed when its
 // bucket could not be updated; reason says why.
-func (s *Stream) sendStoreDenied(req *request, r *Rule, reason string) {
+func (s *Stream) sendStoreDenied(req *request, r *rule, reason string) {
 	var headers [][2]string
 	body := `{"error":"rate_limiter_unavailable","reason":"` + reason + `"}` + "\n"
 	if s.p.cfg.Settings.RuleHeaders {

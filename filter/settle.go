@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -74,7 +75,7 @@ type settleState struct {
 // charge is one bucket a stream took from, to settle when the response
 // says more.
 type charge struct {
-	r   *Rule
+	r   *rule
 	req sharedstate.Request // keys copied; Stored is the bucket
 	pre float64             // what admission took
 	// done: settled already.
@@ -166,9 +167,9 @@ func (s *Stream) settleHeaders(endOfStream bool) {
 			s.apply(c, sharedstate.SettleReset, 0)
 		case spec.HasCount && !spec.Count.Has(st.status):
 			s.apply(c, sharedstate.SettleRefund, c.pre)
-		case spec.Response == ResponseNone:
+		case spec.Response == config.ResponseNone:
 			c.done = true // the admission cost stands
-		case spec.Response == ResponseHeader:
+		case spec.Response == config.ResponseHeader:
 			actual := c.r.Cost.Default
 			if hv, ok := p.host.ResponseHeader(spec.Header); ok {
 				if n, ok := parseReported(hv); ok {
@@ -273,7 +274,7 @@ func (s *Stream) finish() {
 			continue
 		}
 		switch {
-		case st.status == 0 && c.r.Settle.Response == ResponseNone:
+		case st.status == 0 && c.r.Settle.Response == config.ResponseNone:
 			c.done = true // no response: the admission cost stands
 		case c.body:
 			s.settleCost(c, c.result())
@@ -288,7 +289,7 @@ func (s *Stream) finish() {
 // result is the cost a scanned body reported: the sum of the numbers found
 // at the pointers, or default_cost if none was.
 func (c *charge) result() float64 {
-	if c.r.Settle.Response == ResponseSSE {
+	if c.r.Settle.Response == config.ResponseSSE {
 		c.sse.finish(c)
 	} else if c.scanning {
 		for k := range c.scans {
@@ -310,7 +311,7 @@ func (c *charge) result() float64 {
 
 // feed reads a piece of the body into c's scanners.
 func (c *charge) feed(b []byte) {
-	if c.r.Settle.Response == ResponseSSE {
+	if c.r.Settle.Response == config.ResponseSSE {
 		c.sse.feed(c, b)
 		return
 	}

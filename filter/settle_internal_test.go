@@ -3,13 +3,14 @@ package filter
 import (
 	"testing"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
 // sseCharge returns a charge that reads SSE for the pointers.
 func sseCharge(t *testing.T, pointers ...string) *charge {
 	t.Helper()
-	spec := &SettleSpec{Response: ResponseSSE}
+	spec := &config.SettleSpec{Response: config.ResponseSSE}
 	for _, s := range pointers {
 		p, ok := ljson.ParsePointer(s)
 		if !ok {
@@ -17,7 +18,7 @@ func sseCharge(t *testing.T, pointers ...string) *charge {
 		}
 		spec.Pointers = append(spec.Pointers, p)
 	}
-	c := &charge{r: &Rule{Settle: spec, Cost: CostSource{Default: 5}}, body: true, scanning: true}
+	c := &charge{r: &rule{Rule: &config.Rule{Settle: spec, Cost: config.CostSource{Default: 5}}}, body: true, scanning: true}
 	n := len(pointers)
 	c.scans, c.last, c.have = make([]ljson.PointerScanner, n), make([]float64, n), make([]bool, n)
 	for k := range c.scans {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
 	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
@@ -131,7 +132,7 @@ func TestFixedWindowStartModes(t *testing.T) {
 // holds within a window and comes back in the next.
 func TestFixedWindowShortest(t *testing.T) {
 	for _, ws := range []string{"0.0005", "1e-7", "0.000999"} {
-		_, err := filter.ParseConfig([]byte(`{"name":"fw","algorithm":"fixed_window","algorithm_config":{"limit":3,"window_seconds":` + ws + `,"window_start":"hash"}}`))
+		_, err := config.Parse([]byte(`{"name":"fw","algorithm":"fixed_window","algorithm_config":{"limit":3,"window_seconds":` + ws + `,"window_start":"hash"}}`))
 		if err == nil || !strings.Contains(err.Error(), "algorithm_config.window_seconds: must be >= 0.001") {
 			t.Errorf("window_seconds %s: got %v, want it refused below 1 ms", ws, err)
 		}

@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
@@ -58,7 +58,7 @@ func writeSharedData(w io.Writer, entries []wasmhost.Entry, bytes int) error {
 // ruleNames returns the names of the configuration's rules, fallback
 // limits included, as the filter itself parses them.
 func ruleNames(cfg []byte) ([]string, error) {
-	c, err := filter.ParseConfig(cfg)
+	c, err := config.Parse(cfg)
 	if err != nil {
 		return nil, errors.New("(invalid configuration: " + err.Error() + ")")
 	}

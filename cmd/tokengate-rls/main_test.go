@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/redistest"
 )
 
-const config = `{"rules": [{"name": "per-ip", "scope": "cluster", "limit_keys": ["ip:address"],
+const configJSON = `{"rules": [{"name": "per-ip", "scope": "cluster", "limit_keys": ["ip:address"],
   "algorithm_config": {"tokens_per_second": 0.001, "burst": 1}}],
   "settings": {"rls": {"cluster": "rls"}}}`
 
@@ -49,7 +49,7 @@ func TestRun(t *testing.T) {
 	redis := redistest.Start(t)
 	redis.Kill()
 	cfg := filepath.Join(t.TempDir(), "rls.json")
-	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(configJSON), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -128,7 +128,7 @@ func TestRunFlags(t *testing.T) {
 		}
 	}
 	cfg := filepath.Join(t.TempDir(), "c.json")
-	_ = os.WriteFile(cfg, []byte(config), 0o644)
+	_ = os.WriteFile(cfg, []byte(configJSON), 0o644)
 	err := run(context.Background(), []string{"-config", cfg, "-redis", "127.0.0.1:1,127.0.0.1:2"}, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "need -redis-cluster") {
 		t.Errorf("two addresses without -redis-cluster: got %v", err)
@@ -144,7 +144,7 @@ func TestTimeoutsAgree(t *testing.T) {
 	const margin = 5 * time.Millisecond
 	least := 2*defaultRedisTimeout + margin
 	root := filepath.Join("..", "..")
-	cfg, err := filter.ParseConfig([]byte(`{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":1}}],"settings":{"rls":{"cluster":"rls"}}}`))
+	cfg, err := config.Parse([]byte(`{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":1}}],"settings":{"rls":{"cluster":"rls"}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestTimeoutsAgree(t *testing.T) {
 // it the path is not found.
 func TestRunPprof(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "c.json")
-	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(configJSON), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, on := range []bool{false, true} {

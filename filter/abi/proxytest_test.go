@@ -18,7 +18,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/wasmbuild"
 	"github.com/tokengate/tokengate/sharedstate"
 	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
@@ -200,7 +200,7 @@ func TestWasmBurstThen429(t *testing.T) {
 	// The stored value: "{tokens}:{last_refill}", 6 decimals each, under
 	// tb:{rule}:{key}. Ten requests took 10 tokens while the clock moved
 	// about 9 ms, which refilled about 0.045 tokens.
-	key, v, err := sharedstatetest.Lookup(emulatorStore{}, false, "global-rps", "192.0.2.7", filter.DefaultMaxKeys)
+	key, v, err := sharedstatetest.Lookup(emulatorStore{}, false, "global-rps", "192.0.2.7", config.DefaultMaxKeys)
 	if err != nil {
 		t.Fatalf("reading the bucket back: %v", err)
 	}
@@ -233,7 +233,7 @@ func TestWasmIsolationBetweenIPs(t *testing.T) {
 	if r := do(t, host); r.status != 200 || r.headers["ratelimit-remaining"] != "9" {
 		t.Fatalf("second IP: got %d remaining %q, want 200 and 9", r.status, r.headers["ratelimit-remaining"])
 	}
-	if _, _, err := sharedstatetest.Lookup(emulatorStore{}, false, "global-rps", "2001:db8::5", filter.DefaultMaxKeys); err != nil {
+	if _, _, err := sharedstatetest.Lookup(emulatorStore{}, false, "global-rps", "2001:db8::5", config.DefaultMaxKeys); err != nil {
 		t.Errorf("IPv6 bucket: %v", err)
 	}
 }
@@ -289,7 +289,7 @@ func TestWasmJWTTiers(t *testing.T) {
 	if r.status != 200 || r.headers["ratelimit-limit"] != "2000" || r.headers["ratelimit"] != `"enterprise";r=1999;t=1` {
 		t.Errorf("enterprise: got %d %v", r.status, r.headers)
 	}
-	if _, _, err := sharedstatetest.Lookup(emulatorStore{}, false, "free", "u-1", filter.DefaultMaxKeys); err != nil {
+	if _, _, err := sharedstatetest.Lookup(emulatorStore{}, false, "free", "u-1", config.DefaultMaxKeys); err != nil {
 		t.Errorf("free bucket keyed by the JWT subject: %v", err)
 	}
 }
@@ -309,7 +309,7 @@ func TestWasmShadowMode(t *testing.T) {
 	if n, err := host.GetCounterMetric("tokengate.rule.obs-ip.shadow_rejected"); err != nil || n != 2 {
 		t.Errorf("shadow_rejected: got %d (%v), want 2", n, err)
 	}
-	if _, _, err := sharedstatetest.Lookup(emulatorStore{}, true, "obs-ip", "198.51.100.3", filter.DefaultMaxKeys); err != nil {
+	if _, _, err := sharedstatetest.Lookup(emulatorStore{}, true, "obs-ip", "198.51.100.3", config.DefaultMaxKeys); err != nil {
 		t.Errorf("shadow bucket: %v", err)
 	}
 }

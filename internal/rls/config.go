@@ -2,7 +2,7 @@
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) deciding
 // continuous token buckets whose state lives in Redis or a Redis Cluster.
 //
-// It reads the filter's JSON configuration (filter.ParseConfig): the rules
+// It reads the filter's JSON configuration (config.Parse): the rules
 // with "scope": "cluster", which the filter asks about with one descriptor
 // per rule, [{"tokengate_rule", <rule>}, {"key", <composite key>}], and the
 // "rls_descriptors" trees that map descriptors of Envoy's own ratelimit
@@ -13,7 +13,8 @@ package rls
 import (
 	"strings"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -21,27 +22,29 @@ import (
 // Config is a parsed configuration, ready for the server.
 type Config struct {
 	// File is the parsed JSON configuration.
-	File *filter.Config
+	File *config.Config
 	// cluster are the rules with "scope": "cluster", by name.
-	cluster map[string]*filter.Rule
+	cluster map[string]*config.Rule
 	// domains are the rls_descriptors trees, by domain.
-	domains map[string][]*filter.RLSDescriptor
+	domains map[string][]*config.RLSDescriptor
 	// rules are every rule the service can decide, in configuration order.
-	rules []*filter.Rule
+	rules []*config.Rule
 	// limitArgs are each rule's rate and burst as the Redis scripts'
 	// arguments, formatted once.
-	limitArgs map[*filter.Rule]*[2]string
+	limitArgs map[*config.Rule]*[2]string
+	// plans are each rule's RateLimit header plan, formatted once.
+	plans map[*config.Rule]*ratelimitheader.Plan
 }
 
 // ParseConfig parses a tokengate JSON configuration for the service. A
 // configuration without a cluster rule or rls_descriptors parses, but no
 // descriptor will ever be limited.
 func ParseConfig(data []byte) (*Config, error) {
-	f, err := filter.ParseConfig(data)
+	f, err := config.Parse(data)
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{File: f, cluster: map[string]*filter.Rule{}, domains: map[string][]*filter.RLSDescriptor{}}
+	c := &Config{File: f, cluster: map[string]*config.Rule{}, domains: map[string][]*config.RLSDescriptor{}}
 	for _, r := range f.Rules() {
 		if r.Cluster {
 			c.cluster[r.Name] = r
@@ -50,24 +53,27 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	for _, d := range f.RLSDescriptors {
 		c.domains[d.Domain] = d.Descriptors
-		walk(d.Descriptors, func(n *filter.RLSDescriptor) {
+		walk(d.Descriptors, func(n *config.RLSDescriptor) {
 			if n.Rule != nil {
 				c.rules = append(c.rules, n.Rule)
 			}
 		})
 	}
-	c.limitArgs = make(map[*filter.Rule]*[2]string, len(c.rules))
+	c.limitArgs = make(map[*config.Rule]*[2]string, len(c.rules))
+	c.plans = make(map[*config.Rule]*ratelimitheader.Plan, len(c.rules))
 	for _, r := range c.rules {
 		c.limitArgs[r] = &[2]string{num(r.Limit.Rate), num(r.Limit.Burst)}
+		plan := ratelimitheader.NewPlan(r.Name, r.Limit)
+		c.plans[r] = &plan
 	}
 	return c, nil
 }
 
 // Rules returns every rule the service decides: the cluster-scope rules,
 // then the rls_descriptors rules, in configuration order.
-func (c *Config) Rules() []*filter.Rule { return c.rules }
+func (c *Config) Rules() []*config.Rule { return c.rules }
 
-func walk(ns []*filter.RLSDescriptor, f func(*filter.RLSDescriptor)) {
+func walk(ns []*config.RLSDescriptor, f func(*config.RLSDescriptor)) {
 	for _, n := range ns {
 		f(n)
 		walk(n.Descriptors, f)
@@ -91,7 +97,7 @@ const maxComposite = 8 * (sharedstate.MaxValueLen + 1)
 //     The domain is not consulted: rule names are unique in the file.
 //   - Any other descriptor walks the domain's rls_descriptors tree; its
 //     bucket is the composite key of all its entries' values.
-func (c *Config) Resolve(domain string, entries []Entry) (*filter.Rule, string) {
+func (c *Config) Resolve(domain string, entries []Entry) (*config.Rule, string) {
 	if rule, comp, ok := rlscontract.ParseCluster(entries); ok {
 		r := c.cluster[rule]
 		if r == nil {
@@ -103,7 +109,7 @@ func (c *Config) Resolve(domain string, entries []Entry) (*filter.Rule, string) 
 	if nodes == nil || len(entries) == 0 {
 		return nil, ""
 	}
-	var n *filter.RLSDescriptor
+	var n *config.RLSDescriptor
 	for _, e := range entries {
 		n = match(nodes, e)
 		if n == nil {
@@ -123,8 +129,8 @@ func (c *Config) Resolve(domain string, entries []Entry) (*filter.Rule, string) 
 
 // match returns the node for entry e: the one with its key and value, else
 // the one with its key and no value.
-func match(nodes []*filter.RLSDescriptor, e Entry) *filter.RLSDescriptor {
-	var wild *filter.RLSDescriptor
+func match(nodes []*config.RLSDescriptor, e Entry) *config.RLSDescriptor {
+	var wild *config.RLSDescriptor
 	for _, n := range nodes {
 		if n.Key != e.Key {
 			continue

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
@@ -150,7 +150,7 @@ type Leaser interface {
 
 // leaseRule returns the lease-mode rule a lease descriptor names and its
 // bucket's key, or nil.
-func (c *Config) leaseRule(l rlscontract.Lease) (*filter.Rule, string) {
+func (c *Config) leaseRule(l rlscontract.Lease) (*config.Rule, string) {
 	r := c.cluster[l.Rule]
 	if r == nil || r.Lease == nil {
 		return nil, ""
@@ -162,7 +162,7 @@ func (c *Config) leaseRule(l rlscontract.Lease) (*filter.Rule, string) {
 // lease-mode rule: its lease bucket, or, when this service's configuration
 // has the rule in exact mode, its token bucket (limited either way, never
 // waved through); lease reports which.
-func (c *Config) leaseTake(l rlscontract.Lease) (r *filter.Rule, key string, lease bool) {
+func (c *Config) leaseTake(l rlscontract.Lease) (r *config.Rule, key string, lease bool) {
 	if r, key := c.leaseRule(l); r != nil {
 		return r, key, true
 	}

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 )
 
 // Decision codes counted per rule.
@@ -41,8 +41,8 @@ var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.
 // WriteTo. The rule set is fixed when they are made, so counting takes no
 // lock.
 type Metrics struct {
-	rules     map[*filter.Rule]*[numCodes]atomic.Uint64
-	order     []*filter.Rule
+	rules     map[*config.Rule]*[numCodes]atomic.Uint64
+	order     []*config.Rule
 	requests  [numReqs]atomic.Uint64
 	unmatched atomic.Uint64
 
@@ -55,7 +55,7 @@ type Metrics struct {
 
 // NewMetrics returns zeroed counters for cfg's rules.
 func NewMetrics(cfg *Config) *Metrics {
-	m := &Metrics{rules: map[*filter.Rule]*[numCodes]atomic.Uint64{}, redisHist: make([]atomic.Uint64, len(latencyBuckets)+1)}
+	m := &Metrics{rules: map[*config.Rule]*[numCodes]atomic.Uint64{}, redisHist: make([]atomic.Uint64, len(latencyBuckets)+1)}
 	for _, r := range cfg.Rules() {
 		m.rules[r] = new([numCodes]atomic.Uint64)
 		m.order = append(m.order, r)
@@ -63,7 +63,7 @@ func NewMetrics(cfg *Config) *Metrics {
 	return m
 }
 
-func (m *Metrics) decision(r *filter.Rule, code int) {
+func (m *Metrics) decision(r *config.Rule, code int) {
 	if c := m.rules[r]; c != nil {
 		c[code].Add(1)
 	}

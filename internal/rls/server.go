@@ -13,7 +13,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
@@ -36,14 +37,10 @@ func NewServer(cfg *Config, store Runner, m *Metrics) *Server {
 	return &Server{cfg: cfg, store: store, metrics: m}
 }
 
-// maxHeaderSeconds caps the seconds a header or duration states, as the
-// filter does (about 34 years).
-const maxHeaderSeconds = 1 << 30
-
 // item is one limited descriptor of a request.
 type item struct {
 	idx  int // descriptor index
-	rule *filter.Rule
+	rule *config.Rule
 	op   Op
 	out  Outcome
 	// retry is the seconds until the request could pass (rejected) and
@@ -76,7 +73,55 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	// cluster rule) without allocating.
 	var itemBuf [2]item
 	var entryBuf [4]Entry
-	items, entries := itemBuf[:0], entryBuf[:0]
+	items := s.resolve(req, itemBuf[:0], entryBuf[:0])
+	resp, parts := newResponse(len(req.Descriptors))
+	if len(items) == 0 {
+		s.metrics.request(reqOK)
+		return resp, nil
+	}
+
+	var opBuf [2]Op
+	ops := opBuf[:0]
+	for i := range items {
+		ops = append(ops, items[i].op)
+	}
+	for i, o := range s.store.Run(ctx, ops) {
+		items[i].out = o
+	}
+	enforceErr, enforceOver := s.settle(ctx, items)
+
+	if enforceErr != nil {
+		for i := range items {
+			if items[i].out.Err != nil {
+				s.metrics.decision(items[i].rule, codeError)
+			}
+		}
+		s.metrics.request(reqUnavailable)
+		return nil, status.Error(codes.Unavailable, "tokengate-rls: redis: "+enforceErr.Error())
+	}
+	quotas := s.statuses(items, resp, parts)
+	if enforceOver {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		s.metrics.request(reqOver)
+	} else {
+		s.metrics.request(reqOK)
+	}
+	if len(quotas) > 0 {
+		// Envoy's own ratelimit filter adds these headers to its 429 and
+		// writes no Retry-After of its own: on OVER_LIMIT, the wait until
+		// the rejecting bucket with the longest wait could admit the
+		// request, in whole seconds, at least 1 (our filter replaces it
+		// with its jittered one).
+		best := bestQuota(quotas, enforceOver)
+		resp.ResponseHeadersToAdd = s.cfg.responseHeaders(quotas, best, s.cfg.File.Settings.RateLimitHeaders, enforceOver)
+	}
+	return resp, nil
+}
+
+// resolve appends to items the bucket update of every descriptor of req
+// that names a rule (entries is scratch); the others are counted as
+// unmatched and left OK.
+func (s *Server) resolve(req *rlsv3.RateLimitRequest, items []item, entries []Entry) []item {
 	for i, d := range req.Descriptors {
 		entries = entries[:0]
 		for _, e := range d.GetEntries() {
@@ -107,31 +152,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		items = append(items, item{idx: i, rule: r, op: op})
 	}
-	resp, parts := newResponse(len(req.Descriptors))
-	if len(items) == 0 {
-		s.metrics.request(reqOK)
-		return resp, nil
-	}
+	return items
+}
 
-	var opBuf [2]Op
-	ops := opBuf[:0]
-	for i := range items {
-		ops = append(ops, items[i].op)
-	}
-	for i, o := range s.store.Run(ctx, ops) {
-		items[i].out = o
-	}
-	enforceErr, enforceOver := s.settle(ctx, items)
-
-	if enforceErr != nil {
-		for i := range items {
-			if items[i].out.Err != nil {
-				s.metrics.decision(items[i].rule, codeError)
-			}
-		}
-		s.metrics.request(reqUnavailable)
-		return nil, status.Error(codes.Unavailable, "tokengate-rls: redis: "+enforceErr.Error())
-	}
+// statuses fills the status of every decided descriptor from its
+// bucket's outcome, counts the decisions, and returns what the RateLimit
+// headers say of the enforced rules' buckets.
+func (s *Server) statuses(items []item, resp *rlsv3.RateLimitResponse, parts []statusParts) []quota {
 	var quotas []quota
 	for i := range items {
 		it := &items[i]
@@ -156,50 +183,39 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		st.DurationUntilReset = &p.untilReset
 		switch {
-		case it.rule.Shadow() && !it.out.Allowed:
+		case it.rule.Shadow && !it.out.Allowed:
 			s.metrics.decision(it.rule, codeShadowOver)
-		case it.rule.Shadow():
-			s.metrics.decision(it.rule, codeOK)
-		case !it.out.Allowed:
+		case !it.out.Allowed && !it.rule.Shadow:
 			s.metrics.decision(it.rule, codeOver)
 		default:
 			s.metrics.decision(it.rule, codeOK)
 		}
-		if it.rule.Shadow() {
+		if it.rule.Shadow {
 			continue
 		}
-		q := quota{rule: it.rule, remaining: int64(st.LimitRemaining), reset: seconds(it.full),
+		q := quota{rule: it.rule, remaining: int64(st.LimitRemaining), reset: ratelimitheader.Seconds(it.full),
 			allowed: it.out.Allowed, retry: it.retry, tokens: it.out.Tokens}
 		if !it.out.Allowed && !math.IsInf(it.retry, 1) {
-			q.reset = seconds(it.retry)
+			q.reset = ratelimitheader.Seconds(it.retry)
 		}
 		quotas = append(quotas, q)
 	}
-	// The legacy headers describe the bucket with the fewest tokens left
-	// or, on a rejection, the rejecting bucket with the longest wait.
+	return quotas
+}
+
+// bestQuota returns the index of the bucket the legacy headers describe:
+// the one with the fewest tokens left or, on a rejection (over), the
+// rejecting bucket with the longest wait.
+func bestQuota(quotas []quota, over bool) int {
 	best := 0
 	for i, q := range quotas {
 		b := quotas[best]
-		if enforceOver && !q.allowed && (b.allowed || q.retry > b.retry) ||
-			!enforceOver && q.tokens < b.tokens {
+		if over && !q.allowed && (b.allowed || q.retry > b.retry) ||
+			!over && q.tokens < b.tokens {
 			best = i
 		}
 	}
-	if enforceOver {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		s.metrics.request(reqOver)
-	} else {
-		s.metrics.request(reqOK)
-	}
-	if len(quotas) > 0 {
-		// Envoy's own ratelimit filter adds these headers to its 429 and
-		// writes no Retry-After of its own: on OVER_LIMIT, the wait until
-		// the rejecting bucket with the longest wait could admit the
-		// request, in whole seconds, at least 1 (our filter replaces it
-		// with its jittered one).
-		resp.ResponseHeadersToAdd = responseHeaders(quotas, best, s.cfg.File.Settings.RateLimitHeaders, enforceOver)
-	}
-	return resp, nil
+	return best
 }
 
 // settle makes each group (enforced rules, shadow rules) all or nothing:
@@ -212,7 +228,7 @@ func (s *Server) settle(ctx context.Context, items []item) (error, bool) {
 	for i := range items {
 		it := &items[i]
 		fail := it.out.Err != nil || !it.out.Allowed
-		if it.rule.Shadow() {
+		if it.rule.Shadow {
 			shadowFail = shadowFail || fail
 			continue
 		}
@@ -225,7 +241,7 @@ func (s *Server) settle(ctx context.Context, items []item) (error, bool) {
 	for i := range items {
 		it := &items[i]
 		groupFailed := shadowFail
-		if !it.rule.Shadow() {
+		if !it.rule.Shadow {
 			groupFailed = enforceErr != nil || enforceOver
 		}
 		if groupFailed && it.out.Err == nil && it.out.Allowed {
@@ -253,7 +269,7 @@ func (s *Server) settle(ctx context.Context, items []item) (error, bool) {
 
 // currentLimitOf states a rule's rate as Envoy's RateLimit: whole
 // requests per the shortest unit that holds at least one.
-func currentLimitOf(r *filter.Rule) rlsv3.RateLimitResponse_RateLimit {
+func currentLimitOf(r *config.Rule) rlsv3.RateLimitResponse_RateLimit {
 	rate := r.Limit.Rate
 	u := limitUnits[len(limitUnits)-1]
 	for _, c := range limitUnits {
@@ -280,7 +296,7 @@ var limitUnits = [...]struct {
 }
 
 // currentLimit is currentLimitOf in a message of its own.
-func currentLimit(r *filter.Rule) *rlsv3.RateLimitResponse_RateLimit {
+func currentLimit(r *config.Rule) *rlsv3.RateLimitResponse_RateLimit {
 	l := new(rlsv3.RateLimitResponse_RateLimit)
 	*l = currentLimitOf(r)
 	return l
@@ -307,18 +323,6 @@ func newResponse(n int) (*rlsv3.RateLimitResponse, []statusParts) {
 	return resp, parts
 }
 
-// seconds rounds a duration up to whole seconds, within [0,
-// maxHeaderSeconds] (the filter's rule).
-func seconds(d float64) int64 {
-	if !(d > 0) {
-		return 0
-	}
-	if d >= maxHeaderSeconds {
-		return maxHeaderSeconds
-	}
-	return int64(math.Ceil(d))
-}
-
 func duration(secs float64) *durationpb.Duration {
 	d := new(durationpb.Duration)
 	setDuration(d, secs)
@@ -326,13 +330,13 @@ func duration(secs float64) *durationpb.Duration {
 }
 
 // setDuration sets d to secs rounded up to the nanosecond, within [0,
-// maxHeaderSeconds] (durationpb.New's fields).
+// ratelimitheader.MaxSeconds] (durationpb.New's fields).
 func setDuration(d *durationpb.Duration, secs float64) {
 	var ns time.Duration
 	switch {
 	case !(secs > 0):
-	case secs >= maxHeaderSeconds:
-		ns = maxHeaderSeconds * time.Second
+	case secs >= ratelimitheader.MaxSeconds:
+		ns = ratelimitheader.MaxSeconds * time.Second
 	default:
 		ns = time.Duration(math.Ceil(secs * 1e9))
 	}
@@ -340,30 +344,30 @@ func setDuration(d *durationpb.Duration, secs float64) {
 }
 
 // retryAfterSeconds is a wait as Retry-After's whole seconds: as the
-// RateLimit headers round it (seconds), and at least 1; +Inf (a cost the
-// bucket can never hold) is the cap.
+// RateLimit headers round it (ratelimitheader.Seconds), and at least 1;
+// +Inf (a cost the bucket can never hold) is the cap.
 func retryAfterSeconds(secs float64) int64 {
 	if math.IsInf(secs, 1) {
-		return maxHeaderSeconds
+		return ratelimitheader.MaxSeconds
 	}
-	return max(seconds(secs), 1)
+	return max(ratelimitheader.Seconds(secs), 1)
 }
 
 // quota is what the RateLimit headers say about one enforced bucket.
 type quota struct {
-	rule             *filter.Rule
+	rule             *config.Rule
 	remaining, reset int64
 	allowed          bool
 	retry, tokens    float64
 }
 
 // responseHeaders are the response_headers_to_add: with rateLimit the
-// RateLimit headers the filter sends for the same buckets
-// (filter/ratelimit_headers.go, docs/headers.md), one list member per
-// enforced rule in descriptor order and the legacy three describing best;
-// with over, retry-after. The header messages and their values come in a
-// few allocations.
-func responseHeaders(quotas []quota, best int, rateLimit, over bool) []*corev3.HeaderValue {
+// RateLimit headers the filter sends for the same buckets (package
+// ratelimitheader, docs/headers.md), one list member per enforced rule in
+// descriptor order and the legacy three describing best; with over,
+// retry-after. The header messages and their values come in a few
+// allocations.
+func (c *Config) responseHeaders(quotas []quota, best int, rateLimit, over bool) []*corev3.HeaderValue {
 	n := 0
 	if rateLimit {
 		n = 5
@@ -386,40 +390,20 @@ func responseHeaders(quotas []quota, best int, rateLimit, over bool) []*corev3.H
 	b := quotas[best]
 	if rateLimit {
 		// The values that are not constant, written into one buffer (on
-		// the stack unless there are many rules) and made one string:
-		// remaining, reset, the list, the policy.
+		// the stack unless there are many rules) and made one string.
+		var qroom [4]ratelimitheader.Quota
+		hq := qroom[:0]
+		for _, q := range quotas {
+			hq = append(hq, ratelimitheader.Quota{Plan: c.plans[q.rule], Remaining: q.remaining, Reset: q.reset})
+		}
 		var room [256]byte
-		buf := room[:0]
-		buf = strconv.AppendInt(buf, b.remaining, 10)
-		remaining := len(buf)
-		buf = strconv.AppendInt(buf, b.reset, 10)
-		reset := len(buf)
-		for i, q := range quotas {
-			_, _, quoted := q.rule.HeaderPlan()
-			if i > 0 {
-				buf = append(buf, ", "...)
-			}
-			buf = append(buf, quoted...)
-			buf = append(buf, ";r="...)
-			buf = strconv.AppendInt(buf, q.remaining, 10)
-			buf = append(buf, ";t="...)
-			buf = strconv.AppendInt(buf, q.reset, 10)
-		}
-		list := len(buf)
-		for i, q := range quotas {
-			_, pol, _ := q.rule.HeaderPlan()
-			if i > 0 {
-				buf = append(buf, ", "...)
-			}
-			buf = append(buf, pol...)
-		}
+		buf, f := ratelimitheader.AppendFields(room[:0], hq, best)
 		vals := string(buf)
-		limit, _, _ := b.rule.HeaderPlan()
-		hs[0].Key, hs[0].Value = "ratelimit-limit", limit
-		hs[1].Key, hs[1].Value = "ratelimit-remaining", vals[:remaining]
-		hs[2].Key, hs[2].Value = "ratelimit-reset", vals[remaining:reset]
-		hs[3].Key, hs[3].Value = "ratelimit", vals[reset:list]
-		hs[4].Key, hs[4].Value = "ratelimit-policy", vals[list:]
+		hs[0].Key, hs[0].Value = "ratelimit-limit", hq[best].Plan.Limit
+		hs[1].Key, hs[1].Value = "ratelimit-remaining", vals[f.Remaining[0]:f.Remaining[1]]
+		hs[2].Key, hs[2].Value = "ratelimit-reset", vals[f.Reset[0]:f.Reset[1]]
+		hs[3].Key, hs[3].Value = "ratelimit", vals[f.List[0]:f.List[1]]
+		hs[4].Key, hs[4].Value = "ratelimit-policy", vals[f.Policy[0]:f.Policy[1]]
 	}
 	if over {
 		hs[n-1].Key, hs[n-1].Value = "retry-after", strconv.FormatInt(retryAfterSeconds(b.retry), 10)

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
@@ -88,7 +88,7 @@ func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
 // (rlscontract.ParseSettlement), and what to do: a charge of its hits (the
 // descriptor's hits_addend, else the request's, at least 1), a refund or a
 // reset. The rule must be a cluster-scope rule that settles (exact mode).
-func (c *Config) settleRule(d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (SettleOp, *filter.Rule, error) {
+func (c *Config) settleRule(d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (SettleOp, *config.Rule, error) {
 	es := make([]rlscontract.Entry, len(d.GetEntries()))
 	for i, e := range d.GetEntries() {
 		es[i] = rlscontract.Entry{Key: e.GetKey(), Value: e.GetValue()}
@@ -123,7 +123,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	}
 	ds := req.GetDescriptors()
 	ops := make([]SettleOp, len(ds))
-	rules := make([]*filter.Rule, len(ds))
+	rules := make([]*config.Rule, len(ds))
 	for i, d := range ds {
 		op, r, err := s.cfg.settleRule(d, req.GetHitsAddend())
 		if err != nil {

@@ -1,4 +1,4 @@
-package filter
+package config
 
 import (
 	"math"
@@ -166,8 +166,6 @@ type LeaseConfig struct {
 	// TTL is how long a grant may be spent, in seconds ("lease_ttl_ms",
 	// default 2000 ms).
 	TTL float64
-
-	maxSet bool
 }
 
 const (
@@ -175,9 +173,10 @@ const (
 	defaultLeaseTTLMs  = 2000
 )
 
-// leaseFields parses "mode", "lease_max" and "lease_ttl_ms"; the checks
-// that need the rule's limit and settings.rls are in LeaseConfig.check.
-func (r *Rule) leaseFields(path string, v ljson.Result) error {
+// leaseFields parses "mode", "lease_max" and "lease_ttl_ms" into r; the
+// checks that need the rule's limit and settings.rls, and lease_max's
+// default, are in LeaseConfig.check.
+func leaseFields(path string, v ljson.Result, r *Rule) error {
 	switch m := v.Get("mode"); {
 	case !m.Exists(), m.Type == ljson.String && m.Str == "exact":
 	case m.Type == ljson.String && m.Str == "lease":
@@ -201,7 +200,7 @@ func (r *Rule) leaseFields(path string, v ljson.Result) error {
 		if !ok || n < 1 || n > 1<<30 {
 			return errAt(join(path, "lease_max"), "must be an integer from 1 to 1073741824 (tokens), got "+short(m.Raw))
 		}
-		r.Lease.Max, r.Lease.maxSet = float64(n), true
+		r.Lease.Max = float64(n)
 	}
 	if t := v.Get("lease_ttl_ms"); t.Exists() {
 		n, ok := integer(t)
@@ -214,10 +213,10 @@ func (r *Rule) leaseFields(path string, v ljson.Result) error {
 }
 
 // check completes and validates a lease rule's settings against its limit
-// and settings.rls.
+// and settings.rls; a Max of 0 is lease_max left out (it is at least 1).
 func (l *LeaseConfig) check(r *Rule, rls *RLSSettings) error {
 	name := "rule " + strconv.Quote(r.Name)
-	if !l.maxSet {
+	if l.Max == 0 {
 		l.Max = math.Max(1, math.Floor(r.Limit.Burst/10))
 	}
 	if l.Max > r.Limit.Burst {

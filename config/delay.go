@@ -1,10 +1,35 @@
-package filter
+package config
 
 import (
 	"strconv"
 
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
+
+// Delay is a token-bucket rule's delayed admission (docs/configuration.md,
+// "Delayed admission").
+type Delay struct {
+	// MaxReserved is the debt, in tokens, an admission may leave in the
+	// bucket ("max_reserved"); 0 rejects as soon as the bucket is short.
+	MaxReserved float64
+	// MaxDelayMs caps the wait ("max_delay_ms"); 0 means no cap beyond
+	// MaxReserved/rate.
+	MaxDelayMs float64
+	// MaxPending caps the requests this rule holds at once on one worker
+	// ("max_pending", default DefaultMaxPending).
+	MaxPending int
+	// RefundOnCancel gives a held request's tokens back when its client
+	// leaves before it is released ("refund_on_cancel").
+	RefundOnCancel bool
+
+	// Debt is the effective reservation, in tokens: MaxReserved, capped by
+	// MaxDelayMs × rate. The filter stores a reserving rule's balance
+	// shifted up by it (the stored state holds no negative balance).
+	Debt float64
+}
+
+// DefaultMaxPending is the default of max_pending.
+const DefaultMaxPending = 1024
 
 // delayFields are the algorithm_config fields of delayed admission.
 var delayFields = []string{"max_reserved", "max_delay_ms", "max_pending", "refund_on_cancel"}
@@ -51,11 +76,11 @@ func delayConfig(path string, v ljson.Result, r *Rule) error {
 		}
 		d.RefundOnCancel = rc.Type == ljson.True
 	}
-	d.debt = d.MaxReserved
+	d.Debt = d.MaxReserved
 	if d.MaxDelayMs > 0 {
-		d.debt = min(d.debt, d.MaxDelayMs/1000*r.Limit.Rate)
+		d.Debt = min(d.Debt, d.MaxDelayMs/1000*r.Limit.Rate)
 	}
-	if d.MaxReserved > 0 && r.Limit.Burst+d.debt > maxBurst {
+	if d.MaxReserved > 0 && r.Limit.Burst+d.Debt > maxBurst {
 		return errAt(path+".max_reserved", "burst + max_reserved must be <= "+num(maxBurst)+", got "+num(r.Limit.Burst+d.MaxReserved))
 	}
 	r.Delay = d

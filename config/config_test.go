@@ -1,4 +1,4 @@
-package filter
+package config
 
 import (
 	"strconv"
@@ -43,9 +43,9 @@ func TestParseConfigShapes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := ParseConfig([]byte(tc.config))
+			cfg, err := Parse([]byte(tc.config))
 			if err != nil {
-				t.Fatalf("ParseConfig: %v", err)
+				t.Fatalf("Parse: %v", err)
 			}
 			var got []string
 			for _, p := range cfg.Policies {
@@ -81,7 +81,7 @@ func TestParseConfigShapes(t *testing.T) {
 }
 
 func TestParseConfigDetails(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`{"bundle_version":1,"policies":[{"id":"api","spec":{
+	cfg, err := Parse([]byte(`{"bundle_version":1,"policies":[{"id":"api","spec":{
 		"selector":{"pathPrefix":"/api/","methods":["get"],"hosts":["API.example.com","*.example.org"]},
 		"rules":[{"name":"r","limit_keys":["ip:address","header:X-Api-Key","query:tenant","jwt:sub","path","method","host"],
 		  "algorithm_config":{"rps":1,"burst":3,"cost_source":"header:X-Weight","default_cost":2,"fixed_cost":1.5},
@@ -125,7 +125,7 @@ func TestParseConfigDetails(t *testing.T) {
 }
 
 func TestMaxKeys(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`{"rules":[
+	cfg, err := Parse([]byte(`{"rules":[
 		{"name":"a","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":1}},
 		{"name":"b","limit_keys":["ip:address"],"max_keys":0,"algorithm_config":{"rps":1,"burst":1}},
 		{"name":"c","limit_keys":["ip:address"],"max_keys":10,"algorithm_config":{"rps":1,"burst":1}},
@@ -276,7 +276,7 @@ func TestParseConfigErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseConfig([]byte(tc.config))
+			_, err := Parse([]byte(tc.config))
 			if err == nil {
 				t.Fatalf("got no error, want %q", tc.expectedErr)
 			}
@@ -297,10 +297,10 @@ func TestRuleBound(t *testing.T) {
 		}
 		return `{"rules":[` + strings.Join(parts, ",") + `]}`
 	}
-	if _, err := ParseConfig([]byte(rules(MaxRules))); err != nil {
+	if _, err := Parse([]byte(rules(MaxRules))); err != nil {
 		t.Fatalf("%d rules: %v", MaxRules, err)
 	}
-	_, err := ParseConfig([]byte(rules(MaxRules + 1)))
+	_, err := Parse([]byte(rules(MaxRules + 1)))
 	want := "has 257 rules (fallback limits included); at most 256 are allowed"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("%d rules: got %v, want an error containing %q", MaxRules+1, err, want)
@@ -310,8 +310,8 @@ func TestRuleBound(t *testing.T) {
 // TestConfigJSONPosition: a configuration that is not JSON says where it
 // breaks (issue 11, item 4).
 func TestConfigJSONPosition(t *testing.T) {
-	_, err := ParseConfig([]byte("{\n\"name\": \"a\",\n}"))
+	_, err := Parse([]byte("{\n\"name\": \"a\",\n}"))
 	if err == nil || !strings.Contains(err.Error(), "configuration is not valid JSON: line 3, column 1: trailing comma") {
-		t.Errorf("ParseConfig: %v, want the line and column", err)
+		t.Errorf("Parse: %v, want the line and column", err)
 	}
 }

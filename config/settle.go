@@ -1,17 +1,18 @@
-package filter
+package config
 
 import (
 	"math"
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
 // SettleSpec is what a rule settles after the response: the statuses it
 // counts, the statuses that reset its bucket, and a cost the response
-// reports. ParseConfig sets Rule.Settle only for rules that use one of
-// them; see settle.go for what happens at run time.
+// reports. Parse sets Rule.Settle only for rules that use one of them; the
+// filter's settle.go says what happens at run time.
 type SettleSpec struct {
 	// Count lists the statuses whose requests keep their cost
 	// ("count_statuses"); the cost of any other final status is refunded.
@@ -264,6 +265,13 @@ type InFlightSpec struct {
 	// a count no stream released (its VM died) is dropped after between
 	// one and two lease periods; it must exceed the longest request.
 	Lease float64
+}
+
+// bucketForInFlight is the bucket.Limit that describes a concurrency rule
+// in the RateLimit-Policy header: a quota of max_in_flight.
+func bucketForInFlight(spec *InFlightSpec) bucket.Limit {
+	n := float64(spec.Max)
+	return bucket.Limit{Rate: n, Burst: n}
 }
 
 // concurrencyConfig reads a concurrency rule's algorithm_config.

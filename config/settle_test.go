@@ -1,13 +1,13 @@
-package filter_test
+package config_test
 
 import (
 	"testing"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
 )
 
 func TestParseSettleConfig(t *testing.T) {
-	cfg, err := filter.ParseConfig([]byte(`{"rules":[
+	cfg, err := config.Parse([]byte(`{"rules":[
 		{"name":"llm","algorithm_config":{"rps":1,"burst":100,"cost_source":"response_sse:/message/usage/input_tokens+/usage/output_tokens","pre_charge":5,"max_debt":0}},
 		{"name":"login","algorithm_config":{"rps":1,"burst":3,"count_statuses":[401,"403","5xx"],"reset_on_statuses":"2xx"}},
 		{"name":"hdr","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:X-Usage"}},
@@ -17,8 +17,8 @@ func TestParseSettleConfig(t *testing.T) {
 	}
 	r := cfg.Rules()
 	llm := r[0]
-	if s := llm.Settle; s == nil || s.Response != filter.ResponseSSE || len(s.Pointers) != 2 || s.PreCharge != 5 ||
-		llm.Limit.MaxDebt != 0 || llm.Cost.Kind != filter.CostResponse || llm.Cost.PreCharge != 5 {
+	if s := llm.Settle; s == nil || s.Response != config.ResponseSSE || len(s.Pointers) != 2 || s.PreCharge != 5 ||
+		llm.Limit.MaxDebt != 0 || llm.Cost.Kind != config.CostResponse || llm.Cost.PreCharge != 5 {
 		t.Errorf("llm: got %+v %+v %+v", llm.Settle, llm.Limit, llm.Cost)
 	}
 	login := r[1].Settle
@@ -68,7 +68,7 @@ func TestParseSettleConfigErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := filter.ParseConfig([]byte(tt.config))
+			_, err := config.Parse([]byte(tt.config))
 			if err == nil || err.Error() != tt.expectedErr {
 				t.Errorf("got error\n  %v\nwant\n  %s", err, tt.expectedErr)
 			}

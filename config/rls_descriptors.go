@@ -1,4 +1,4 @@
-package filter
+package config
 
 import (
 	"strconv"
@@ -45,19 +45,6 @@ type RLSDescriptor struct {
 	Rule *Rule
 	// Descriptors are the nodes matched by the next entry.
 	Descriptors []*RLSDescriptor
-}
-
-// Shadow reports whether the rule only observes: it belongs to a policy in
-// shadow mode, or is an rls_descriptors rule with "shadow": true.
-func (r *Rule) Shadow() bool { return r.shadow }
-
-// HeaderPlan returns what the RateLimit headers say about r that does not
-// depend on the request: the ratelimit-limit value, the ratelimit-policy
-// member ("<rule>";q=<burst>;w=<seconds>) and the quoted rule name that
-// starts its RateLimit member.
-func (r *Rule) HeaderPlan() (limit, policy, quoted string) {
-	p := r.planOf()
-	return p.limit, p.policy, p.quoted
 }
 
 // maxRLSDepth bounds the depth of a descriptor tree (Envoy builds one
@@ -195,7 +182,7 @@ func (p *parser) rlsNode(path string, v ljson.Result, depth int) (*RLSDescriptor
 	case n.Rule == nil:
 		return nil, errAt(join(path, "shadow"), "applies to a rule; this descriptor has none")
 	default:
-		n.Rule.shadow = sh.Type == ljson.True
+		n.Rule.Shadow = sh.Type == ljson.True
 	}
 	if ds := v.Get("descriptors"); ds.Exists() {
 		var err error
@@ -205,9 +192,6 @@ func (p *parser) rlsNode(path string, v ljson.Result, depth int) (*RLSDescriptor
 	}
 	if n.Rule == nil && n.Descriptors == nil {
 		return nil, errAt(path, "needs a rule or descriptors")
-	}
-	if n.Rule != nil {
-		n.Rule.compile()
 	}
 	return n, nil
 }

@@ -1,4 +1,4 @@
-package filter
+package ratelimitheader
 
 import (
 	"math"
@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestAppendCount: appendCount writes what strconv.AppendInt writes, on
+// TestAppendCount: AppendCount writes what strconv.AppendInt writes, on
 // both sides of every digit count and of the 32-bit fast path, after a
 // prefix and into a slice with and without room.
 func TestAppendCount(t *testing.T) {
@@ -17,12 +17,12 @@ func TestAppendCount(t *testing.T) {
 	}
 	for _, v := range vals {
 		want := strconv.AppendInt([]byte("r="), v, 10)
-		if got := appendCount([]byte("r="), v); string(got) != string(want) {
-			t.Errorf("appendCount(%d) = %q, want %q", v, got, want)
+		if got := AppendCount([]byte("r="), v); string(got) != string(want) {
+			t.Errorf("AppendCount(%d) = %q, want %q", v, got, want)
 		}
 		roomy := append(make([]byte, 0, 64), "r="...)
-		if got := appendCount(roomy, v); string(got) != string(want) {
-			t.Errorf("appendCount(%d) with room = %q, want %q", v, got, want)
+		if got := AppendCount(roomy, v); string(got) != string(want) {
+			t.Errorf("AppendCount(%d) with room = %q, want %q", v, got, want)
 		}
 	}
 }

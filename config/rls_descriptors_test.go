@@ -1,9 +1,10 @@
-package filter_test
+package config_test
 
 import (
 	"testing"
 
-	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/ratelimitheader"
 )
 
 func TestParseRLSDescriptors(t *testing.T) {
@@ -12,7 +13,7 @@ func TestParseRLSDescriptors(t *testing.T) {
 	  {"key": "header_match", "value": "post", "descriptors": [
 	    {"key": "remote_address", "shadow": true, "rule": {"name": "edge-ip-post", "algorithm_config": {"rps": 1, "burst": 5}}}]}
 	]}]}`
-	c, err := filter.ParseConfig([]byte(cfg))
+	c, err := config.Parse([]byte(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,18 +24,18 @@ func TestParseRLSDescriptors(t *testing.T) {
 		t.Fatalf("domains: got %+v", c.RLSDescriptors)
 	}
 	ds := c.RLSDescriptors[0].Descriptors
-	if len(ds) != 2 || ds[0].Key != "remote_address" || ds[0].Value != "" || ds[0].Rule.Name != "edge-ip" || ds[0].Rule.Shadow() {
+	if len(ds) != 2 || ds[0].Key != "remote_address" || ds[0].Value != "" || ds[0].Rule.Name != "edge-ip" || ds[0].Rule.Shadow {
 		t.Fatalf("first node: got %+v", ds[0])
 	}
 	if ds[0].Rule.Limit.Rate != 10 || ds[0].Rule.Limit.Burst != 20 || !ds[0].Rule.Cluster {
 		t.Fatalf("first rule: got %+v", ds[0].Rule)
 	}
 	inner := ds[1]
-	if inner.Rule != nil || inner.Value != "post" || len(inner.Descriptors) != 1 || !inner.Descriptors[0].Rule.Shadow() {
+	if inner.Rule != nil || inner.Value != "post" || len(inner.Descriptors) != 1 || !inner.Descriptors[0].Rule.Shadow {
 		t.Fatalf("second node: got %+v", inner)
 	}
-	limit, policy, quoted := ds[0].Rule.HeaderPlan()
-	if limit != "20" || policy != `"edge-ip";q=20;w=2` || quoted != `"edge-ip"` {
+	plan := ratelimitheader.NewPlan(ds[0].Rule.Name, ds[0].Rule.Limit)
+	if limit, policy, quoted := plan.Limit, plan.Policy, plan.Quoted; limit != "20" || policy != `"edge-ip";q=20;w=2` || quoted != `"edge-ip"` {
 		t.Fatalf("HeaderPlan: got %q %q %q", limit, policy, quoted)
 	}
 }
@@ -73,7 +74,7 @@ func TestParseRLSDescriptorsErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := filter.ParseConfig([]byte(tc.config))
+			_, err := config.Parse([]byte(tc.config))
 			if err == nil || err.Error() != tc.expectedErr {
 				t.Errorf("got error\n  %v\nwant\n  %s", err, tc.expectedErr)
 			}
