@@ -14,6 +14,7 @@ const maxLeaseWaiters = 4096 // requests one worker holds for refills
 // another rule rejects the request (leaseRefund). taken marks a debit of an
 // exact take's tokens (LeaseRecord.Taken), seq then being its TakenSeq.
 type leaseDebit struct {
+	_      incomparable
 	key    string
 	cost   float64
 	grant  uint64
@@ -51,6 +52,7 @@ const (
 
 // leaseItem is one allowance a waiting request still needs (or got).
 type leaseItem struct {
+	_    incomparable
 	b    *leaseBucket
 	cost float64
 	// alt is the shared-data bucket on_error: local decides it with.
@@ -74,92 +76,94 @@ const (
 	leaseBroken                // shared data failed
 )
 
-// leaseSpend debits cost from rec's allowance if it covers it at now,
-// returning the debit (to give back with leaseRefund).
-func leaseSpend(rec *sharedstate.LeaseRecord, key string, cost, now float64) (leaseDebit, bool) {
-	if rec.Spendable(now) < cost {
-		return leaseDebit{}, false
-	}
-	rec.Tokens -= cost
-	return leaseDebit{key: key, cost: cost, grant: rec.Grant, expiry: rec.Expiry, seq: rec.Claimer}, true
-}
-
-// leaseDemand adds cost to the demand the next refill is sized from.
-func leaseDemand(rec *sharedstate.LeaseRecord, cost, now float64) {
-	if rec.Used == 0 {
-		// The demand window starts at the first request since the last
-		// refill, not at the refill: an idle spell must not dilute the
-		// rate the next lease is sized from.
-		rec.Since = now
-	}
-	rec.Used += cost
-}
-
-// leaseArrival is how a new request meets an allowance (leaseTake).
-type leaseArrival uint8
+// leaseAsk is how a request asks an allowance for its cost (leaseTake).
+type leaseAsk uint8
 
 const (
-	// arriveTake: spend if the allowance covers the request; otherwise
-	// its own call takes exactly (not counted in Wait).
-	arriveTake leaseArrival = iota
-	// arriveWait: spend if covered; otherwise wait for the next call,
-	// counted in Wait.
-	arriveWait
-	// arriveBehind: requests of this worker that came earlier wait for
-	// this allowance: wait behind them, counted in Wait, spending
-	// nothing (the tick serves the waiting requests in arrival order).
-	arriveBehind
+	// askTake: a new request that cannot wait: spend if the allowance
+	// covers it; otherwise its own call takes exactly (not counted in
+	// Wait).
+	askTake leaseAsk = iota
+	// askWait: a new request: spend if covered; otherwise wait for the
+	// next call, counted in Wait.
+	askWait
+	// askBehind: a new request while requests of this worker that came
+	// earlier wait for this allowance: wait behind them, counted in
+	// Wait, spending nothing (the tick serves the waiting requests in
+	// arrival order).
+	askBehind
+	// askWaiting: a waiting request, retried: spend first from the exact
+	// take claimed for it, then from the allowance.
+	askWaiting
 )
 
-// leaseArrival returns how a new request that may wait (or not) meets
-// the allowance under key.
-func (p *Plugin) leaseArrival(key string, mayWait bool) leaseArrival {
-	switch {
-	case !mayWait:
-		return arriveTake
-	case p.leaseWaitsFor(key):
-		return arriveBehind
-	}
-	return arriveWait
-}
-
-// leaseWaitsFor reports whether a request of this worker waits for the
+// leaseAskNew returns how a new request that may wait (or not) asks the
 // allowance under key.
-func (p *Plugin) leaseWaitsFor(key string) bool {
+func (p *Plugin) leaseAskNew(key string, mayWait bool) leaseAsk {
+	if !mayWait {
+		return askTake
+	}
 	for _, w := range p.lease.waiters {
 		for i := range w.items {
 			if !w.items[i].done && w.items[i].b.key == key {
-				return true
+				return askBehind
 			}
 		}
 	}
-	return false
+	return askWait
 }
 
-// leaseTake debits a new request's cost from the allowance under key if
-// it holds that much (unless how is arriveBehind), appending the debit to
-// p.lease.debits; otherwise it says why (leaseEmpty, with the time until
-// the retry; leaseShort). Either way cost is demand, which the refill is
-// sized from; a short request that waits is counted in Wait too, and seq
-// is the Claimer it was counted under (the exact take claimed next is for
-// it).
-func (p *Plugin) leaseTake(key string, cost, now float64, how leaseArrival) (out leaseOutcome, retry float64, seq uint32) {
+// leaseTake debits cost from the allowance under key if it holds that
+// much (as ask says), appending the debit to p.lease.debits. Otherwise it
+// says why: leaseEmpty (with the time until the retry), leaseShort, or,
+// for a request waiting since failedSince, leaseDown if a lease call
+// failed after that. A new request's cost is demand, which the refill is
+// sized from, and so is a waiting one's when the allowance admits it.
+//
+// seq is the Claimer a waiting request was counted in Wait under (the
+// exact take claimed next is for it): for askWaiting, an argument; for a
+// new request that starts waiting, the result.
+func (p *Plugin) leaseTake(key string, cost, now float64, ask leaseAsk, seq uint32, failedSince float64) (leaseOutcome, float64, uint32) {
+	out := leaseShort
+	var retry float64
 	var d leaseDebit
 	_, _, err := p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
-		out, seq = leaseShort, 0
-		// Behind earlier requests, whether the allowance covers this one,
-		// or the bucket is known empty, is for the tick to say after them.
-		if how != arriveBehind {
-			var ok bool
-			if d, ok = leaseSpend(rec, key, cost, now); ok {
-				out = leaseAdmitted
-			} else if now < rec.Retry {
-				out, retry = leaseEmpty, rec.Retry-now
-				return false
+		out = leaseShort
+		switch {
+		case ask == askWaiting && rec.Taken >= cost && rec.TakenSeq == nextClaim(seq):
+			// Taken for this request: counted already.
+			out = leaseAdmitted
+			d = leaseDebit{key: key, cost: cost, seq: rec.TakenSeq, taken: true}
+			rec.Taken -= cost
+			return true
+		case ask == askBehind:
+			// Whether the allowance covers it, or the bucket is known
+			// empty, is for the tick to say after the earlier requests.
+		case rec.Spendable(now) >= cost:
+			out = leaseAdmitted
+			d = leaseDebit{key: key, cost: cost, grant: rec.Grant, expiry: rec.Expiry, seq: rec.Claimer}
+			rec.Tokens -= cost
+			if ask == askWaiting && rec.Claimer == seq {
+				// No call counted it yet: no exact take is for it.
+				rec.Wait = math.Max(0, rec.Wait-cost)
 			}
+		case now < rec.Retry:
+			out, retry = leaseEmpty, rec.Retry-now
+			return false
+		case ask == askWaiting && rec.Down > failedSince:
+			out = leaseDown
 		}
-		leaseDemand(rec, cost, now)
-		if out == leaseShort && how != arriveTake {
+		if out != leaseAdmitted && ask == askWaiting {
+			return false
+		}
+		if rec.Used == 0 {
+			// The demand window starts at the first request since the
+			// last refill, not at the refill: an idle spell must not
+			// dilute the rate the next lease is sized from.
+			rec.Since = now
+		}
+		rec.Used += cost
+		if out == leaseShort && ask != askTake {
 			rec.Wait += cost
 			seq = rec.Claimer
 		}
@@ -172,48 +176,6 @@ func (p *Plugin) leaseTake(key string, cost, now float64, how leaseArrival) (out
 		p.lease.debits = append(p.lease.debits, d)
 	}
 	return out, retry, seq
-}
-
-// leaseTakeWaiting debits a waiting request's cost (counted in Wait under
-// the Claimer seq, or no longer counted) if it is covered: first from the
-// tokens of the exact take claimed for it, then from the allowance. If
-// not, it says why: leaseEmpty (and the time until the retry), leaseDown
-// (a lease call failed after failedSince, when the request started
-// waiting) or leaseShort.
-func (p *Plugin) leaseTakeWaiting(key string, cost, now, failedSince float64, seq uint32) (out leaseOutcome, retry float64, d leaseDebit) {
-	_, _, err := p.lease.upd.Update(key, func(rec *sharedstate.LeaseRecord) bool {
-		var ok bool
-		if rec.Taken >= cost && rec.TakenSeq == nextClaim(seq) {
-			// Taken for this request: counted already.
-			out, d = leaseAdmitted, leaseDebit{key: key, cost: cost, seq: rec.TakenSeq, taken: true}
-			rec.Taken -= cost
-			return true
-		}
-		if d, ok = leaseSpend(rec, key, cost, now); ok {
-			out = leaseAdmitted
-			if rec.Claimer == seq {
-				// No call counted it yet: no exact take is for it.
-				rec.Wait = math.Max(0, rec.Wait-cost)
-			}
-			// Spent from the allowance: demand of the window the call
-			// that refilled it started.
-			leaseDemand(rec, cost, now)
-			return true
-		}
-		switch {
-		case now < rec.Retry:
-			out, retry = leaseEmpty, rec.Retry-now
-		case rec.Down > failedSince:
-			out = leaseDown
-		default:
-			out = leaseShort
-		}
-		return false
-	})
-	if err != nil {
-		return leaseBroken, 0, leaseDebit{}
-	}
-	return out, retry, d
 }
 
 // leaseUncount takes the cost of a request that stops waiting without
@@ -256,7 +218,7 @@ func (s *Stream) leaseAdmit(req *request, now float64) Action {
 	canWait := ticks && p.lease.refill > 0 && len(p.rc.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
-		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, p.leaseArrival(lr.Key, canWait && !r.Shadow))
+		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, p.leaseAskNew(lr.Key, canWait && !r.Shadow), 0, 0)
 		if out != leaseAdmitted && out != leaseBroken {
 			p.leaseRemember(r, lr.Key, lr.Owner)
 		}
@@ -412,12 +374,13 @@ func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
 			waiting = true
 			continue
 		}
-		out, retry, d := p.leaseTakeWaiting(it.b.key, it.cost, now, w.pc.now, it.seq)
+		p.lease.debits = p.lease.debits[:0]
+		out, retry, _ := p.leaseTake(it.b.key, it.cost, now, askWaiting, it.seq, w.pc.now)
 		it.b.seen = 0 // changed: read it again
 		switch out {
 		case leaseAdmitted:
 			it.done = true
-			w.pc.lease = append(w.pc.lease, d)
+			w.pc.lease = append(w.pc.lease, p.lease.debits[0])
 			it.b.r.metrics.allowed.inc(p.host, 1)
 		case leaseEmpty:
 			if w.empty == nil || retry > w.retry {
@@ -475,7 +438,7 @@ func (p *Plugin) leaseStillShort(b *leaseBucket, it *leaseItem, now float64) boo
 		b.left, b.taken, b.takenSeq = rec.Spendable(now), rec.Taken, rec.TakenSeq
 	}
 	if b.taken > 0 && b.takenSeq == nextClaim(it.seq) {
-		return false // an exact take was made for it: leaseTakeWaiting decides
+		return false // an exact take was made for it: leaseTake decides
 	}
 	return b.left >= 0 && b.left < it.cost
 }

@@ -20,6 +20,7 @@ const (
 
 // leaseCall is a lease request in flight.
 type leaseCall struct {
+	_     incomparable
 	token uint32
 	b     *leaseBucket
 	// seq is the claim's sequence number (LeaseRecord.Claimer).
@@ -179,7 +180,7 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 // its claim made: the caller sends it), so that the requests it can cover
 // are not turned away.
 func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlscontract.Status, grant uint64) (retake *leaseCall) {
-	pp := leaseParamsOf(lc.b.r, p.cfg.Settings.RLS)
+	l := lc.b.r.Lease
 	rtt := math.Max(now-lc.sent, leaseMinRTT)
 	_, wrote, _ := p.lease.upd.Update(lc.b.key, func(rec *sharedstate.LeaseRecord) bool {
 		retake = nil
@@ -201,83 +202,66 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlscontract.Status, 
 			rec.RTT = 0.75*rec.RTT + 0.25*rtt
 		}
 		rec.Down = 0
-		switch {
-		case lc.release:
+		if lc.release {
 			rec.Hold, rec.Ramp = 0, 0
-		case lc.exact:
-			retake = leaseApplyTake(rec, lc, st, pp, now)
+			return true
+		}
+		if lc.exact {
+			left := float64(st.LimitRemaining)
+			switch {
+			case st.Code != rlscontract.CodeOverLimit:
+				rec.Taken, rec.TakenSeq = lc.want, lc.pool
+				rec.Ramp = lc.want
+				if lc.retake {
+					// The bucket had less than the waiting requests
+					// needed, and now has nothing: the rest get 429 until
+					// the period ends.
+					rec.Ramp = 0
+					retry := rec.Hold
+					if retry <= now {
+						retry = now + float64(p.cfg.Settings.RLS.LeaseTickMs)/1000
+					}
+					rec.Retry = math.Max(rec.Retry, retry)
+				}
+			case !lc.retake && left >= 1 && left < lc.want:
+				rec.Ramp = 0
+				rec.Claimer = nextClaim(rec.Claimer)
+				rec.Claim = now + float64(p.cfg.Settings.RLS.TimeoutMs)/1000 + leaseClaimSlack
+				retake = &leaseCall{b: lc.b, seq: rec.Claimer, sent: now, want: left, exact: true, retake: true, pool: lc.pool}
+			default:
+				rec.Ramp = 0
+				rec.Retry = math.Max(rec.Retry, now+st.UntilReset)
+			}
+			return true
+		}
+		total := float64(st.Quota.Requests)
+		spent := lc.unspent - math.Min(rec.Tokens, lc.unspent) // since the report
+		rec.Tokens = math.Max(0, total-spent)
+		rec.Expiry = lc.sent + l.TTL
+		rec.Grant = grant
+		// The new tokens, if all the report was carried over (whole
+		// tokens are).
+		granted := total - math.Floor(lc.unspent)
+		empty := st.Code == rlscontract.CodeOverLimit || lc.want > 0 && granted < lc.want && st.LimitRemaining == 0
+		switch {
+		case empty:
+			// The global bucket is (about) empty: 429 locally until the
+			// next refill period, not a call per request.
+			rec.Ramp = 0
+			retry := rec.Hold
+			if st.Code == rlscontract.CodeOverLimit {
+				retry = math.Max(retry, now+st.UntilReset)
+			}
+			rec.Retry = math.Max(rec.Retry, retry)
+		case granted >= lc.want:
+			rec.Ramp = lc.unspent + lc.want
 		default:
-			leaseApplyGrant(rec, lc, st, grant, pp, now)
+			rec.Ramp = 0
 		}
 		return true
 	})
-	if !wrote || p.cfg.Settings.RLS == nil {
-		return nil // no service to send a retake to any more
+	if !wrote {
+		return nil
 	}
 	return retake
-}
-
-// leaseApplyTake applies the answer st to the exact take lc: its tokens
-// are the waiting requests' it was claimed for (Taken, TakenSeq). Refused
-// for more than the bucket had, but some, it claims a retake of what it
-// had (returned for the caller to send); refused otherwise, or a retake
-// granted, the bucket is known empty.
-func leaseApplyTake(rec *sharedstate.LeaseRecord, lc *leaseCall, st *rlscontract.Status, pp leaseParams, now float64) (retake *leaseCall) {
-	left := float64(st.LimitRemaining)
-	rec.Ramp = 0
-	switch {
-	case st.Code != rlscontract.CodeOverLimit:
-		rec.Taken, rec.TakenSeq = lc.want, lc.pool
-		rec.Ramp = lc.want
-		if lc.retake {
-			// The bucket had less than the waiting requests needed, and
-			// now has nothing: the rest get 429 until the period ends.
-			rec.Ramp = 0
-			retry := rec.Hold
-			if retry <= now {
-				retry = now + pp.tick
-			}
-			rec.Retry = math.Max(rec.Retry, retry)
-		}
-	case !lc.retake && left >= 1 && left < lc.want:
-		rec.Claimer = nextClaim(rec.Claimer)
-		rec.Claim = now + pp.timeout + leaseClaimSlack
-		return &leaseCall{b: lc.b, seq: rec.Claimer, sent: now, want: left, exact: true, retake: true, pool: lc.pool}
-	default:
-		rec.Retry = math.Max(rec.Retry, now+st.UntilReset)
-	}
-	return nil
-}
-
-// leaseApplyGrant applies the grant (id grant) answering the lease
-// request lc: the proxy holds its whole amount less what it spent since
-// the report, until the send time plus the ttl. A grant short of the ask
-// with nothing left, or OVER_LIMIT, makes the bucket known empty until
-// the refill period ends (or the service's reset); a grant in full lets
-// the next request's call go out at once (Ramp).
-func leaseApplyGrant(rec *sharedstate.LeaseRecord, lc *leaseCall, st *rlscontract.Status, grant uint64, pp leaseParams, now float64) {
-	total := float64(st.Quota.Requests)
-	spent := lc.unspent - math.Min(rec.Tokens, lc.unspent) // since the report
-	rec.Tokens = math.Max(0, total-spent)
-	rec.Expiry = lc.sent + pp.ttl
-	rec.Grant = grant
-	// The new tokens, if all the report was carried over (whole tokens
-	// are).
-	granted := total - math.Floor(lc.unspent)
-	empty := st.Code == rlscontract.CodeOverLimit || lc.want > 0 && granted < lc.want && st.LimitRemaining == 0
-	switch {
-	case empty:
-		// The global bucket is (about) empty: 429 locally until the next
-		// refill period, not a call per request.
-		rec.Ramp = 0
-		retry := rec.Hold
-		if st.Code == rlscontract.CodeOverLimit {
-			retry = math.Max(retry, now+st.UntilReset)
-		}
-		rec.Retry = math.Max(rec.Retry, retry)
-	case granted >= lc.want:
-		rec.Ramp = lc.unspent + lc.want
-	default:
-		rec.Ramp = 0
-	}
 }

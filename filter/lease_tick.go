@@ -37,6 +37,7 @@ const (
 // leaseBucket is a bucket this worker has seen and whose allowance its ticks
 // look after (shared data cannot be listed).
 type leaseBucket struct {
+	_    incomparable
 	r    *rule
 	key  string // the allowance key, tl:{rule}:{composite}
 	comp string // the composite key sent to the service
@@ -305,24 +306,50 @@ func leaseDecide(rec sharedstate.LeaseRecord, pp leaseParams, now float64, urgen
 	case urgent && now < rec.Hold, !urgent && now < rec.Hold-0.1*pp.tick:
 		return leaseKeep, 0, rec
 	}
-	var act leaseAction
-	var want float64
-	if urgent {
-		act, want = leaseUrgent(&rec, pp, now)
-	} else {
-		act, want = leasePeriodic(&rec, pp, now)
-	}
-	switch act {
-	case leaseKeep, leaseForget:
+	u := rec.Spendable(now)
+	live := rec.Grant != 0 && now < rec.Expiry
+	warm := live || rec.Ramp > 0 && now < rec.Hold
+	target := leaseSize(&rec, pp, now)
+	horizon := pp.tick + leaseRTT(&rec, pp.timeout)
+	demand := rec.Used > 0
+	idle := now - rec.Since
+	act, want := leaseKeep, 0.0
+	switch {
+	case urgent && rec.Wait > 0 && (!warm || rec.Wait > pp.max):
+		if rec.Taken > 0 && now < rec.Hold {
+			// The last take's tokens are still some waiting requests'
+			// (other workers resume them at their next tick): one take
+			// at a time.
+			return leaseKeep, 0, rec
+		}
+		act, want = leaseExact, ceilTokens(rec.Wait)
+	case urgent:
+		target = math.Min(math.Max(target, 2*rec.Ramp), pp.max)
+		act, want = leaseRenew, math.Max(1, ceilTokens(target-u))
+	case !live && !pp.shadow:
+		// Holding no lease: requests that find nothing wait, and their
+		// calls take what they need.
+		if idle >= leaseIdleForgetFactor*pp.ttl {
+			act = leaseForget
+		}
 		return act, 0, rec
-	case leaseRoll:
+	case demand && (u < target || rec.Expiry-now < horizon+pp.tick):
+		// Demand the allowance will not cover, or an allowance that would
+		// expire before the next call could renew it.
+		act, want = leaseRenew, math.Max(0, ceilTokens(target-u))
+	case demand && idle >= pp.tick:
 		// Enough held: the demand window starts again, so that the next
 		// refill is sized from recent demand, and an idle bucket is seen
 		// idle.
 		rec.Used, rec.Since = 0, now
-		return act, 0, rec
+		return leaseRoll, 0, rec
+	case !demand && u > 0 && idle >= pp.ttl/2:
+		act = leaseRelease
+	case !demand && u == 0 && idle >= leaseIdleForgetFactor*pp.ttl:
+		return leaseForget, 0, rec
+	default:
+		return leaseKeep, 0, rec
 	}
-	u := rec.Spendable(now)
 	rec.Claimer = nextClaim(rec.Claimer)
 	rec.Claim = now + pp.timeout + leaseClaimSlack
 	rec.Hold = now + pp.tick
@@ -334,56 +361,6 @@ func leaseDecide(rec sharedstate.LeaseRecord, pp leaseParams, now float64, urgen
 		rec.Tokens, rec.Expiry = 0, 0
 	}
 	return act, want, rec
-}
-
-// leaseUrgent chooses the call requests wait for: an exact take of their
-// cost when the bucket is cold or they need more than lease_max, else a
-// lease request for at least twice the last full grant's aim.
-func leaseUrgent(rec *sharedstate.LeaseRecord, pp leaseParams, now float64) (leaseAction, float64) {
-	live := rec.Grant != 0 && now < rec.Expiry
-	warm := live || rec.Ramp > 0 && now < rec.Hold
-	if rec.Wait > 0 && (!warm || rec.Wait > pp.max) {
-		if rec.Taken > 0 && now < rec.Hold {
-			// The last take's tokens are still some waiting requests'
-			// (other workers resume them at their next tick): one take
-			// at a time.
-			return leaseKeep, 0
-		}
-		return leaseExact, ceilTokens(rec.Wait)
-	}
-	target := math.Min(math.Max(leaseSize(rec, pp, now), 2*rec.Ramp), pp.max)
-	return leaseRenew, math.Max(1, ceilTokens(target-rec.Spendable(now)))
-}
-
-// leasePeriodic chooses the periodic refill's action: renew a live grant
-// that demand will spend or that would expire before the next call could
-// renew it, roll the demand window when what is held covers it, release
-// what an idle bucket holds, forget a bucket empty and idle.
-func leasePeriodic(rec *sharedstate.LeaseRecord, pp leaseParams, now float64) (leaseAction, float64) {
-	u := rec.Spendable(now)
-	live := rec.Grant != 0 && now < rec.Expiry
-	target := leaseSize(rec, pp, now)
-	horizon := pp.tick + leaseRTT(rec, pp.timeout)
-	demand := rec.Used > 0
-	idle := now - rec.Since
-	switch {
-	case !live && !pp.shadow:
-		// Holding no lease: requests that find nothing wait, and their
-		// calls take what they need.
-		if idle >= leaseIdleForgetFactor*pp.ttl {
-			return leaseForget, 0
-		}
-		return leaseKeep, 0
-	case demand && (u < target || rec.Expiry-now < horizon+pp.tick):
-		return leaseRenew, math.Max(0, ceilTokens(target-u))
-	case demand && idle >= pp.tick:
-		return leaseRoll, 0
-	case !demand && u > 0 && idle >= pp.ttl/2:
-		return leaseRelease, 0
-	case !demand && u == 0 && idle >= leaseIdleForgetFactor*pp.ttl:
-		return leaseForget, 0
-	}
-	return leaseKeep, 0
 }
 
 // leaseTick looks after one bucket (leaseDecide) and reports whether to
@@ -416,3 +393,9 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 	p.leaseDispatch(lc, rec.Grant, now)
 	return true
 }
+
+// incomparable, as a struct's first field (where it takes no room), makes
+// the struct not comparable, as net/http's does: the compiler then
+// generates no equality function for it. Lease mode never compares its
+// structs, and each such function costs the module a few hundred bytes.
+type incomparable [0]func()
