@@ -353,21 +353,37 @@ func TestTakeAllocs(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("got %v allocations per Take, want 0", n)
 	}
+	r := Limit{Rate: 10, Burst: 1, MaxDebt: 50, Reserve: 50}
+	s = State{Tokens: -10, Last: t0}
+	if n := testing.AllocsPerRun(1000, func() {
+		now += 0.1
+		var res Result
+		s, res = r.Take(s, now, 1)
+		_ = r.Delay(res)
+	}); n != 0 {
+		t.Errorf("got %v allocations per Take into a reservation, want 0", n)
+	}
 }
 
 func FuzzTake(f *testing.F) {
-	f.Add(10.0, 50.0, 3.0, t0, t0+0.5, 1.0)
-	f.Add(0.1, 1.0, 0.0, t0, t0-0.5, 1.0)
-	f.Add(1.0, 5.0, 2.0, t0, t0-100, 0.5)
-	f.Add(1.0, 5.0, math.NaN(), math.Inf(1), t0, 6.0)
-	f.Fuzz(func(t *testing.T, rate, burst, tokens, last, now, cost float64) {
-		l := Limit{Rate: rate, Burst: burst}
+	f.Add(10.0, 50.0, 3.0, t0, t0+0.5, 1.0, 0.0, 0.0)
+	f.Add(0.1, 1.0, 0.0, t0, t0-0.5, 1.0, 0.0, 0.0)
+	f.Add(1.0, 5.0, 2.0, t0, t0-100, 0.5, 0.0, 0.0)
+	f.Add(1.0, 5.0, math.NaN(), math.Inf(1), t0, 6.0, 0.0, 0.0)
+	f.Add(10.0, 1.0, -3.0, t0, t0+0.1, 1.0, 5.0, 5.0)
+	f.Add(10.0, 1.0, -9.0, t0, t0, 1.0, 6.0, 2.0)
+	f.Add(1.0, 1.0, 0.09, t0, t0, 0.39, 0.3, 0.3)
+	f.Fuzz(func(t *testing.T, rate, burst, tokens, last, now, cost, maxDebt, reserve float64) {
+		l := Limit{Rate: rate, Burst: burst, MaxDebt: maxDebt, Reserve: reserve}
 		refilled := l.Refill(State{Tokens: tokens, Last: last}, now)
 		s, r := l.Take(State{Tokens: tokens, Last: last}, now, cost)
-		capacity := l.burst()
+		capacity, floor, res := l.burst(), -l.debt(), l.reserve()
+		if !(res >= 0 && res <= -floor) {
+			t.Fatalf("reservation %v outside [0, MaxDebt %v]", res, -floor)
+		}
 		for _, x := range []float64{s.Tokens, r.Tokens, refilled.Tokens} {
-			if math.IsNaN(x) || x < 0 || x > capacity {
-				t.Fatalf("tokens %v outside [0, %v]: state %+v result %+v", x, capacity, s, r)
+			if math.IsNaN(x) || x < floor || x > capacity {
+				t.Fatalf("tokens %v outside [%v, %v]: state %+v result %+v", x, floor, capacity, s, r)
 			}
 		}
 		if s.Tokens != r.Tokens {
@@ -376,9 +392,16 @@ func FuzzTake(f *testing.F) {
 		if math.Float64bits(s.Last) != math.Float64bits(refilled.Last) {
 			t.Fatalf("take last %v != refill last %v", s.Last, refilled.Last)
 		}
+		delay := l.Delay(r)
+		if math.IsNaN(delay) || delay < 0 || delay > 0 && res == 0 {
+			t.Fatalf("delay %v with reservation %v: result %+v", delay, res, r)
+		}
 		if r.Allowed {
 			if r.RetryAfter != 0 {
 				t.Fatalf("allowed with RetryAfter %v", r.RetryAfter)
+			}
+			if s.Tokens < -res {
+				t.Fatalf("allowed into %v tokens, below the reservation %v", s.Tokens, res)
 			}
 		} else {
 			if s.Tokens != refilled.Tokens {
@@ -388,13 +411,33 @@ func FuzzTake(f *testing.F) {
 				t.Fatalf("rejected with RetryAfter %v", r.RetryAfter)
 			}
 		}
-		if back := l.Refund(s, now, cost); math.IsNaN(back.Tokens) || back.Tokens < 0 || back.Tokens > capacity {
+		if back := l.Refund(s, now, cost); math.IsNaN(back.Tokens) || back.Tokens < floor || back.Tokens > capacity {
 			t.Fatalf("refund gives %v tokens", back.Tokens)
+		}
+		if c := l.Charge(s, now, cost); math.IsNaN(c.Tokens) || c.Tokens < floor || c.Tokens > capacity {
+			t.Fatalf("charge gives %v tokens", c.Tokens)
 		}
 		if ra := l.ResetAfter(s.Tokens); math.IsNaN(ra) || ra < 0 {
 			t.Fatalf("ResetAfter %v", ra)
 		}
 	})
+}
+
+// BenchmarkTakeReserved is BenchmarkTake admitting into a reservation: the
+// bucket stays in debt and every Take reports a Delay.
+func BenchmarkTakeReserved(b *testing.B) {
+	l := Limit{Rate: 1e6, Burst: 1, MaxDebt: 1e6, Reserve: 1e6}
+	s := State{Tokens: -1e5, Last: t0}
+	now := t0
+	b.ReportAllocs()
+	for b.Loop() {
+		now += 1e-6
+		var r Result
+		s, r = l.Take(s, now, 1)
+		if l.Delay(r) <= 0 {
+			b.Fatalf("no delay: %+v", r)
+		}
+	}
 }
 
 func BenchmarkTake(b *testing.B) {

@@ -23,8 +23,11 @@ type Delay struct {
 	RefundOnCancel bool
 
 	// Debt is the effective reservation, in tokens: MaxReserved, capped by
-	// MaxDelayMs × rate. The filter stores a reserving rule's balance
-	// shifted up by it (the stored state holds no negative balance).
+	// MaxDelayMs × rate (250 ms at 10/s caps a max_reserved of 5 at 2.5);
+	// 0 for a rule that does not reserve. Parse puts it in the rule's
+	// Limit as Reserve and MaxDebt, the bucket's own debt, so the stored
+	// balance of a reserving rule is the true one, negative while in debt
+	// (docs/configuration.md, "Delayed admission").
 	Debt float64
 }
 
@@ -84,5 +87,11 @@ func delayConfig(path string, v ljson.Result, r *Rule) error {
 		return errAt(path+".max_reserved", "burst + max_reserved must be <= "+num(maxBurst)+", got "+num(r.Limit.Burst+d.MaxReserved))
 	}
 	r.Delay = d
+	if d.Debt > 0 {
+		// The bucket's own debt: Take may leave the balance down to
+		// -Debt, which is also its floor (no settlement can share it:
+		// settleConfig refuses the combination).
+		r.Limit.Reserve, r.Limit.MaxDebt = d.Debt, d.Debt
+	}
 	return nil
 }

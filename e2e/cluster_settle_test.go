@@ -128,7 +128,7 @@ func testClusterSettle(t *testing.T, protocol string) {
 	settled := func(key, tokens string, wantCalls uint64) {
 		t.Helper()
 		var got string
-		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 			if got = redisTokens(t, redis, key); got == tokens {
 				break
 			}

@@ -27,7 +27,7 @@ func TestDelayWithCluster(t *testing.T) {
 	  {"name":"c","scope":"cluster","algorithm_config":{"rps":0.001,"burst":2}}],
 	  "settings":{"rls":{"cluster":"ratelimit","timeout_ms":2000,"on_error":"deny"}}}`
 	redis := redistest.Start(t)
-	rls := startTokengateRLS(t, cfg, redis.Addr, "-redis-timeout", "500ms")
+	rls := startTokengateRLS(t, cfg, redis.Addr)
 	cls, err := envoyconf.Clusters([]byte(rlsBootstrap(rls.Addr)))
 	if err != nil {
 		t.Fatal(err)

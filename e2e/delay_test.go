@@ -115,10 +115,10 @@ func (r *delayRig) metric(name string) uint64 {
 	return v
 }
 
-// until waits, at most 10 s, for cond.
+// until waits for cond, at most 30 s (a bound for a hang, not a speed).
 func (r *delayRig) until(what string, cond func() bool) {
 	r.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			r.t.Fatalf("timed out waiting for %s", what)
@@ -457,7 +457,7 @@ func TestDelayOwnTimer(t *testing.T) {
 	if held == 0 || statuses[200]+statuses[429] != 100 || uint64(statuses[200]) < held {
 		t.Errorf("statuses %v with %d held: every request must end 200 or 429, the held ones 200", statuses, held)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for w := range h.Workers() {
 		for h.TickPeriod(w) != 0 {
 			if time.Now().After(deadline) {

@@ -32,14 +32,14 @@ type fleet struct {
 }
 
 // startFleet starts Redis, tokengate-rls with cfg, and n proxies with cfg
-// whose "ratelimit" cluster is the service. The service's Redis timeout is
-// raised from its 25 ms to 1 s: these tests count decisions, and on a
-// loaded machine a Redis round trip can take longer than 25 ms
-// (TestFleetFaults keeps the default).
+// whose "ratelimit" cluster is the service. The service has
+// startTokengateRLS's generous Redis timeout, not the product's 25 ms:
+// these tests count decisions, and on a loaded machine a Redis round trip
+// can take longer than 25 ms (TestFleetFaults sets its own).
 func startFleet(t *testing.T, cfg string, n int) *fleet {
 	t.Helper()
 	f := &fleet{redis: redistest.Start(t)}
-	f.rls = startTokengateRLS(t, cfg, f.redis.Addr, "-redis-timeout", "1s")
+	f.rls = startTokengateRLS(t, cfg, f.redis.Addr)
 	for range n {
 		h, srv := startClusterHost(t, cfg, rlsBootstrap(f.rls.Addr), 2)
 		f.hosts = append(f.hosts, h)
@@ -437,20 +437,25 @@ func TestFleetShadow(t *testing.T) {
 }
 
 // TestFleetFaults: the service down, frozen (slower than timeout_ms), its
-// Redis down and its Redis slow (DEBUG SLEEP, longer than the service's
-// Redis timeout). Each request follows on_error, none waits past the
+// Redis down and its Redis slow (frozen, slower than the service's Redis
+// timeout). Each request follows on_error, none waits past the
 // timeout (plus callSlack, and before a fault the test ends is over), and
 // nothing is admitted past the limit: deny admits none, local exactly its
 // shared-data burst.
 func TestFleetFaults(t *testing.T) {
-	// Long enough that a loaded machine does not turn the healthy phase
-	// into errors (the service's Redis timeout below it); every fault
-	// below answers at once or costs one timeout.
-	const timeoutMs = 300
+	// Long enough that no healthy round trip on a loaded machine comes
+	// near them (the healthy phase must not turn into errors); every
+	// fault below answers at once or costs one timeout, and where a fault
+	// lasts (a frozen Redis, a frozen service) it lasts until the test
+	// ends it, so which timeout fires first, and when, does not change
+	// the answers: the service's Redis timeout (below the filter's, so
+	// the service usually answers UNAVAILABLE) and the filter's both lead
+	// to on_error.
+	const timeoutMs = 2000
 	bound := timeoutMs*time.Millisecond + callSlack
 	cfg := func(onError string) string { return fleetRule("f", "cluster", 0.001, 2, onError, timeoutMs) }
 	redis := redistest.Start(t)
-	rls := startTokengateRLS(t, cfg("deny"), redis.Addr, "-redis-timeout", "250ms")
+	rls := startTokengateRLS(t, cfg("deny"), redis.Addr, "-redis-timeout", "1500ms")
 	proxies := map[string]string{}
 	for _, oe := range []string{"allow", "deny", "local"} {
 		_, srv := startClusterHost(t, cfg(oe), rlsBootstrap(rls.Addr), 2)
@@ -509,42 +514,17 @@ func TestFleetFaults(t *testing.T) {
 		}
 	}
 	t.Run("redis slow", func(t *testing.T) {
-		// DEBUG SLEEP blocks Redis for 4 s, far past the service's 250 ms
-		// Redis timeout and the filter's 300 ms: the service answers
-		// UNAVAILABLE, and every request must be answered before Redis
-		// wakes up.
-		slept := make(chan error, 1)
-		written := make(chan struct{})
-		go func() { slept <- debugSleep(redis.Addr, 4, written) }()
-		<-written
-		asleep := func() bool {
-			select {
-			case err := <-slept:
-				slept <- err
-				return false
-			default:
-				return true
-			}
-		}
-		// The command is sent; Redis sleeps once a probe on the deny
-		// proxy answers 503.
-		for {
-			code, err := tryGet(proxies["deny"]+"/", map[string]string{"x-api-key": "slow-probe"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if code == http.StatusServiceUnavailable {
-				break
-			}
-			if !asleep() {
-				t.Fatalf("DEBUG SLEEP ended (%v) before a request failed", <-slept)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		check(t, "redis-slow", 4, asleep)
-		if err := <-slept; err != nil {
-			t.Errorf("DEBUG SLEEP: %v", err)
-		}
+		// Redis frozen (SIGSTOP, certainly stopped before a request is
+		// sent) until the test thaws it: it accepts connections and
+		// answers nothing, slower than the service's Redis timeout and the
+		// filter's, however long the requests take. The service answers
+		// UNAVAILABLE, and every request must be answered while Redis is
+		// still frozen.
+		redis.Freeze()
+		var frozen atomic.Bool
+		frozen.Store(true)
+		defer func() { frozen.Store(false); redis.Thaw() }()
+		check(t, "redis-slow", 4, frozen.Load)
 	})
 	t.Run("redis down", func(t *testing.T) {
 		redis.Kill()
@@ -552,8 +532,8 @@ func TestFleetFaults(t *testing.T) {
 		check(t, "redis-down", 4, nil)
 	})
 	t.Run("service frozen", func(t *testing.T) {
-		rls.Freeze()
-		frozen := atomic.Bool{}
+		rls.Freeze(t) // returns once the service is certainly stopped
+		var frozen atomic.Bool
 		frozen.Store(true)
 		defer func() { frozen.Store(false); rls.Thaw() }()
 		check(t, "frozen", 3, frozen.Load)
@@ -572,9 +552,12 @@ func TestFleetFaults(t *testing.T) {
 // counts a decision for it, no error is counted, and the proxy goes on
 // deciding. The service did decide the gone request: its token is spent.
 func TestFleetClientLeavesWhilePaused(t *testing.T) {
-	cfg := fleetRule("left", "cluster", 0.001, 2, "allow", 2000)
+	// A call timeout far longer than a client's request takes to be
+	// abandoned and the service thawed, however loaded the machine: only
+	// the last case waits for it to fire (with the service still frozen).
+	cfg := fleetRule("left", "cluster", 0.001, 2, "allow", 5000)
 	redis := redistest.Start(t)
-	rls := startTokengateRLS(t, cfg, redis.Addr, "-redis-timeout", "1s")
+	rls := startTokengateRLS(t, cfg, redis.Addr)
 	h, srv := startClusterHost(t, cfg, rlsBootstrap(rls.Addr), 1)
 	waitInFlight := func(t *testing.T, streams, callouts int) {
 		t.Helper()
@@ -595,7 +578,7 @@ func TestFleetClientLeavesWhilePaused(t *testing.T) {
 	// call still pending.
 	leave := func(t *testing.T, key string) {
 		t.Helper()
-		rls.Freeze()
+		rls.Freeze(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/", nil)
 		req.Header.Set("x-api-key", key)
@@ -651,7 +634,7 @@ func TestFleetClientLeavesWhilePaused(t *testing.T) {
 	t.Run("timeout after the client left", func(t *testing.T) {
 		before := counters()
 		leave(t, "k3")
-		waitInFlight(t, 0, 0) // still frozen: the call's 2 s timeout reports
+		waitInFlight(t, 0, 0) // still frozen: the call's 5 s timeout reports
 		rls.Thaw()
 		if got := counters(); got != before {
 			t.Errorf("counters %v -> %v for a failed call of a gone stream, want unchanged (no rls_error, no fail_open)", before, got)

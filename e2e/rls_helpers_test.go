@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/tokengate/tokengate/internal/envoyconf"
 	"github.com/tokengate/tokengate/internal/envoyrl"
+	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/wasmbuild"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
@@ -196,9 +195,19 @@ type rlsProc struct {
 	waitErr     error // the exit status, once done is closed
 }
 
+// testRedisTimeout is the -redis-timeout the tests give tokengate-rls
+// unless they pass their own: not the product's 25 ms, which a loaded
+// machine exceeds (a settlement or a decision would then fail and the
+// test count the wrong tokens), but a bound no healthy round trip comes
+// near. A test about the Redis timeout passes its own -redis-timeout, and
+// makes Redis slow deterministically (a frozen or killed Redis), so its
+// verdict does not depend on the machine's speed either.
+const testRedisTimeout = "5s"
+
 // startTokengateRLS runs tokengate-rls with the plugin configuration cfg on
 // Redis at redisAddr (host:port), on free loopback ports, until the test
-// ends; it returns once /ready answers 200.
+// ends; it returns once /ready answers 200. Its -redis-timeout is
+// testRedisTimeout unless extra sets one (a later flag wins).
 func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rlsProc {
 	t.Helper()
 	bin := tokengateRLS(t)
@@ -207,7 +216,8 @@ func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rl
 		t.Fatal(err)
 	}
 	p := &rlsProc{Addr: freeAddr(t), Admin: freeAddr(t), out: &syncBuffer{}, done: make(chan struct{})}
-	args := append([]string{"-config", path, "-redis", redisAddr, "-listen", p.Addr, "-admin", p.Admin}, extra...)
+	args := append([]string{"-config", path, "-redis", redisAddr, "-listen", p.Addr, "-admin", p.Admin,
+		"-redis-timeout", testRedisTimeout}, extra...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
@@ -262,12 +272,20 @@ func (p *rlsProc) Stop() error {
 	return p.waitErr
 }
 
-// Freeze stops the process with SIGSTOP: its sockets accept connections
-// but nothing answers, a service slower than any timeout. Thaw resumes it.
-func (p *rlsProc) Freeze() { _ = p.cmd.Process.Signal(syscall.SIGSTOP) }
+// Freeze stops the process with SIGSTOP and returns once all its threads
+// are stopped: its sockets accept connections but nothing answers, a
+// service slower than any timeout, however slow the machine (a bare
+// SIGSTOP lets it run on, and answer, until the signal is handled). Thaw
+// resumes it.
+func (p *rlsProc) Freeze(t testing.TB) {
+	t.Helper()
+	if err := redistest.Freeze(p.cmd.Process); err != nil {
+		t.Fatalf("freezing tokengate-rls: %v", err)
+	}
+}
 
 // Thaw resumes a frozen process.
-func (p *rlsProc) Thaw() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }
+func (p *rlsProc) Thaw() { _ = redistest.Thaw(p.cmd.Process) }
 
 // freeAddr returns "127.0.0.1:port" for a port free a moment ago (the
 // programs under test take addresses, not listeners), below the ephemeral
@@ -294,40 +312,4 @@ func tryGet(url string, headers map[string]string) (int, error) {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode, nil
-}
-
-// debugSleep runs DEBUG SLEEP secs on the Redis at addr on a connection of
-// its own and returns when Redis answers (redistest's client gives up
-// after 5 s). written, if not nil, is closed once the command is sent.
-func debugSleep(addr string, secs int, written chan<- struct{}) error {
-	sent := false
-	if written != nil {
-		defer func() {
-			if !sent {
-				close(written) // failed: do not leave the caller waiting
-			}
-		}()
-	}
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	n := strconv.Itoa(secs)
-	if _, err := fmt.Fprintf(c, "*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$%d\r\n%s\r\n", len(n), n); err != nil {
-		return err
-	}
-	if written != nil {
-		sent = true
-		close(written)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(time.Duration(secs)*time.Second + 30*time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if line != "+OK\r\n" {
-		return fmt.Errorf("DEBUG SLEEP: %q", line)
-	}
-	return nil
 }

@@ -39,7 +39,7 @@ func TestJSONProtocolBootstrap(t *testing.T) {
 // on_error applies.
 func TestFilterJSONAgainstTokengateRLS(t *testing.T) {
 	redis := redistest.Start(t)
-	rls := startTokengateRLS(t, jsonRule("json", 3, "deny"), redis.Addr, "-redis-timeout", "1s")
+	rls := startTokengateRLS(t, jsonRule("json", 3, "deny"), redis.Addr)
 	_, srv := startClusterHost(t, jsonRule("json", 3, "deny"), rlsBootstrapHTTP1(rls.Admin), 2)
 	var codes []int
 	var last *http.Response

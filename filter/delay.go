@@ -16,12 +16,12 @@ import (
 // released from the root context's proxy_on_tick, through a timer heap kept
 // per plugin (one per worker VM).
 //
-// The stored state cannot hold a negative balance ("tokens:last" is
-// unsigned), so a reserving rule's bucket is stored shifted by its debt: its
-// shared-data bucket has capacity burst+debt and holds the true balance plus
-// debt. bucket.Limit.Take on the shifted bucket then admits exactly the
-// requests that fit the reservation, atomically, and a rejection's
-// RetryAfter is the time until the request would fit it again.
+// The reservation is the bucket's own (bucket.Limit.Reserve, set with
+// MaxDebt by delayConfig): Take admits exactly the requests that fit it, in
+// the same compare-and-swap as any other bucket, the stored balance is the
+// true one (negative while in debt, as a settled debt is), a rejection's
+// RetryAfter is the time until the request would fit the reservation again,
+// and bucket.Limit.Delay is the wait an admission leaves.
 
 // Ticker is implemented by hosts with a per-worker timer
 // (proxy_set_tick_period_milliseconds); the timer calls Plugin.OnTick.
@@ -154,30 +154,22 @@ func (p *Plugin) Waiting() int { return len(p.delays.h) }
 // (0: no tick).
 func (p *Plugin) TickPeriod() uint32 { return p.delays.period }
 
-// shift returns the limit r's requests are stored under: its burst grown by
-// the reservation.
-func (r *rule) shift(l bucket.Limit) bucket.Limit {
-	l.Burst += r.Delay.Debt
-	return l
-}
-
-// unshift turns the results of g's reserving buckets back into true
-// balances (never below 0 for the headers) and returns the longest wait,
-// in seconds, the admission left (0 unless a bucket went into debt) and
-// the index of the rule whose debt makes it (-1 for none).
-func unshift(g *group) (float64, int) {
+// reservationWait returns the longest wait, in seconds, the admission of
+// g's requests left (bucket.Limit.Delay: 0 unless a bucket was taken into
+// its reservation) and the index of the rule whose reservation makes it (-1
+// for none). It reports the balance of reserving buckets in debt as 0 (for
+// the headers and logs): what is left for the next request.
+func reservationWait(g *group) (float64, int) {
 	wait, by := 0.0, -1
 	for i, r := range g.rules {
-		d := r.Delay.Debt
-		if d == 0 {
+		if r.Delay.Debt == 0 {
 			continue
 		}
 		res := &g.res[i]
-		t := res.Tokens - d
-		if w := -t / r.Limit.Rate; res.Allowed && t < 0 && w > wait {
+		if w := r.Limit.Delay(*res); w > wait {
 			wait, by = w, i
 		}
-		res.Tokens = math.Max(t, 0)
+		res.Tokens = math.Max(res.Tokens, 0)
 	}
 	return wait, by
 }

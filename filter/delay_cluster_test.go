@@ -23,8 +23,8 @@ func delayClusterFixture(t *testing.T, maxPending int) *fixture {
 	return newFixture(t, strings.Replace(delayClusterCfg, "PENDING", strconv.Itoa(maxPending), 1))
 }
 
-// gStored returns the stored balance of rule g's bucket (shifted by its
-// reservation: the true balance + 5).
+// gStored returns the stored balance of rule g's bucket (negative while in
+// debt).
 func gStored(t *testing.T, f *fixture) string {
 	t.Helper()
 	for _, e := range f.h.Store.(*sharedstatetest.Store).Snapshot("tb:g:") {
@@ -101,7 +101,7 @@ func TestDelayWithCluster(t *testing.T) {
 		f := delayClusterFixture(t, 1)
 		f.h.Start(f.p, req)
 		f.h.Deliver(f.p, f.h.Calls[0].Token, clusterOK)
-		before := gStored(t, f) // 5: the true balance 0
+		before := gStored(t, f) // 0
 		f.h.Start(f.p, req)
 		if got := gStored(t, f); got == before {
 			t.Fatalf("stored %s: the local reservation was not taken", got)

@@ -3,6 +3,7 @@ package filter_test
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -81,8 +82,8 @@ func TestDelayNginxEquivalence(t *testing.T) {
 	}
 	// Released requests are never re-checked: the bucket is where the six
 	// admissions left it, refilled by 0.5 s.
-	if tokens, _ := f.state("tb:g:"); tokens != 0 {
-		t.Errorf("stored %v tokens, want 0: balance -5, stored shifted by max_reserved 5", tokens)
+	if tokens, _ := f.state("tb:g:"); tokens != -5 {
+		t.Errorf("stored %v tokens, want -5: the balance, in debt by max_reserved 5", tokens)
 	}
 }
 
@@ -174,9 +175,9 @@ func TestDelayGoneStreamNotContinued(t *testing.T) {
 	if got := f.counter("g", filter.CounterDelayCancelled); got != 1 {
 		t.Errorf("delay_cancelled = %d, want 1", got)
 	}
-	// Stored 2 at the start (balance -3), +2 refilled, +1 refunded.
-	if tokens, last := f.state("tb:g:"); tokens != 5 || last != epoch+0.2 {
-		t.Errorf("stored %v at %+v, want 5 at +0.2", tokens, last-epoch)
+	// Balance -3 at the start, +2 refilled, +1 refunded.
+	if tokens, last := f.state("tb:g:"); tokens != 0 || last != epoch+0.2 {
+		t.Errorf("stored %v at %+v, want 0 at +0.2", tokens, last-epoch)
 	}
 	f.now = epoch + 1
 	if got := f.h.Tick(f.p); !slices.Equal(got, []uint32{4}) {
@@ -196,12 +197,12 @@ func TestDelayLimits(t *testing.T) {
 		held     int // of requests 2..7
 		retry    string
 		rejected int
-		stored   float64 // balance + reservation
+		stored   float64 // the balance
 	}{
-		{name: "max_pending", extra: `,"max_pending":2`, held: 2, retry: "1", rejected: 4, stored: 3},
+		{name: "max_pending", extra: `,"max_pending":2`, held: 2, retry: "1", rejected: 4, stored: -2},
 		// 250 ms at 10/s caps the debt at 2.5 tokens: waits of 100 and 200
 		// ms fit, 300 ms does not.
-		{name: "max_delay_ms", extra: `,"max_delay_ms":250`, held: 2, retry: "1", rejected: 4, stored: 0.5},
+		{name: "max_delay_ms", extra: `,"max_delay_ms":250`, held: 2, retry: "1", rejected: 4, stored: -2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -416,7 +417,7 @@ func TestDelayConfig(t *testing.T) {
 
 // TestDelayHeldHeaders: a held request's response gets RateLimit headers
 // that say nothing is left and when the bucket is full again (the debt
-// paid back and the burst refilled), not the shifted balance.
+// paid back and the burst refilled), not the negative balance.
 func TestDelayHeldHeaders(t *testing.T) {
 	f := delayFixture(t, "")
 	f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
@@ -487,5 +488,55 @@ func TestDelaySlotted(t *testing.T) {
 	f.h.End(held, 4) // the second held request of 192.0.2.1 leaves: refunded
 	if _, res := f.h.Start(f.p, from("192.0.2.1")); res.RequestAction != filter.Pause || res.Local != nil {
 		t.Errorf("after the refund: status %d, want held", res.Status())
+	}
+}
+
+// TestDelayShiftedStateUpgrade pins what a value stored by the older code,
+// which kept a reserving rule's balance shifted up by its reservation
+// (capacity burst + 5, true balance + 5), means after an upgrade: it reads
+// as the true balance, clamped to the burst, so the new code over-admits by
+// at most the reservation, and a key at rest (full) is decided exactly
+// (docs/configuration.md, "Delayed admission").
+func TestDelayShiftedStateUpgrade(t *testing.T) {
+	const reservation = 5
+	tests := []struct {
+		name    string
+		old     string   // tokens stored by the shifted code, at epoch
+		want    []string // 7 requests at once
+		truth   int      // requests the true balance (old - 5) admits
+		balance float64  // stored afterwards: the floor, -reservation
+	}{
+		{"full: exact", "6.000000", []string{"200", "held", "held", "held", "held", "held", "429"}, 6, -5},
+		{"balance 0: one token over", "5.000000", []string{"200", "held", "held", "held", "held", "held", "429"}, 5, -5},
+		{"in debt 3: four over", "2.000000", []string{"200", "held", "held", "held", "held", "held", "429"}, 2, -5},
+		{"at the reservation: the reservation over", "0.000000", []string{"held", "held", "held", "held", "held", "429", "429"}, 0, -5},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := delayFixture(t, "")
+			f.put("tb:g:", tc.old+":"+strconv.FormatFloat(epoch, 'f', 6, 64))
+			var got []string
+			admitted := 0
+			for range 7 {
+				_, res := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+				switch {
+				case res.Status() == 429:
+					got = append(got, "429")
+				case res.RequestAction == filter.Pause:
+					got, admitted = append(got, "held"), admitted+1
+				default:
+					got, admitted = append(got, "200"), admitted+1
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+			if over := admitted - tc.truth; over < 0 || over > reservation {
+				t.Errorf("admitted %d, the true balance admits %d: over-admission %d outside [0, %d]", admitted, tc.truth, over, reservation)
+			}
+			if tokens, _ := f.state("tb:g:"); tokens != tc.balance {
+				t.Errorf("stored %v tokens afterwards, want %v", tokens, tc.balance)
+			}
+		})
 	}
 }

@@ -460,7 +460,7 @@ func (p *Plugin) add(r *rule, req *request) bool {
 		g = &p.rc.shadow
 	}
 	g.rules = append(g.rules, r)
-	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.shift(r.Limit), Cost: costOf(&r.Cost, req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
+	g.reqs = append(g.reqs, sharedstate.Request{Limit: r.Limit, Cost: costOf(&r.Cost, req), Slotted: r.MaxKeys > 0 && r.Lease == nil})
 	if r.WindowStart != config.WindowAligned {
 		g.reqs[len(g.reqs)-1].Limit.Offset = r.windowOffset(p.rc.vals[start:])
 	}
@@ -548,7 +548,7 @@ func (p *Plugin) take(g *group, now float64) sharedstate.Outcome {
 	}
 	g.res = g.res[:len(g.reqs)]
 	out := p.upd.TakeAll(g.reqs, now, g.res)
-	p.rc.wait, p.rc.waitRule = unshift(g)
+	p.rc.wait, p.rc.waitRule = reservationWait(g)
 	p.metrics.corrupt.inc(p.host, int64(out.Corrupt))
 	if out.Corrupt > 0 {
 		p.warnf(now, "event=corrupt_state rules="+ruleNames(g.rules)+" count="+strconv.Itoa(out.Corrupt)+" action=replaced_with_full_bucket")

@@ -55,8 +55,9 @@ func Quantize(now float64) float64 {
 // Tokens are floored to 6 decimals, never rounded up, so that storing a state
 // never admits more than it holds; NaN and infinite tokens are written as 0
 // (bucket.Limit never produces them). Negative tokens, a bucket in debt
-// (bucket.Limit.MaxDebt), are written with a leading '-', floored too (the
-// debt rounds up). From 2^53 micro-tokens
+// (bucket.Limit.MaxDebt: a settled cost, or an admission into a
+// reservation), are written with a leading '-', floored too (the debt rounds
+// up). From 2^53 micro-tokens
 // (about 9.007e9 tokens) on, tokens are floored to a whole number. Last is
 // formatted with strconv's 'f', 6 (rounded to the microsecond): pass a time
 // from Quantize for an exact round trip.

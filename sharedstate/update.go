@@ -171,6 +171,9 @@ type Updater struct {
 
 	buf  []byte    // encoding scratch
 	pend []pending // per-request scratch
+	// owners holds copies of the owners of slots shared after a live
+	// collision (pending.shared views them); reset by TakeAll.
+	owners []byte
 }
 
 // pending is what one attempt read and decided for one request.
@@ -182,14 +185,22 @@ type pending struct {
 
 	// For a slotted request: the slot key chosen, the owner to write, and
 	// how the slot was obtained.
-	key               string
-	owner             string
+	key   string
+	owner string
+	// shared, when not nil, is the owner to write instead of owner: the
+	// owner of a slot shared after a live collision, copied into
+	// Updater.owners (a string would allocate on every request of a
+	// colliding identity).
+	shared            []byte
 	hasOwner          bool
 	takeover, collide bool
 }
 
 // value appends the stored form of s for this pending write.
 func (p *pending) value(dst []byte, s bucket.State) []byte {
+	if p.hasOwner && p.shared != nil {
+		return append(append(AppendState(dst, s), ':'), p.shared...)
+	}
 	if p.hasOwner {
 		return AppendSlotValue(dst, s, p.owner)
 	}
@@ -227,6 +238,7 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 	for i := range reqs {
 		reqs[i].TookOver, reqs[i].Collided = false, false
 	}
+	u.owners = u.owners[:0]
 	now = Quantize(now)
 	if !(now > 0) || math.IsInf(now, 1) {
 		out.Err = errBadNow
@@ -522,8 +534,12 @@ func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) er
 			if r.Limit.Refill(b.state, now).Tokens > r.Limit.Refill(a.state, now).Tokens {
 				pick = &b
 			}
-			use(p, pick, string(pick.owner))
-			p.collide = true
+			use(p, pick, "")
+			// Appending may move owners; what earlier views point at
+			// stays as it was.
+			start := len(u.owners)
+			u.owners = append(u.owners, pick.owner...)
+			p.shared, p.collide = u.owners[start:len(u.owners):len(u.owners)], true
 			return nil
 		}
 		if pick.exists {

@@ -648,3 +648,39 @@ func noFull(r bucket.Result) bucket.Result {
 	r.FullIn = 0
 	return r
 }
+
+// TestTakeAllCollisionAllocs: an identity whose two candidate slots hold
+// live buckets of others shares one of them on every request, and writes
+// that slot's owner back; that copy of the owner must not allocate (it did,
+// once per request, before the owner was kept in the updater's scratch).
+func TestTakeAllCollisionAllocs(t *testing.T) {
+	s := &noCopyStore{data: make(map[string]*entry)}
+	u := &Updater{Store: s}
+	lim := bucket.Limit{Rate: 1e3, Burst: 1e6}
+	a, b, c := slotReq("10.0.0.1", 2), slotReq("10.0.0.2", 2), slotReq("10.0.0.3", 2)
+	a.Limit, b.Limit, c.Limit = lim, lim, lim
+	now := t0
+	for _, r := range []Request{a, a, b} { // both slots live, neither full
+		if out := u.TakeAll([]Request{r}, now, nil); !out.Allowed {
+			t.Fatalf("seeding %s: got %+v", r.Owner, out)
+		}
+	}
+	reqs := []Request{c}
+	res := make([]bucket.Result, 1)
+	u.TakeAll(reqs, now, res) // size the buffers
+	n := testing.AllocsPerRun(1000, func() {
+		now += 1e-4 // refills less than the requests take: never full
+		if out := u.TakeAll(reqs, now, res); !out.Allowed || !reqs[0].Collided {
+			t.Fatalf("got %+v (collided %v), want allowed in a shared slot", out, reqs[0].Collided)
+		}
+	})
+	if n != 0 {
+		t.Errorf("got %v allocations per colliding TakeAll, want 0", n)
+	}
+	for _, k := range []string{c.Key, c.Alt} {
+		v, _, _ := s.Get(k)
+		if !contains(string(v), ":10.0.0.1") && !contains(string(v), ":10.0.0.2") {
+			t.Errorf("slot %s: %q, want it to keep its owner", k, v)
+		}
+	}
+}

@@ -31,7 +31,10 @@ local nowstr = ARGV[4]
 
 -- @refill
 
--- Decide (bucket.Limit.Take / Refund).
+-- Decide (bucket.Limit.Take / Refund). The service has no reservation
+-- (bucket.Limit.Reserve is 0: it answers at once, and the filter refuses
+-- max_reserved in rls_descriptors), so a cost passes only if the bucket
+-- holds it, and a bucket in debt admits nothing.
 local allowed = 1
 if cost < 0 then
   local c = -cost

@@ -3,6 +3,7 @@ package wasmhost
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -131,16 +132,36 @@ func TestTickResumesPausedStream(t *testing.T) {
 // later proxy_set_effective_context on it answers BAD_ARGUMENT, so the
 // guest can never continue a stream that is gone.
 func TestClientLeavesWhilePaused(t *testing.T) {
-	h, srv := newGuestHost(t, Options{Workers: 1, PauseTimeout: 5 * time.Second})
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	// The pause timeout is far beyond the test's steps, however loaded the
+	// machine: the client leaves before it, once the guest holds the
+	// request (not after a fixed time, which a slow machine could spend
+	// before the request even reaches the guest).
+	h, srv := newGuestHost(t, Options{Workers: 1, PauseTimeout: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/", nil)
 	req.Header.Set("x-test", "hold")
-	if resp, err := http.DefaultClient.Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("a held request answered %d", resp.StatusCode)
+	answered := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("a held request answered %d", resp.StatusCode)
+		} else {
+			err = nil
+		}
+		answered <- err
+	}()
+	for held := time.Now().Add(20 * time.Second); h.GuestCalls()["proxy_on_request_headers"] == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(held) {
+			t.Fatal("the guest never saw the held request")
+		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	cancel()
+	if err := <-answered; err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		r := test(t, srv, "effective-gone")
 		got := r.header.Get("X-Result")

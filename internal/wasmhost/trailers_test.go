@@ -68,7 +68,7 @@ func TestResponseTrailers(t *testing.T) {
 					}
 					// A streamed response reaches the client before the
 					// host's last callbacks: wait for the stream's end.
-					for end := time.Now().Add(5 * time.Second); h.GuestCalls()["proxy_on_delete"] == 0 && time.Now().Before(end); {
+					for end := time.Now().Add(30 * time.Second); h.GuestCalls()["proxy_on_delete"] == 0 && time.Now().Before(end); {
 						time.Sleep(2 * time.Millisecond)
 					}
 					calls := h.GuestCalls()
