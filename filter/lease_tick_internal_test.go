@@ -16,7 +16,7 @@ func (a leaseAction) String() string {
 
 // TestLeaseDecide walks one bucket's record through its life at fixed
 // instants: before each step, event changes the record as the requests and
-// the answers between two ticks do (leaseTake, leaseTakeWaiting, leaseApply); then the tick
+// the answers between two ticks do (leaseTake, leaseApply); then the tick
 // decides, and the step checks the action, the tokens asked for and the
 // record written, which the next step starts from.
 func TestLeaseDecide(t *testing.T) {
