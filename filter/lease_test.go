@@ -598,6 +598,48 @@ func TestLeaseMode(t *testing.T) {
 		}
 	})
 
+	// Issue 21, lease fairness: a refill that another worker applied
+	// reaches this worker's waiting requests at its next tick; a request
+	// arriving at this worker before that tick took the tokens first, and
+	// the request that had waited longer kept waiting (until its deadline:
+	// on_error) while later ones went through.
+	t.Run("a request does not overtake the waiting requests of its worker", func(t *testing.T) {
+		f := warm(t, leaseCfg)
+		h2 := f.h.NewWorker()
+		p2 := filter.NewPlugin(h2)
+		p2.Clock = func() float64 { return f.now }
+		if !p2.OnConfigure([]byte(leaseCfg)) {
+			t.Fatal("configure")
+		}
+		for range 8 {
+			f.h.Start(f.p, req) // the allowance spent
+		}
+		if _, res := h2.Start(p2, req); res.RequestAction != filter.Pause { // stream 1 of worker 2
+			t.Fatalf("worker 2: %v, want its request to wait", res.RequestAction)
+		}
+		f.h.Start(f.p, req) // waits too
+		f.now += 0.001
+		f.h.Tick(f.p)
+		if len(f.h.Calls) != 3 || len(h2.Calls) != 0 {
+			t.Fatalf("%d and %d calls, want worker 1's refill", len(f.h.Calls), len(h2.Calls))
+		}
+		// 2 tokens: one for worker 1's waiting request (at once), one
+		// for worker 2's.
+		f.h.Deliver(f.p, f.h.Calls[2].Token, leaseAnswer(1, 2, "8", 0))
+		if r := record(t, f); r.Tokens != 1 {
+			t.Fatalf("record %+v, want 1 left after worker 1's request", r)
+		}
+		// A later request at worker 2, before its tick: it waits behind
+		// the one that came first, which the tick serves.
+		if _, res := h2.Start(p2, req); res.RequestAction != filter.Pause {
+			t.Fatalf("a later request: %v, want it to wait behind the earlier one", res.RequestAction)
+		}
+		f.now += 0.001
+		if got := h2.Tick(p2); len(got) != 1 || got[0] != 1 {
+			t.Fatalf("worker 2's tick resumed %v, want its first request (1)", got)
+		}
+	})
+
 	t.Run("one periodic refill per period per process, whatever the workers' phases", func(t *testing.T) {
 		f := warm(t, leaseCfg) // worker 1 refilled at epoch
 		h2 := f.h.NewWorker()
