@@ -113,9 +113,17 @@ func (p *Plugin) leaseHolder() string {
 }
 
 // leaseAnswer reads the service's answer to a lease call (or its failure),
-// applies it, and serves the requests of this worker that wait for it.
+// applies it, and serves the requests of this worker that wait for it. An
+// answer that arrives after a configuration without a rate-limit service
+// was put in force is dropped.
 func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 	lc.b.calling = false
+	if p.cfg == nil || p.cfg.Settings.RLS == nil {
+		// A configuration without a service was put in force while the
+		// call was out: its waiting requests went on then (leaseConfigure),
+		// and its claim expires by itself.
+		return
+	}
 	now := p.Clock()
 	resp, reason := p.readRLS(numHeaders, bodySize)
 	var st *rlscontract.Status

@@ -1194,3 +1194,28 @@ func TestLeaseLowRateFleet(t *testing.T) {
 		t.Errorf("%d admitted, %d rejected: the test must run the bucket dry", admitted, rejected)
 	}
 }
+
+// TestLeaseAnswerAfterReloadWithoutService: a configuration without a
+// rate-limit service put in force while a lease call is out (the waiting
+// request goes on as the new configuration admits) leaves that call's
+// answer to arrive later; it is dropped, not read against the service
+// settings that no longer exist (it panicked, recovered as a fail-open).
+func TestLeaseAnswerAfterReloadWithoutService(t *testing.T) {
+	f := newFixture(t, leaseCfg)
+	if _, res := f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000")); res.RequestAction != filter.Pause {
+		t.Fatalf("cold request %v, want it to wait", res.RequestAction)
+	}
+	f.h.Tick(f.p)
+	if len(f.h.Calls) != 1 {
+		t.Fatalf("%d calls, want the exact take", len(f.h.Calls))
+	}
+	if !f.p.OnConfigure([]byte(`{"name":"local","algorithm_config":{"rps":10,"burst":20}}`)) {
+		t.Fatalf("reload refused: %q", f.h.Logs(filter.LogError))
+	}
+	f.h.Deliver(f.p, f.h.Calls[0].Token, takeAnswer(1, 19, 0))
+	f.now += 0.2
+	f.h.Tick(f.p)
+	if n, _ := f.h.Counter(filter.MetricPanics); n != 0 {
+		t.Errorf("tokengate.panics = %d, want 0: %q", n, f.h.Logs(filter.LogCritical))
+	}
+}
