@@ -364,6 +364,7 @@ func (s *Stream) apply(c *charge, op sharedstate.SettleOp, amount float64) {
 // found in it replaces the last number seen for that pointer. It keeps
 // nothing but its state and the five bytes of a field name.
 type sseReader struct {
+	_     incomparable
 	state uint8
 	field [4]byte
 	n     int
