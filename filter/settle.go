@@ -242,7 +242,7 @@ func (s *Stream) OnResponseTrailers(numTrailers int) (act Action) {
 
 // OnDone is proxy_on_done: the stream has ended, by whatever path.
 func (s *Stream) OnDone() {
-	defer s.p.recoverTo("proxy_on_done", func() {})
+	defer s.p.recoverTo("proxy_on_done", nil)
 	s.abandon()    // nothing waited for resumes it any more (delay.go)
 	s.cancelWait() // a held stream ended: never released (delay.go)
 	s.finish()
