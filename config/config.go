@@ -147,6 +147,7 @@ type Rule struct {
 
 // MatchCond is one entry of a rule's "match" object.
 type MatchCond struct {
+	_          incomparable
 	Descriptor Descriptor
 	Value      string
 }
@@ -205,6 +206,7 @@ const (
 // ConfigError is a configuration problem at a JSON path such as
 // "policies[0].spec.rules[1].algorithm_config.burst".
 type ConfigError struct {
+	_    incomparable
 	Path string
 	Msg  string
 }
@@ -218,3 +220,10 @@ func (e *ConfigError) Error() string {
 }
 
 func errAt(path, msg string) error { return &ConfigError{Path: path, Msg: msg} }
+
+// incomparable is a zero-width field that makes a struct not comparable
+// (as net/http's): the compiler then generates no equality function for
+// it, which the wasm module would carry (a few hundred bytes each, with its
+// function table entries) though nothing compares the struct. Put it first:
+// last, a zero-width field adds padding.
+type incomparable [0]func()

@@ -9,6 +9,7 @@ import (
 // Delay is a token-bucket rule's delayed admission (docs/configuration.md,
 // "Delayed admission").
 type Delay struct {
+	_ incomparable
 	// MaxReserved is the debt, in tokens, an admission may leave in the
 	// bucket ("max_reserved"); 0 rejects as soon as the bucket is short.
 	MaxReserved float64

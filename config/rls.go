@@ -10,6 +10,7 @@ import (
 // RLSSettings name the rate-limit service (Envoy's RLS v3 API) that decides
 // cluster-scope rules, and what to do when it cannot answer.
 type RLSSettings struct {
+	_ incomparable
 	// Cluster is the Envoy cluster the call goes to: an HTTP/2 cluster for
 	// Protocol gRPC (unary gRPC carried by proxy_http_call), any HTTP
 	// cluster for JSON.
@@ -160,6 +161,7 @@ func checkClusterRules(cfg *Config) error {
 
 // LeaseConfig is a lease-mode rule's lease settings (docs/lease.md).
 type LeaseConfig struct {
+	_ incomparable
 	// Max is the largest allowance a process asks for, in tokens
 	// ("lease_max", default max(1, burst/10)).
 	Max float64

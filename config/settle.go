@@ -258,6 +258,7 @@ func nonNegative(path string, v ljson.Result, max float64) (float64, error) {
 
 // InFlightSpec is a concurrency rule's limit ("algorithm": "concurrency").
 type InFlightSpec struct {
+	_ incomparable
 	// Max is how many requests of one key may be in flight at once
 	// ("max_in_flight").
 	Max int64

@@ -20,11 +20,14 @@ func (p *parser) claim(path, name string) error {
 			strconv.Quote(prev.name)+" (at "+prev.path+"): Prometheus turns '-' into '_'")
 	}
 	p.names[name] = path
-	p.metricNames[metric] = claimed{name, path}
+	p.metricNames[metric] = claimed{name: name, path: path}
 	return nil
 }
 
-type claimed struct{ name, path string }
+type claimed struct {
+	_          incomparable
+	name, path string
+}
 
 func requiredName(path string, v ljson.Result) (string, error) {
 	if !v.Exists() {

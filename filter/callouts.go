@@ -60,7 +60,7 @@ func (t *calloutTable) take(token uint32) calloutOwner {
 // OnHTTPCallResponse is proxy_on_http_call_response: the answer to a call
 // (no headers: its failure), handed to the call's owner.
 func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrailers int) {
-	defer p.recoverTo("proxy_on_http_call_response", func() {})
+	defer p.recoverTo("proxy_on_http_call_response", nil)
 	if o := p.callouts.take(token); o != nil {
 		o(p, numHeaders, bodySize)
 	}

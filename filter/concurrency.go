@@ -23,6 +23,7 @@ const ReasonConcurrency = "concurrency_limit"
 
 // lease is a place in flight a stream holds.
 type lease struct {
+	_ incomparable
 	r *rule
 	f sharedstate.InFlight
 }

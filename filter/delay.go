@@ -251,7 +251,7 @@ func (s *Stream) cancelWait() {
 		return
 	}
 	p := s.p
-	defer p.recoverTo("the end of a held stream", func() {})
+	defer p.recoverTo("the end of a held stream", nil)
 	s.waiter = nil
 	p.held--
 	p.forget(w)

@@ -40,6 +40,7 @@ type request struct {
 }
 
 type headerValue struct {
+	_           incomparable
 	name, value string
 	ok          bool
 }
@@ -57,10 +58,10 @@ func (r *request) header(name string) (string, bool) {
 	}
 	v, ok := r.host.RequestHeader(name)
 	if r.nhdr < len(r.hdrs) {
-		r.hdrs[r.nhdr] = headerValue{name, v, ok}
+		r.hdrs[r.nhdr] = headerValue{name: name, value: v, ok: ok}
 		r.nhdr++
 	} else {
-		r.more = append(r.more, headerValue{name, v, ok})
+		r.more = append(r.more, headerValue{name: name, value: v, ok: ok})
 	}
 	return v, ok
 }

@@ -98,18 +98,21 @@ func RuleMetricName(rule, counter string) string {
 }
 
 type ruleMetrics struct {
+	_                                                                                                   incomparable
 	allowed, rejected, shadowRejected, failOpen, casRetries, descriptorMissing, storeDenied, contention counter
 	slotTakeovers, slotCollisions, delayed, delayCancelled                                              counter
 	settleCharged, settleRefunded, settleReset                                                          counter
 }
 
 type pluginMetrics struct {
+	_                                                                              incomparable
 	panics, configRejected, corrupt, seedErrors, localState, rlsErrors, leaseCalls counter
 	settleCalls, settleErrors                                                      counter
 }
 
 // counter is a defined metric; the zero value is a no-op.
 type counter struct {
+	_       incomparable
 	id      uint32
 	defined bool
 }

@@ -242,7 +242,7 @@ func (s *Stream) OnResponseTrailers(numTrailers int) (act Action) {
 
 // OnDone is proxy_on_done: the stream has ended, by whatever path.
 func (s *Stream) OnDone() {
-	defer s.p.recoverTo("proxy_on_done", func() {})
+	defer s.p.recoverTo("proxy_on_done", nil)
 	s.abandon()    // nothing waited for resumes it any more (delay.go)
 	s.cancelWait() // a held stream ended: never released (delay.go)
 	s.finish()
@@ -364,6 +364,7 @@ func (s *Stream) apply(c *charge, op sharedstate.SettleOp, amount float64) {
 // found in it replaces the last number seen for that pointer. It keeps
 // nothing but its state and the five bytes of a field name.
 type sseReader struct {
+	_     incomparable
 	state uint8
 	field [4]byte
 	n     int

@@ -314,7 +314,7 @@ func (t *timer) down(i int) {
 // lease mode refills and serves the requests waiting for it, before them)
 // and sets the tick for the next (or stops it).
 func (p *Plugin) OnTick() {
-	defer p.recoverTo("proxy_on_tick", func() {})
+	defer p.recoverTo("proxy_on_tick", nil)
 	if p.timer.ticker == nil {
 		return
 	}

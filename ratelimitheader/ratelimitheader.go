@@ -45,6 +45,7 @@ func Seconds(d float64) int64 {
 // Plan is what the headers say about one rule that does not depend on the
 // request, formatted once per configuration.
 type Plan struct {
+	_ incomparable
 	// Limit is the RateLimit-Limit value: the whole tokens of a full
 	// bucket, or a fixed window's limit per window.
 	Limit string
@@ -165,3 +166,10 @@ func AppendCount(dst []byte, v int64) []byte {
 	dst[l] = byte('0' + u)
 	return dst
 }
+
+// incomparable is a zero-width field that makes a struct not comparable
+// (as net/http's): the compiler then generates no equality function for
+// it, which the wasm module would carry (a few hundred bytes each, with its
+// function table entries) though nothing compares the struct. Put it first:
+// last, a zero-width field adds padding.
+type incomparable [0]func()

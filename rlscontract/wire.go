@@ -73,6 +73,7 @@ const (
 
 // Status is a DescriptorStatus.
 type Status struct {
+	_    incomparable
 	Code int
 	// RequestsPerUnit and Unit are current_limit's (Unit: 1 second, 2
 	// minute, 3 hour, 4 day, 5 month, 6 year); Name its name.
@@ -91,6 +92,7 @@ type Status struct {
 // Quota is a RateLimitResponse.Quota: requests granted, the grant's id,
 // and valid_until in seconds since the Unix epoch (0: absent).
 type Quota struct {
+	_          incomparable
 	Requests   uint32
 	ID         string
 	ValidUntil float64
@@ -325,3 +327,10 @@ func varint(b []byte) (v uint64, n int) {
 	}
 	return 0, 0
 }
+
+// incomparable is a zero-width field that makes a struct not comparable
+// (as net/http's): the compiler then generates no equality function for
+// it, which the wasm module would carry (a few hundred bytes each, with its
+// function table entries) though nothing compares the struct. Put it first:
+// last, a zero-width field adds padding.
+type incomparable [0]func()

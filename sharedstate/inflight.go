@@ -28,6 +28,7 @@ import (
 // InFlight asks Updater.Acquire for one place among Max requests in flight
 // under Key (and Alt, for a slotted identity, as Request does).
 type InFlight struct {
+	_               incomparable
 	Key, Alt, Owner string
 	Slotted         bool
 	// Max is the number of requests that may be in flight at once, >= 1.

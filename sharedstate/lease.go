@@ -33,6 +33,7 @@ func AppendLeaseKey(dst []byte, rule string, values []string) []byte {
 // LeaseRecord is a process's allowance for one cluster bucket. Times are
 // seconds since the Unix epoch; 0 means unset.
 type LeaseRecord struct {
+	_ incomparable
 	// Tokens is the unspent allowance, worthless from Expiry on.
 	Tokens float64
 	// Expiry is when the allowance stops being spendable.

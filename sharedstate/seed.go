@@ -75,6 +75,7 @@ func LoadSeed(st Store, random uint64) (uint64, error) {
 // The zero value is ready to use. Like Updater, a SeedKeeper is used by one
 // goroutine at a time.
 type SeedKeeper struct {
+	_ incomparable
 	// Interval is the time between reads, in seconds; 1 when not > 0.
 	Interval float64
 

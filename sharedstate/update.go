@@ -43,6 +43,7 @@ var (
 // Request asks Updater.TakeAll to take Cost tokens from the bucket stored
 // under Key, which refills according to Limit.
 type Request struct {
+	_     incomparable
 	Key   string       // shared-data key, see AppendKey; the first candidate slot when Slotted
 	Limit bucket.Limit // the bucket's rate and burst
 	Cost  float64      // tokens to take
@@ -567,3 +568,10 @@ func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) er
 func use(p *pending, s *slotRead, owner string) {
 	*p = pending{read: s.state, cas: s.cas, key: s.key, owner: owner, hasOwner: s.hasOwner}
 }
+
+// incomparable is a zero-width field that makes a struct not comparable
+// (as net/http's): the compiler then generates no equality function for
+// it, which the wasm module would carry (a few hundred bytes each, with its
+// function table entries) though nothing compares the struct. Put it first:
+// last, a zero-width field adds padding.
+type incomparable [0]func()
