@@ -394,9 +394,3 @@ func (p *Plugin) leaseTick(b *leaseBucket, now float64, urgent bool) bool {
 	p.leaseDispatch(lc, rec.Grant, now)
 	return true
 }
-
-// incomparable, as a struct's first field (where it takes no room), makes
-// the struct not comparable, as net/http's does: the compiler then
-// generates no equality function for it. Lease mode never compares its
-// structs, and each such function costs the module a few hundred bytes.
-type incomparable [0]func()

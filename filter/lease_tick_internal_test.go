@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/tokengate/tokengate/sharedstate"
@@ -86,7 +87,7 @@ func TestLeaseDecide(t *testing.T) {
 			s.event(&r)
 		}
 		act, want, next := leaseDecide(r, leaseTestParams, s.now, s.urgent)
-		if act != s.act || want != s.want || next != s.next {
+		if act != s.act || want != s.want || !reflect.DeepEqual(next, s.next) {
 			t.Fatalf("step %d: got %v want %v, record %+v;\nwant %v want %v, record %+v", i, act, want, next, s.act, s.want, s.next)
 		}
 		r = next
@@ -176,7 +177,7 @@ func TestLeaseDecideCases(t *testing.T) {
 				pp = leaseTestParams
 			}
 			act, want, next := leaseDecide(tc.rec, pp, now, tc.urgent)
-			if act != tc.act || want != tc.want || next != tc.expected {
+			if act != tc.act || want != tc.want || !reflect.DeepEqual(next, tc.expected) {
 				t.Fatalf("got %v want %v, record %+v;\nwant %v want %v, record %+v", act, want, next, tc.act, tc.want, tc.expected)
 			}
 		})
