@@ -18,7 +18,7 @@ $(WASM): $(GUEST_SRC)
 
 # Packages whose tests are plain Go (run under the race detector); the others
 # run the .wasm in wazero, which the race detector slows down tenfold.
-RACE_PKGS := ./bucket/... ./sharedstate/... ./filter/ ./filter/filtertest/
+RACE_PKGS := ./bucket/... ./sharedstate/... ./config/... ./ratelimitheader/... ./rlscontract/... ./filter/ ./filter/filtertest/
 
 ## build-small: the module through wasm-opt -Oz if binaryen is installed (opt-in; build never needs it).
 build-small: $(GUEST_SRC)
@@ -35,7 +35,7 @@ build-small: $(GUEST_SRC)
 test: build ratelimit
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m $(RACE_PKGS)
-	$(GO) test -timeout 30m $$($(GO) list ./... | grep -v -e '/bucket$$' -e '/sharedstate$$' -e '/filter$$' -e '/filtertest$$')
+	$(GO) test -timeout 30m $$($(GO) list ./... | grep -v -e '/bucket$$' -e '/sharedstate$$' -e '/config$$' -e '/ratelimitheader$$' -e '/rlscontract$$' -e '/filter$$' -e '/filtertest$$')
 	cd deploy && $(GO) test ./...
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./... > /dev/null
 
