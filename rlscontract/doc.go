@@ -10,6 +10,6 @@
 //
 // Both sides import this package and neither imports the other. The guest
 // links it, so it depends on the standard library and internal/lite only
-// and uses no fmt, log or os (PROXY_WASM.md); the service converts its
+// and uses no fmt, log or os (docs/proxy-wasm.md); the service converts its
 // protobuf messages to Entry and Descriptor at its edge.
 package rlscontract
