@@ -11,6 +11,7 @@ package filtertest
 import (
 	"errors"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"unsafe"
@@ -346,6 +347,25 @@ func (r Result) Header(name string) string {
 		}
 	}
 	return ""
+}
+
+// HeaderNumbersError returns an error naming the first RateLimit or
+// Retry-After header that states a number other than a non-negative
+// integer (a negative parameter, for the RateLimit lists), or nil.
+func (r Result) HeaderNumbersError() error {
+	for _, name := range []string{"ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "retry-after"} {
+		if v := r.Header(name); v != "" {
+			if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 0 {
+				return errors.New(name + ": " + strconv.Quote(v) + ", want a non-negative integer")
+			}
+		}
+	}
+	for _, name := range []string{"ratelimit", "ratelimit-policy"} {
+		if v := r.Header(name); strings.Contains(v, "=-") {
+			return errors.New(name + ": " + strconv.Quote(v) + " has a negative parameter")
+		}
+	}
+	return nil
 }
 
 // Do runs one request through the plugin's lifecycle, like a host would:
