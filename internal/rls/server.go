@@ -148,7 +148,7 @@ func (s *Server) resolve(req *rlsv3.RateLimitRequest, items []item, entries []En
 		}
 		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt, limitArgs: s.cfg.limitArgs[r]}
 		if lease {
-			op.Lease, op.TTL = true, r.Lease.TTL
+			op.Lease, op.TTL, op.LeaseShare = true, r.Lease.TTL, r.Lease.Max
 		}
 		items = append(items, item{idx: i, rule: r, op: op})
 	}

@@ -67,6 +67,10 @@ type Op struct {
 	// lease.lua), whose grants last TTL seconds.
 	Lease bool
 	TTL   float64
+	// LeaseShare is the rule's lease_max, the most a holder's share of
+	// the refill may reach (LeaseOp.Share): an exact take only gets the
+	// tokens no holder's share keeps. 0: no shares.
+	LeaseShare float64
 	// MaxDebt is how far below zero a settlement may take the bucket
 	// (settle.go): the rule's max_debt, 0 for a rule that never settles.
 	MaxDebt float64
