@@ -217,11 +217,15 @@ func TestLeaseBound(t *testing.T) {
 		name  string
 		apply func(tokens, unspent float64, res rls.LeaseResult) float64
 		over  bool
-	}{{"covered rule", applyGrant, false}, {"old rule", applyGrantOld, true}} {
+		share float64 // lease_max for the holders' shares; 0: none
+	}{{"covered rule", applyGrant, false, 0}, {"old rule", applyGrantOld, true, 0},
+		// Shares (issue 22) set free tokens aside for holders and never
+		// grant beyond L: the bound holds with them.
+		{"covered rule with shares", applyGrant, false, 8}} {
 		t.Run(tc.name, func(t *testing.T) {
 			worst := 0.0
 			for round := range 3 {
-				w, n, span := simulateLeases(t, store, rls.LeaseKey("bound-"+tc.name, strconv.Itoa(round)), int64(round), tc.apply)
+				w, n, span := simulateLeases(t, store, rls.LeaseKey("bound-"+tc.name, strconv.Itoa(round)), int64(round), tc.apply, tc.share)
 				t.Logf("round %d: %d tokens spent over %.1f s; worst window %+.3f tokens against burst + rate x T", round, n, span, w)
 				if n < 1000 {
 					t.Errorf("round %d: only %d tokens spent: the simulation did not load the bucket", round, n)
@@ -238,7 +242,7 @@ func TestLeaseBound(t *testing.T) {
 // simulateLeases runs one round of TestLeaseBound and returns by how much
 // the worst window exceeded burst + rate x T (<= 0: within), the tokens
 // spent and the simulated time.
-func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, apply func(tokens, unspent float64, res rls.LeaseResult) float64) (float64, int, float64) {
+func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, apply func(tokens, unspent float64, res rls.LeaseResult) float64, share float64) (float64, int, float64) {
 	ctx := context.Background()
 	const rate, burst, ttl = 50.0, 40.0, 0.5
 	type call struct {
@@ -277,7 +281,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 				}
 			}
 			for range int(burst) + 1 {
-				o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, Now: at(now)}})[0]
+				o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, LeaseShare: share, Now: at(now)}})[0]
 				if o.Err != nil {
 					t.Fatal(o.Err)
 				}
@@ -313,7 +317,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 			if !c.done && now >= c.process {
 				var err error
 				c.res, err = store.Lease(ctx, rls.LeaseOp{Key: key, Rate: rate, Burst: burst, TTL: ttl, Holder: p.name,
-					Grant: p.grant, Unspent: c.unspent, Want: c.want, Release: c.release, Now: at(now)})
+					Grant: p.grant, Unspent: c.unspent, Want: c.want, Release: c.release, Now: at(now), Share: share})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -349,7 +353,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 			p.dead = true // killed holding its lease
 			continue
 		case r == 1: // an exact take of one token
-			o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, Now: at(now)}})[0]
+			o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, LeaseShare: share, Now: at(now)}})[0]
 			if o.Err != nil {
 				t.Fatal(o.Err)
 			}
