@@ -143,16 +143,18 @@ else
   local want, wantmax = 0, 1
   if total > 0 then
     want = math.floor(pool * demand / total)
+    if demand > 0 and want < 1 then want = 1 end
     wantmax = math.floor(bpool * demand / total)
     if wantmax < 1 then wantmax = 1 end
   end
-  -- Keep the current share while it is within a fifth (at least a unit)
-  -- of the target and the Envoy still holds it (renew_by, less the grace
-  -- for the answer's way to it, not passed): resending it only extends
-  -- Envoy's assignment.
+  -- Keep the current share while it is not above the target, less than
+  -- a fifth (at least a unit) below it, and the Envoy still holds it
+  -- (renew_by, less the grace for the answer's way to it, not passed):
+  -- resending it only extends Envoy's assignment. A share above its
+  -- target shrinks at once, for the others'.
   local slack = 1
   if cur ~= nil then slack = math.max(1, math.floor(cur[1] / 5)) end
-  if cur ~= nil and cur[3] > now + grace and want > 0 and math.abs(want - cur[1]) <= slack then
+  if cur ~= nil and cur[3] > now + grace and cur[1] <= want and want - cur[1] <= slack then
     cur[3] = now + ttl
     cur[4] = now + ttl + grace
     result = {cur[1], cur[2], 0}
@@ -199,6 +201,7 @@ for h, d in pairs(demands) do
   redis.call('HSET', KEYS[1], 'd:' .. h, fmt(d[1]) .. ',' .. fmt(d[2]))
   if d[2] > maxexp then maxexp = d[2] end
 end
--- Until every share has expired and then L has refilled, plus 1 s.
-redis.call('PEXPIRE', KEYS[1], math.ceil(((maxexp - now) + burst / rate + 1) * 1000))
+-- Until every share has expired and then L has refilled, plus a minute
+-- (for a clock of the service's that differs from Redis's).
+redis.call('PEXPIRE', KEYS[1], math.ceil(((maxexp - now) + burst / rate + 60) * 1000))
 return result
