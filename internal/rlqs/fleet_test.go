@@ -17,8 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tokengate/tokengate/internal/redistest"
-	"github.com/tokengate/tokengate/internal/rls"
 	"github.com/tokengate/tokengate/internal/rlqs"
+	"github.com/tokengate/tokengate/internal/rls"
 )
 
 // The model of Envoy's rate_limit_quota filter below is written from the
@@ -257,7 +257,8 @@ func startFleet(t *testing.T, n int) *fleet {
 	stop, cancel := context.WithCancel(context.Background())
 	f.stop = cancel
 	f.srv = rlqs.New(stop, cfg, f.store, rlqs.Options{Now: f.clk.now})
-	gs := grpc.NewServer()
+	// The gRPC server tokengate-rls runs (its codec, its stream workers).
+	gs := rls.NewGRPCServer(rls.NewServer(cfg, st, rls.NewMetrics(cfg)), 4)
 	rlqsv3.RegisterRateLimitQuotaServiceServer(gs, f.srv)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
