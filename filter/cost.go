@@ -30,10 +30,7 @@ func costOf(c *config.CostSource, req *request) float64 {
 	case config.CostFixed:
 		return c.Fixed
 	case config.CostResponse:
-		if c.PreCharge > 0 {
-			return c.PreCharge
-		}
-		return admitPositive
+		return reservation(c, req)
 	case config.CostHeader:
 		raw, ok = req.header(c.Name)
 	case config.CostQuery:
@@ -47,6 +44,32 @@ func costOf(c *config.CostSource, req *request) float64 {
 		return v
 	}
 	return c.Default
+}
+
+// reservation is what a response-cost rule reserves at admission: the
+// request's own estimate (estimate_source) when it states a valid one above
+// pre_charge, at most the burst; else pre_charge (admitPositive for 0).
+// The estimate is never less than pre_charge: a client that understates it
+// cannot have more of its requests in flight than pre_charge allows.
+func reservation(c *config.CostSource, req *request) float64 {
+	v := c.PreCharge
+	if c.Estimate != config.CostFixed {
+		var raw string
+		var ok bool
+		if c.Estimate == config.CostHeader {
+			raw, ok = req.header(c.EstimateName)
+		} else {
+			req.loadPath()
+			raw, ok = queryParam(req.query, c.EstimateName)
+		}
+		if e, valid := ParseCost(raw); ok && valid && e > v {
+			v = min(e, c.Burst)
+		}
+	}
+	if v > 0 {
+		return v
+	}
+	return admitPositive
 }
 
 // ParseCost parses a cost from a header or query value: a plain decimal

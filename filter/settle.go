@@ -105,6 +105,18 @@ func (s *Stream) track(g *group) {
 			pre = 0 // pre_charge 0: admission took nothing a balance shows
 		}
 		st.charges = append(st.charges, charge{r: r, req: req, pre: pre})
+		s.identity(r)
+	}
+}
+
+// identity asks the upstream for an uncompressed body when r reads its cost
+// there and says so (strip_accept_encoding): Accept-Encoding becomes
+// "identity", since a compressed body cannot be read and costs only what
+// was reserved. An Envoy compressor placed before tokengate still
+// compresses the answer to the client (docs/configuration.md).
+func (s *Stream) identity(r *rule) {
+	if r.Settle.StripAcceptEncoding && s.p.rhs != nil {
+		s.p.rhs.SetRequestHeader("accept-encoding", "identity")
 	}
 }
 
@@ -158,7 +170,7 @@ func (s *Stream) settleHeaders(endOfStream bool) {
 		case spec.Response == config.ResponseNone:
 			c.done = true // the admission cost stands
 		case spec.Response == config.ResponseHeader:
-			actual := c.r.Cost.Default
+			actual := c.unreported()
 			if hv, ok := p.host.ResponseHeader(spec.Header); ok {
 				if n, ok := parseReported(hv); ok {
 					actual = n
@@ -166,7 +178,7 @@ func (s *Stream) settleHeaders(endOfStream bool) {
 			}
 			s.settleCost(c, actual)
 		case encoded || !canRead:
-			s.settleCost(c, c.r.Cost.Default)
+			s.settleCost(c, c.unreported())
 		default:
 			c.body, c.scanning = true, true
 			n := len(spec.Pointers)
@@ -267,7 +279,7 @@ func (s *Stream) finish() {
 		case c.body:
 			s.settleCost(c, c.result())
 		default:
-			s.settleCost(c, c.r.Cost.Default)
+			s.settleCost(c, c.unreported())
 		}
 	}
 	s.releaseAll()
@@ -292,10 +304,17 @@ func (c *charge) result() float64 {
 		}
 	}
 	if !any {
-		return c.r.Cost.Default
+		return c.unreported()
 	}
 	return sum
 }
+
+// unreported is the cost of a request whose usage was never seen (the
+// response named none, its body was compressed, the client left or the
+// upstream reset the stream first): default_cost, but never less than
+// what the request reserved at admission, so that leaving early or asking
+// for a compressed body never makes a request cheaper.
+func (c *charge) unreported() float64 { return max(c.pre, c.r.Cost.Default) }
 
 // feed reads a piece of the body into c's scanners.
 func (c *charge) feed(b []byte) {
