@@ -7,12 +7,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
@@ -209,6 +211,55 @@ func TestCompressedResponseCost(t *testing.T) {
 			waitStreamsEnded(t, h, 1)
 			if b, ok := findBucket(t, ms, "llm", ""); !ok || b.tokens != tt.want {
 				t.Errorf("tokens %v, want %v", b.tokens, tt.want)
+			}
+		})
+	}
+}
+
+// TestClusterParallelResponseCostBounded is issue 22, item 1, in cluster
+// scope: the same attack through the module against tokengate-rls on a
+// real Redis. The service takes each request's reservation as its hits at
+// admission (100 by default, 500 from the request's estimate), so it admits
+// 10 (or 2); the settlements charge the rest of each 500 in full, into a
+// debt the service carries. The rate is the least tokengate accepts for
+// this burst, so that Redis's clock refills nothing that shows in the
+// count, however slow the machine.
+func TestClusterParallelResponseCostBounded(t *testing.T) {
+	redis := redistest.Start(t)
+	for i, tt := range []struct {
+		name, extra string
+		header      map[string]string
+		admitted    int64
+	}{
+		{"defaults", "", nil, 10},
+		{"estimate header", `,"estimate_source":"header:x-max-tokens"`, map[string]string{"x-max-tokens": "500"}, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rule := "llm" + strconv.Itoa(i)
+			cfg := `{"rules":[{"name":"` + rule + `","scope":"cluster","algorithm_config":{"tokens_per_second":1e-6,"burst":1000,` +
+				`"cost_source":"response_json:/usage/total_tokens"` + tt.extra + `}}],` +
+				`"settings":{"rls":{"cluster":"ratelimit","timeout_ms":5000,"on_error":"deny"}}}`
+			rls := startTokengateRLS(t, cfg, redis.Addr)
+			up := &gateUpstream{open: make(chan struct{})}
+			h, srv := startSettleFleetHost(t, cfg, rlsBootstrap(rls.Addr), up)
+			got := parallelAttack(t, h, srv, up, 200, tt.header)
+			if got != tt.admitted {
+				t.Errorf("admitted %d of 200, want %d", got, tt.admitted)
+			}
+			want := 1000 - 500*float64(got)
+			// The settlements reach Redis after the responses: wait for them
+			// (30 s bounds a hung wait, not a speed).
+			var tokens float64
+			for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+				if tokens, _ = strconv.ParseFloat(redisTokens(t, redis, "tb:{"+rule+":}"), 64); tokens <= want+0.01 {
+					break
+				}
+			}
+			if tokens < want || tokens > want+0.01 {
+				t.Errorf("tokens %v, want %v: every admitted request charged its 500 in full", tokens, want)
+			}
+			if v, _ := h.Metric("tokengate.rls_settle_errors"); v != 0 {
+				t.Errorf("rls_settle_errors: %d", v)
 			}
 		})
 	}
