@@ -24,26 +24,33 @@ const maxCostLen = 32
 // costOf returns the number of tokens the request takes under cost source
 // c.
 func costOf(c *config.CostSource, req *request) float64 {
-	var raw string
-	var ok bool
 	switch c.Kind {
 	case config.CostFixed:
 		return c.Fixed
 	case config.CostResponse:
 		return reservation(c, req)
-	case config.CostHeader:
-		raw, ok = req.header(c.Name)
-	case config.CostQuery:
-		req.loadPath()
-		raw, ok = queryParam(req.query, c.Name)
 	}
-	if !ok {
-		return c.Default
-	}
-	if v, ok := ParseCost(raw); ok {
+	if v, ok := stated(c.Kind, c.Name, req); ok {
 		return v
 	}
 	return c.Default
+}
+
+// stated returns the cost a request states in the header or query
+// parameter name (kind CostHeader or CostQuery), if it is a valid one.
+func stated(kind config.CostKind, name string, req *request) (float64, bool) {
+	var raw string
+	var ok bool
+	if kind == config.CostHeader {
+		raw, ok = req.header(name)
+	} else {
+		req.loadPath()
+		raw, ok = queryParam(req.query, name)
+	}
+	if !ok {
+		return 0, false
+	}
+	return ParseCost(raw)
 }
 
 // reservation is what a response-cost rule reserves at admission: the
@@ -54,15 +61,7 @@ func costOf(c *config.CostSource, req *request) float64 {
 func reservation(c *config.CostSource, req *request) float64 {
 	v := c.PreCharge
 	if c.Estimate != config.CostFixed {
-		var raw string
-		var ok bool
-		if c.Estimate == config.CostHeader {
-			raw, ok = req.header(c.EstimateName)
-		} else {
-			req.loadPath()
-			raw, ok = queryParam(req.query, c.EstimateName)
-		}
-		if e, valid := ParseCost(raw); ok && valid && e > v {
+		if e, ok := stated(c.Estimate, c.EstimateName, req); ok && e > v {
 			v = min(e, c.Burst)
 		}
 	}
