@@ -229,7 +229,7 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 	}
 	// The reservation: a tenth of the burst unless set, so that the
 	// requests in flight on one key before any reports its usage are
-	// bounded (docs/configuration.md, "Costs known after the response").
+	// bounded (docs/configuration.md, "Reserving at admission").
 	r.Settle.PreCharge = r.Limit.Burst / DefaultReserveShare
 	if pc := v.Get("pre_charge"); pc.Exists() {
 		n, err := nonNegative(path+".pre_charge", pc, r.Limit.Burst)
