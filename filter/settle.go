@@ -13,7 +13,8 @@ import (
 // Settling after the response
 //
 // A rule with count_statuses, reset_on_statuses or a response_* cost takes
-// its admission cost as any rule does (the cost, or pre_charge), and the
+// its admission cost as any rule does (the cost, or for a response_* cost
+// the reservation: pre_charge or the request's estimate, cost.go), and the
 // stream remembers the bucket it took from (a charge), shadow rules
 // included: they settle as they would if enforced. When the response
 // says more, the charge is settled exactly once, by whichever of these
@@ -23,22 +24,24 @@ import (
 //     list refunds the admission cost; one reset_on_statuses lists fills
 //     the bucket; a response_header cost is read; a compressed body
 //     (content-encoding other than identity) cannot be read, so the cost
-//     is default_cost; a response without a body ends here.
+//     is unreported (below); a response without a body ends here.
 //   - proxy_on_response_body with end_of_stream, or
 //     proxy_on_response_trailers: the body has been read, chunk by chunk,
 //     through a JSON pointer scanner of bounded memory; the cost is the
-//     number found, or default_cost.
+//     number found, or unreported.
 //   - proxy_on_done or proxy_on_delete (the stream was reset, the client
 //     left, or the host never delivered the end of the body): a response_*
-//     cost is the last number found so far, or default_cost when none was
+//     cost is the last number found so far, or unreported when none was
 //     (also when no response arrived at all: nothing was reported); a
 //     count_statuses or reset_on_statuses rule whose request never got a
 //     response keeps its admission cost (there is no status to judge).
 //
-// The difference between the cost and what admission took is refunded or
-// charged (sharedstate.Updater.Settle); a charge may take the bucket into
-// debt, down to -max_debt. The response itself is never paused or
-// buffered: every callback returns Continue.
+// An unreported cost is what admission reserved, or default_cost if more
+// (charge.unreported). The difference between the cost and what admission
+// took is refunded or charged (sharedstate.Updater.Settle); a charge takes
+// the bucket into debt, carried in full unless max_debt sets a floor. The
+// response itself is never paused or buffered: every callback returns
+// Continue.
 //
 // Requests in flight (concurrency.go) are released on the same paths, and
 // the settlements of cluster-scope rules are sent to the rate-limit service
