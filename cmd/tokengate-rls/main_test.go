@@ -96,8 +96,8 @@ func TestRun(t *testing.T) {
 	}
 	_, metrics := get(t, admin+"/metrics")
 	for _, want := range []string{
-		`tokengate_rls_decisions_total{rule="per-ip",code="ok"} 1`,
-		`tokengate_rls_decisions_total{rule="per-ip",code="over_limit"} 1`,
+		`tokengate_rls_decisions_total{code="ok",rule="per-ip"} 1`,
+		`tokengate_rls_decisions_total{code="over_limit",rule="per-ip"} 1`,
 		`tokengate_rls_redis_duration_seconds_count 2`,
 	} {
 		if !strings.Contains(metrics, want) {
