@@ -61,7 +61,7 @@ func TestRun(t *testing.T) {
 		// near (the default 25 ms does): the test counts decisions, not
 		// timeouts.
 		errc <- run(ctx, []string{"-config", cfg, "-redis", redis.Addr, "-redis-timeout", "5s",
-			"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}, io.Discard, listening)
+			"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-drain-delay", "0"}, io.Discard, listening)
 	}()
 	var admin string
 	select {
@@ -199,7 +199,7 @@ func TestRunPprof(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		listening := make(chan [2]string, 1)
 		errc := make(chan error, 1)
-		args := []string{"-config", cfg, "-redis", "127.0.0.1:1", "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}
+		args := []string{"-config", cfg, "-redis", "127.0.0.1:1", "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-drain-delay", "0"}
 		if on {
 			args = append(args, "-pprof")
 		}

@@ -77,8 +77,10 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	decisionVec, hitsVec *prometheus.CounterVec
-	mu                   sync.Mutex // serialises SetRules
 	rules                atomic.Pointer[map[*config.Rule]*ruleCounters]
+	mu                   sync.Mutex               // serialises SetRules
+	byName               map[string]*ruleCounters // every rule's counters, by name
+	lastRules            []*config.Rule           // the last SetRules's rules
 
 	requests     [numReqs]prometheus.Counter
 	unmatched    prometheus.Counter
@@ -104,7 +106,7 @@ type Metrics struct {
 
 // NewMetrics returns zeroed metrics with counters for cfg's rules.
 func NewMetrics(cfg *Config) *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry()}
+	m := &Metrics{reg: prometheus.NewRegistry(), byName: map[string]*ruleCounters{}}
 	m.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 	f := func(c prometheus.Collector) { m.reg.MustRegister(c) }
 
@@ -184,28 +186,30 @@ func methodLabel(full string) string {
 // Registry returns the registry holding the metrics (for /metrics).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// SetRules resolves the counters of cfg's rules, keeping those of the
-// rules already known (by name: a reloaded rule continues its series).
+// SetRules resolves the counters of cfg's rules. A rule named as one
+// already known continues that rule's series. The previous
+// configuration's rules stay resolved too, for the calls that started
+// before it was replaced; older ones are dropped.
 func (m *Metrics) SetRules(cfg *Config) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	next := map[*config.Rule]*ruleCounters{}
-	if old := m.rules.Load(); old != nil {
-		for r, c := range *old {
-			next[r] = c
-		}
+	next := make(map[*config.Rule]*ruleCounters, 2*len(cfg.Rules()))
+	for _, r := range m.lastRules {
+		next[r] = m.byName[r.Name]
 	}
 	for _, r := range cfg.Rules() {
-		if next[r] != nil {
-			continue
-		}
-		c := new(ruleCounters)
-		for code := range numCodes {
-			c.decisions[code] = m.decisionVec.WithLabelValues(r.Name, codeNames[code])
-			c.hits[code] = m.hitsVec.WithLabelValues(r.Name, codeNames[code])
+		c := m.byName[r.Name]
+		if c == nil {
+			c = new(ruleCounters)
+			for code := range numCodes {
+				c.decisions[code] = m.decisionVec.WithLabelValues(r.Name, codeNames[code])
+				c.hits[code] = m.hitsVec.WithLabelValues(r.Name, codeNames[code])
+			}
+			m.byName[r.Name] = c
 		}
 		next[r] = c
 	}
+	m.lastRules = cfg.Rules()
 	m.rules.Store(&next)
 }
 
