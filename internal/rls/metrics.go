@@ -138,7 +138,7 @@ func NewMetrics(cfg *Config) *Metrics {
 	f(m.redisDuration)
 
 	m.callVec = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_grpc_calls_total",
-		Help: "gRPC calls by method and status code, including those gRPC refused before any handler (a message above the size limit, an unknown method)."},
+		Help: "gRPC calls by method and status code, including those gRPC refused before the service saw them (a message above the size limit)."},
 		[]string{"method", "code"})
 	m.callDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tokengate_rls_grpc_call_duration_seconds",
 		Help: "gRPC calls from their headers' arrival to their status's sending, by method and status code: a decision's whole time in the service.", Buckets: latencyBuckets},
