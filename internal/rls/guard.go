@@ -56,7 +56,7 @@ type lane struct {
 	// next connection's handshake is what must not be waited for.
 	since      atomic.Int64
 	silentMark atomic.Uint64
-	once  sync.Once
+	once       sync.Once
 }
 
 // held is what the lane's connection may hold: calls in flight and calls

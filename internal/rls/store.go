@@ -294,24 +294,36 @@ func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script
 	start := time.Now()
 	ctx, cancel := s.bound(ctx, start)
 	defer cancel()
-	cmds := make(rueidis.Commands, n)
-	for i := range cmds {
-		sc, key, args := call(i)
-		cmds[i] = c.B().Evalsha().Sha1(sc.sha).Numkeys(1).Key(key).Arg(args...).Build()
+	// eval marks the scripts a node did not know (NOSCRIPT): EVAL loads
+	// them. rueidis recycles a command once sent, so a retry builds it
+	// again.
+	var evalBuf [2]bool
+	eval := evalBuf[:0]
+	for range n {
+		eval = append(eval, false)
 	}
+	build := func(i int) rueidis.Completed {
+		sc, key, args := call(i)
+		if eval[i] {
+			return c.B().Eval().Script(sc.text).Numkeys(1).Key(key).Arg(args...).Build()
+		}
+		return c.B().Evalsha().Sha1(sc.sha).Numkeys(1).Key(key).Arg(args...).Build()
+	}
+	cmds := make(rueidis.Commands, n)
 	var idxBuf [2]int
 	idx := idxBuf[:0]
 	for i := range n {
 		idx = append(idx, i)
 	}
 	for attempt := 0; attempt < 3 && len(idx) > 0; attempt++ {
-		s.do(ctx, c, cmds, idx, out)
+		for _, i := range idx {
+			cmds[i] = build(i)
+		}
+		s.do(ctx, cmds, idx, out)
 		var retry []int
 		for _, i := range idx {
-			if e, ok := rueidis.IsRedisErr(out[i].Err); ok && e.IsNoScript() {
-				// EVAL loads the script on the node.
-				sc, key, args := call(i)
-				cmds[i] = c.B().Eval().Script(sc.text).Numkeys(1).Key(key).Arg(args...).Build()
+			if e, ok := rueidis.IsRedisErr(out[i].Err); ok && e.IsNoScript() && !eval[i] {
+				eval[i] = true
 				retry = append(retry, i)
 			} else if attempt == 0 && s.retryable(ctx, out[i].Err) {
 				retry = append(retry, i)
@@ -335,7 +347,7 @@ func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script
 // do sends cmds[i] for every i of idx in one pipeline, except those for
 // a node that does not answer (guard.go), and writes their outcomes to
 // out.
-func (s *Store) do(ctx context.Context, c rueidis.Client, cmds rueidis.Commands, idx []int, out []Outcome) {
+func (s *Store) do(ctx context.Context, cmds rueidis.Commands, idx []int, out []Outcome) {
 	type sent struct {
 		i    int
 		l    *lane
@@ -356,7 +368,7 @@ func (s *Store) do(ctx context.Context, c rueidis.Client, cmds rueidis.Commands,
 	if len(send) == 0 {
 		return
 	}
-	for j, r := range c.DoMulti(ctx, send...) {
+	for j, r := range (*s.client.Load()).DoMulti(ctx, send...) {
 		out[ss[j].i] = outcome(r)
 		ss[j].l.leave(ss[j].mark, r.NonRedisError())
 	}
