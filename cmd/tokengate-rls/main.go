@@ -68,6 +68,8 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	admin := fs.String("admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /ready and /json")
 	drain := fs.Duration("drain", 5*time.Second, "how long shutdown waits for calls in flight")
 	workers := fs.Uint("stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
+	var redisSec redisSecurity
+	redisSec.flags(fs)
 	pprofOn := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) on the admin listener under /debug/pprof/")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -93,13 +95,17 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 		return fmt.Errorf("%s: %w", *configPath, err)
 	}
 	metrics := rls.NewMetrics(cfg)
-	store, err := rls.NewStore(rls.StoreOptions{
+	storeOpt := rls.StoreOptions{
 		Addrs:      strings.Split(*redisAddrs, ","),
 		Cluster:    *cluster,
 		Timeout:    *timeout,
 		Observe:    metrics.ObserveRedis,
 		FlushDelay: *flushDelay,
-	})
+	}
+	if err := redisSec.apply(&storeOpt, os.Getenv); err != nil {
+		return err
+	}
+	store, err := rls.NewStore(storeOpt)
 	if err != nil {
 		return err
 	}
