@@ -4,6 +4,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy on 127.0.0.1 in front of a Redis node, for the
@@ -19,6 +20,7 @@ type Proxy struct {
 	target string
 	mu     sync.Mutex
 	stall  chan struct{} // closed when forwarding may go on
+	delay  time.Duration
 	conns  []net.Conn
 	wg     sync.WaitGroup
 }
@@ -59,30 +61,57 @@ func (p *Proxy) accept() {
 	}
 }
 
-// pipe copies from src to dst, waiting before each read while stalled.
+// pipe copies from src to dst, waiting before each read while stalled,
+// and holding each chunk until the delay after it was read (a latency,
+// not a throughput limit: chunks read meanwhile wait alongside).
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	defer dst.Close()
-	buf := make([]byte, 32<<10)
+	type chunk struct {
+		b  []byte
+		at time.Time
+	}
+	q := make(chan chunk, 1024)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer dst.Close()
+		for c := range q {
+			time.Sleep(time.Until(c.at))
+			if _, err := dst.Write(c.b); err != nil {
+				for range q {
+				}
+				return
+			}
+		}
+	}()
+	defer close(q)
 	for {
 		p.mu.Lock()
 		gate := p.stall
 		p.mu.Unlock()
 		<-gate
+		buf := make([]byte, 32<<10)
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			gate = p.stall
+			gate, d := p.stall, p.delay
 			p.mu.Unlock()
 			<-gate // stalled while reading: hold what was read
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
+			q <- chunk{buf[:n], time.Now().Add(d)}
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// Delay makes the proxy hold everything it forwards for d before sending
+// it on (0: none): a Redis, or a network, slower than a call's timeout
+// but answering.
+func (p *Proxy) Delay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
 }
 
 // Stall stops forwarding in both directions, on open and new

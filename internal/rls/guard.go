@@ -107,7 +107,9 @@ func (l *lane) leave(mark uint64, err error) {
 }
 
 // watch starts, once, the lane's watchdog: a PING to the node (ping)
-// every watchEvery, bounded by the store's timeout, counted like a call.
+// every watchEvery, counted like a call, and bounded by the connection's
+// timeout, so that a Redis slower than -redis-timeout but answering ends
+// the silence when its answer comes.
 // It finds an unresponsive node when no call does (little traffic), and
 // it is what clears the lane once the node answers again. It ends when
 // the store is closed.
@@ -118,7 +120,7 @@ func (l *lane) watch(ping func(ctx context.Context) error) {
 			defer t.Stop()
 			for {
 				mark := l.enter()
-				ctx, cancel := context.WithTimeout(context.Background(), l.s.opt.Timeout)
+				ctx, cancel := context.WithTimeout(context.Background(), l.s.connTimeout())
 				err := ping(ctx)
 				cancel()
 				if _, ok := rueidis.IsRedisErr(err); ok {

@@ -135,6 +135,7 @@ type Store struct {
 	client atomic.Pointer[rueidis.Client]
 	// shared is the deadline context calls starting now share.
 	shared   atomic.Pointer[sharedDeadline]
+	sharedAt atomic.Pointer[sharedDeadline] // Store.deadlineAt's
 	sharedMu sync.Mutex
 	// lanes keep calls away from Redis nodes that do not answer
 	// (guard.go).
@@ -169,8 +170,12 @@ func NewStore(opt StoreOptions) (*Store, error) {
 // rueidis gives up a connection whose PING, sent after pingGap without an
 // answer to anything, is not answered within connTimeout; until then the
 // commands of calls that timed out stay queued on it (guard.go).
-func (s *Store) pingGap() time.Duration     { return max(4*s.opt.Timeout, 100*time.Millisecond) }
-func (s *Store) connTimeout() time.Duration { return max(4*s.opt.Timeout, 100*time.Millisecond) }
+func (s *Store) pingGap() time.Duration { return max(4*s.opt.Timeout, 100*time.Millisecond) }
+func (s *Store) connTimeout() time.Duration {
+	// rueidis also cuts a lone call (one in flight) at this, whatever its
+	// context: a call under its client's deadline must fit.
+	return max(s.maxClientBudget()+s.opt.Timeout, 100*time.Millisecond)
+}
 
 // ringScale is rueidis's RingScaleEachConn: each connection queues up to
 // 2^ringScale commands awaiting answers (guard.go's laneLimit).
@@ -292,8 +297,13 @@ func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script
 	}
 	c := *cp
 	start := time.Now()
-	ctx, cancel := s.bound(ctx, start)
-	defer cancel()
+	if at, ok := s.clientBudget(ctx, start, n); ok {
+		ctx = s.deadlineAt(at)
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = s.bound(ctx, start)
+		defer cancel()
+	}
 	// eval marks the scripts a node did not know (NOSCRIPT): EVAL loads
 	// them. rueidis recycles a command once sent, so a retry builds it
 	// again.
@@ -393,6 +403,64 @@ func (s *Store) retryable(ctx context.Context, err error) bool {
 	}
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// clientBudget returns when a call of n scripts starting at now gives up
+// and true, if it runs under its caller's deadline rather than the store's
+// timeout: a call of one script whose caller set a deadline (a gRPC
+// client's grpc-timeout) more than one timeout and at most
+// maxClientBudget away. It gives up answerMargin before the caller does,
+// so that the caller hears UNAVAILABLE rather than its own deadline.
+//
+// Why: a request of one descriptor makes one round trip, never a refund
+// (there is nothing else to give back), so it may use all the time its
+// client gives it; on a busy host a round trip can take longer than
+// -redis-timeout without anything being wrong, and failing it sent the
+// client to its failure rule for nothing (issue 23, defect 2). A request
+// of several descriptors may need a refund after the take, so each of its
+// round trips keeps the store's timeout (Store.bound).
+func (s *Store) clientBudget(ctx context.Context, now time.Time, n int) (time.Time, bool) {
+	if n != 1 {
+		return time.Time{}, false
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return time.Time{}, false
+	}
+	at := dl.Add(-answerMargin)
+	left := at.Sub(now)
+	return at, left > s.opt.Timeout && left <= s.maxClientBudget()
+}
+
+// answerMargin is how long before its caller's deadline a call under it
+// gives up (clientBudget).
+const answerMargin = 2 * time.Millisecond
+
+// maxClientBudget is the longest a call runs under its caller's deadline:
+// 4 × the store's timeout (100 ms with the default). A caller that allows
+// longer (a client with a deadline of seconds) gets the store's timeout.
+func (s *Store) maxClientBudget() time.Duration { return 4 * s.opt.Timeout }
+
+// deadlineAt returns a context ending between deadlineSlack before at and
+// at, shared by the calls whose ends fall in that interval (see
+// Store.deadline for why shared): Envoy's calls carry the same timeout, so
+// the calls of one millisecond share one.
+func (s *Store) deadlineAt(at time.Time) context.Context {
+	ok := func(d *sharedDeadline) bool {
+		return d != nil && !d.at.After(at) && at.Sub(d.at) <= deadlineSlack
+	}
+	if d := s.sharedAt.Load(); ok(d) {
+		return d.ctx
+	}
+	s.sharedMu.Lock()
+	defer s.sharedMu.Unlock()
+	if d := s.sharedAt.Load(); ok(d) {
+		return d.ctx
+	}
+	d := &sharedDeadline{at: at}
+	d.ctx, d.cancel = context.WithDeadline(context.Background(), at)
+	s.sharedAt.Store(d)
+	return d.ctx
 }
 
 // bound returns the context a Redis round trip starting now runs under:
