@@ -76,3 +76,38 @@ func TestSlowAnswerWithinClientDeadline(t *testing.T) {
 		t.Fatal("no client deadline, Redis at 70 ms: decided beyond the 50 ms timeout")
 	}
 }
+
+// TestStoreSentinel: with SentinelMaster the addresses are Sentinels', and
+// the store decides on the master they name (AUTH to it included); the
+// bucket is on that master.
+func TestStoreSentinel(t *testing.T) {
+	master := redistest.Start(t, "--requirepass", "m-pw")
+	sentinel := redistest.StartSentinel(t, "tokengate", master)
+	s, err := rls.NewStore(rls.StoreOptions{Addrs: []string{sentinel.Addr}, Timeout: time.Second,
+		SentinelMaster: "tokengate", Password: "m-pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	key := rls.BucketKey("sentinel", "a")
+	var last error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		out := s.Run(context.Background(), []rls.Op{{Key: key, Rate: 1, Burst: 5, Cost: 1}})
+		if last = out[0].Err; last == nil {
+			break
+		}
+	}
+	if last != nil {
+		t.Fatalf("through Sentinel: %v", last)
+	}
+	if got := master.MustDo("EXISTS", key); got != int64(1) {
+		t.Fatalf("EXISTS %s on the master: %v, want 1", key, got)
+	}
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatalf("Ping through Sentinel: %v", err)
+	}
+	if _, err := rls.NewStore(rls.StoreOptions{Addrs: []string{sentinel.Addr}, Timeout: time.Second,
+		SentinelMaster: "tokengate", Cluster: true}); err == nil {
+		t.Error("Sentinel and Cluster together: accepted")
+	}
+}
