@@ -384,6 +384,19 @@ func (s *Store) do(ctx context.Context, cmds rueidis.Commands, idx []int, out []
 	}
 }
 
+// doOne sends one command as do sends many: not to a node that does not
+// answer (ErrBacklog, and no result), and counted on its node's lane.
+func (s *Store) doOne(ctx context.Context, c rueidis.Client, cmd rueidis.Completed) (rueidis.RedisResult, error) {
+	l := s.lanes.of(cmd.Slot())
+	if !l.admit() {
+		return rueidis.RedisResult{}, ErrBacklog
+	}
+	mark := l.enter()
+	r := c.Do(ctx, cmd)
+	l.leave(mark, r.NonRedisError())
+	return r, nil
+}
+
 // retryable reports whether err is a failure after which the script
 // certainly did not run, and ctx leaves time to try again: a connection
 // that could not be made, or Redis answering that it cannot run commands
