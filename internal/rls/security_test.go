@@ -12,7 +12,7 @@ import (
 // TestStoreAuth: the store authenticates with requirepass's password and
 // with an ACL user; without them, or with a wrong one, it never decides.
 func TestStoreAuth(t *testing.T) {
-	srv := redistest.Start(t, "--requirepass", "s3cret", "--user", "svc", "on", ">svc-pw", "~tb:*", "+@all")
+	srv := redistest.Start(t, "--requirepass", "s3cret", "--user", "svc", "on", ">svc-pw", "~tb:*", "~tl:*", "+evalsha", "+eval", "+ping", "+time", "+get", "+set", "+del", "+pexpire", "+hgetall", "+hset", "+hdel")
 	op := []rls.Op{{Key: rls.BucketKey("auth", "a"), Rate: 1, Burst: 5, Cost: 1}}
 	for _, tc := range []struct {
 		name, user, password string
