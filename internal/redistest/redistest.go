@@ -220,12 +220,8 @@ func (s *Server) MustDo(args ...string) any {
 	return v
 }
 
-func do(addr string, timeout time.Duration, args ...string) (any, error) {
-	return doAuth(addr, "", timeout, args...)
-}
-
-// doAuth is do on a connection that first authenticates with password
-// (none when empty).
+// doAuth sends one command on a new connection to addr that first
+// authenticates with password (none when empty), bounded by timeout.
 func doAuth(addr, password string, timeout time.Duration, args ...string) (any, error) {
 	conn, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
