@@ -88,7 +88,9 @@ func (l *lane) leave(mark uint64, err error) {
 	l.inflight.Add(-1)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		n := l.timeouts.Add(1)
-		if l.since.CompareAndSwap(0, time.Now().UnixNano()) {
+		// A caller that gave up early says nothing of the node; one
+		// whose deadline passed does.
+		if errors.Is(err, context.DeadlineExceeded) && l.since.CompareAndSwap(0, time.Now().UnixNano()) {
 			l.silentMark.Store(n)
 		}
 		return

@@ -26,7 +26,7 @@ const latencyTimeout = 25 * time.Millisecond
 // connection, a second and more, whatever their deadline), far beyond any
 // scheduling delay; the fault script measures the real distribution
 // (docs/failures.md).
-const structuralSlack = 250 * time.Millisecond
+const structuralSlack = 500 * time.Millisecond
 
 // loadResult is what a load saw: every call's overrun of its own
 // deadline, and how many calls failed.

@@ -365,7 +365,6 @@ func (s *Store) do(ctx context.Context, cmds rueidis.Commands, idx []int, out []
 	}
 	var buf [2]sent
 	ss := buf[:0]
-	send := make(rueidis.Commands, 0, len(idx))
 	for _, i := range idx {
 		l := s.lanes.of(cmds[i].Slot())
 		if !l.admit() {
@@ -373,10 +372,16 @@ func (s *Store) do(ctx context.Context, cmds rueidis.Commands, idx []int, out []
 			continue
 		}
 		ss = append(ss, sent{i: i, l: l, mark: l.enter()})
-		send = append(send, cmds[i])
 	}
-	if len(send) == 0 {
+	if len(ss) == 0 {
 		return
+	}
+	send := cmds // the usual case: every command, in order
+	if len(ss) != len(cmds) {
+		send = make(rueidis.Commands, len(ss))
+		for j, x := range ss {
+			send[j] = cmds[x.i]
+		}
 	}
 	for j, r := range (*s.client.Load()).DoMulti(ctx, send...) {
 		out[ss[j].i] = outcome(r)
