@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
@@ -82,7 +83,7 @@ func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 		return errAt(path, "must be an object, got "+typeName(v))
 	}
 	if err := onlyFields(path, v, append([]string{"tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost",
-		"count_statuses", "reset_on_statuses", "pre_charge", "max_debt"}, delayFields...)...); err != nil {
+		"count_statuses", "reset_on_statuses", "pre_charge", "max_debt", "estimate_source", "strip_accept_encoding"}, delayFields...)...); err != nil {
 		return err
 	}
 	tps, rps := v.Get("tokens_per_second"), v.Get("rps")
@@ -194,7 +195,7 @@ func parseCostSource(s string) (CostKind, string, bool) {
 	}
 	switch kind {
 	case "header":
-		return CostHeader, strings.ToLower(name), true
+		return CostHeader, lite.ToLowerASCII(name), true
 	case "query":
 		return CostQuery, name, true
 	}

@@ -4,10 +4,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -40,9 +40,11 @@ type Plugin struct {
 	// The host's optional capabilities, found once by NewPlugin (host.go);
 	// nil when the host lacks them. caller: callouts and stream resumption
 	// (cluster and lease rules, held requests); br: the response body
-	// (response_json and response_sse costs); hbs, ps, bv, bl save copies.
+	// (response_json and response_sse costs); rhs: request headers
+	// (strip_accept_encoding); hbs, ps, bv, bl save copies.
 	caller Caller
 	br     bodyReader
+	rhs    requestHeaderSetter
 	hbs    headerBytesSetter
 	ps     propertyStringer
 	bv     bytesViewer
@@ -276,7 +278,7 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 	s.settleHeaders(endOfStream)
 	if p.cfg != nil && p.cfg.Settings.RateLimitHeaders {
 		for _, h := range s.rlsHeaders {
-			p.host.SetResponseHeader(strings.ToLower(h[0]), h[1])
+			p.host.SetResponseHeader(lite.ToLowerASCII(h[0]), h[1])
 		}
 	}
 	if len(s.quotas) == 0 || p.cfg == nil || !p.cfg.Settings.RateLimitHeaders {
