@@ -89,6 +89,8 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	drain := fs.Duration("drain", 5*time.Second, "how long shutdown waits for calls in flight")
 	drainDelay := fs.Duration("drain-delay", 5*time.Second, "on SIGTERM, how long the service keeps serving, not ready (/ready 503, gRPC health NOT_SERVING), before it stops accepting calls")
 	workers := fs.Uint("stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
+	var redisSec redisSecurity
+	redisSec.flags(fs)
 	pprofOn := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) on the admin listener under /debug/pprof/")
 	tlsCert := fs.String("tls-cert", "", "PEM `file` of the gRPC listener's certificate chain (with -tls-key: gRPC over TLS); re-read when it changes")
 	tlsKey := fs.String("tls-key", "", "PEM `file` of the gRPC listener's private key")
@@ -143,13 +145,17 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	if !*cluster {
 		metrics.SetRedisNode(*redisAddrs)
 	}
-	store, err := rls.NewStore(rls.StoreOptions{
+	storeOpt := rls.StoreOptions{
 		Addrs:      strings.Split(*redisAddrs, ","),
 		Cluster:    *cluster,
 		Timeout:    *timeout,
 		Observe:    metrics.ObserveRedis,
 		FlushDelay: *flushDelay,
-	})
+	}
+	if err := redisSec.apply(&storeOpt, os.Getenv); err != nil {
+		return err
+	}
+	store, err := rls.NewStore(storeOpt)
 	if err != nil {
 		return err
 	}

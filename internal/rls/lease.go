@@ -102,11 +102,15 @@ func (s *Store) Lease(ctx context.Context, op LeaseOp) (LeaseResult, error) {
 	if op.Share > 0 {
 		args = append(args, num(op.Share))
 	}
-	r := c.Do(ctx, c.B().Evalsha().Sha1(leaseScript.sha).Numkeys(1).Key(op.Key).Arg(args...).Build())
-	if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
-		r = c.Do(ctx, c.B().Eval().Script(leaseScript.text).Numkeys(1).Key(op.Key).Arg(args...).Build())
+	// doOne: not sent to a node that does not answer (guard.go).
+	r, err := s.doOne(ctx, c, c.B().Evalsha().Sha1(leaseScript.sha).Numkeys(1).Key(op.Key).Arg(args...).Build())
+	if e, ok := rueidis.IsRedisErr(r.Error()); err == nil && ok && e.IsNoScript() {
+		r, err = s.doOne(ctx, c, c.B().Eval().Script(leaseScript.text).Numkeys(1).Key(op.Key).Arg(args...).Build())
 	}
-	res, err := leaseResult(r)
+	res := LeaseResult{}
+	if err == nil {
+		res, err = leaseResult(r)
+	}
 	if s.opt.Observe != nil {
 		s.opt.Observe(time.Since(start), err)
 	}
