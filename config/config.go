@@ -53,6 +53,13 @@ type Settings struct {
 	// address, it is the connection's source.address and x-forwarded-for is
 	// ignored, so a client cannot spoof it.
 	XFFTrustedHops int
+	// IPv6Prefix is the prefix length, in bits, by which ip:address keys
+	// an IPv6 client ("ipv6_prefix", default 64, 1 to 128): the value is
+	// the client's network, "2001:db8:1:2::/64", so that one host cannot
+	// take a bucket per address of the /64 it is given. 128 keys every
+	// address on its own (written without "/128"). IPv4 clients are keyed
+	// by their address.
+	IPv6Prefix int
 	// XFFTrustedCIDRs are the addresses of trusted proxies
 	// ("xff_trusted_cidrs"), an alternative to XFFTrustedHops as in Envoy's
 	// xff original-IP detection: when the connection's peer is in one of
@@ -185,6 +192,9 @@ const (
 	maxMaxAttempts     = 1000
 	// MaxXFFHops bounds settings.xff_trusted_hops.
 	MaxXFFHops = 10
+	// DefaultIPv6Prefix is the default of Settings.IPv6Prefix: a /64 is
+	// what one host or one subscriber is usually given.
+	DefaultIPv6Prefix = 64
 	// DefaultMaxKeys is the default key bound of a rule with limit keys.
 	DefaultMaxKeys = 65536
 	maxMaxKeys     = 1 << 24

@@ -25,7 +25,7 @@ func Parse(data []byte) (*Config, error) {
 		return nil, errAt("", "configuration must be a JSON object, got "+typeName(root))
 	}
 	p := parser{names: map[string]string{}, metricNames: map[string]claimed{}}
-	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys, ResponseSettings: defaultResponseSettings()}}
+	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys, IPv6Prefix: DefaultIPv6Prefix, ResponseSettings: defaultResponseSettings()}}
 	var err error
 	switch {
 	case root.Get("policies").Exists() || root.Get("bundle_version").Exists():

@@ -122,7 +122,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	}
 	p.buf.nowSet = false
 	st := &p.st
-	st.begin(request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
+	st.begin(request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, v6Prefix: cfg.Settings.IPv6Prefix, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata})
 	if !p.collect(st) {
 		return Continue
