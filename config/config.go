@@ -118,6 +118,11 @@ type Rule struct {
 	// DenyOnStoreError reports whether a shared-data failure rejects the
 	// request ("on_store_error": "deny") instead of failing open.
 	DenyOnStoreError bool
+	// OnMissingKey is what a request whose limit key cannot be built (an
+	// absent header, query parameter or claim, a token that does not
+	// decode) does ("on_missing_key"): MissingKeySkip, MissingKeyShared or
+	// MissingKeyDeny.
+	OnMissingKey int
 	// MaxKeys bounds the shared-data keys the rule may create ("max_keys",
 	// default Settings.MaxKeysPerRule): its buckets live in MaxKeys slots,
 	// see sharedstate's "Bounded key space". 0 means one key per identity,
@@ -151,6 +156,20 @@ type Rule struct {
 	// "concurrency") instead of a token bucket; nil for a bucket.
 	InFlight *InFlightSpec
 }
+
+// Rule.OnMissingKey values.
+const (
+	// MissingKeySkip ("skip", the default): the rule does not apply to
+	// the request, which a policy's fallback_limit may then limit.
+	MissingKeySkip = iota
+	// MissingKeyShared ("shared"): every such request takes from one
+	// bucket, the one of an empty value in place of each missing one.
+	MissingKeyShared
+	// MissingKeyDeny ("deny"): the request is rejected (reason
+	// "missing_key", settings.rejection_status) before any bucket is
+	// charged.
+	MissingKeyDeny
+)
 
 // MatchCond is one entry of a rule's "match" object.
 type MatchCond struct {
