@@ -53,6 +53,13 @@ type Settings struct {
 	// address, it is the connection's source.address and x-forwarded-for is
 	// ignored, so a client cannot spoof it.
 	XFFTrustedHops int
+	// IPv6Prefix is the prefix length, in bits, by which ip:address keys
+	// an IPv6 client ("ipv6_prefix", default 64, 1 to 128): the value is
+	// the client's network, "2001:db8:1:2::/64", so that one host cannot
+	// take a bucket per address of the /64 it is given. 128 keys every
+	// address on its own (written without "/128"). IPv4 clients are keyed
+	// by their address.
+	IPv6Prefix int
 	// XFFTrustedCIDRs are the addresses of trusted proxies
 	// ("xff_trusted_cidrs"), an alternative to XFFTrustedHops as in Envoy's
 	// xff original-IP detection: when the connection's peer is in one of
@@ -111,6 +118,11 @@ type Rule struct {
 	// DenyOnStoreError reports whether a shared-data failure rejects the
 	// request ("on_store_error": "deny") instead of failing open.
 	DenyOnStoreError bool
+	// OnMissingKey is what a request whose limit key cannot be built (an
+	// absent header, query parameter or claim, a token that does not
+	// decode) does ("on_missing_key"): MissingKeySkip, MissingKeyShared or
+	// MissingKeyDeny.
+	OnMissingKey int
 	// MaxKeys bounds the shared-data keys the rule may create ("max_keys",
 	// default Settings.MaxKeysPerRule): its buckets live in MaxKeys slots,
 	// see sharedstate's "Bounded key space". 0 means one key per identity,
@@ -144,6 +156,20 @@ type Rule struct {
 	// "concurrency") instead of a token bucket; nil for a bucket.
 	InFlight *InFlightSpec
 }
+
+// Rule.OnMissingKey values.
+const (
+	// MissingKeySkip ("skip", the default): the rule does not apply to
+	// the request, which a policy's fallback_limit may then limit.
+	MissingKeySkip = iota
+	// MissingKeyShared ("shared"): every such request takes from one
+	// bucket, the one of an empty value in place of each missing one.
+	MissingKeyShared
+	// MissingKeyDeny ("deny"): the request is rejected (reason
+	// "missing_key", settings.rejection_status) before any bucket is
+	// charged.
+	MissingKeyDeny
+)
 
 // MatchCond is one entry of a rule's "match" object.
 type MatchCond struct {
@@ -196,6 +222,9 @@ const (
 	maxMaxAttempts     = 1000
 	// MaxXFFHops bounds settings.xff_trusted_hops.
 	MaxXFFHops = 10
+	// DefaultIPv6Prefix is the default of Settings.IPv6Prefix: a /64 is
+	// what one host or one subscriber is usually given.
+	DefaultIPv6Prefix = 64
 	// DefaultMaxKeys is the default key bound of a rule with limit keys.
 	DefaultMaxKeys = 65536
 	maxMaxKeys     = 1 << 24

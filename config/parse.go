@@ -26,7 +26,7 @@ func Parse(data []byte) (*Config, error) {
 		return nil, errAt("", "configuration must be a JSON object, got "+typeName(root))
 	}
 	p := parser{names: map[string]string{}, metricNames: map[string]claimed{}}
-	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys, ResponseSettings: defaultResponseSettings()}}
+	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys, IPv6Prefix: DefaultIPv6Prefix, ResponseSettings: defaultResponseSettings()}}
 	var err error
 	switch {
 	case root.Get("policies").Exists() || root.Get("bundle_version").Exists():
@@ -285,7 +285,7 @@ func (p *parser) rule(path string, v ljson.Result, fallback bool) (*Rule, error)
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
-	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error", "max_keys", "scope", "mode", "lease_max", "lease_ttl_ms"}
+	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error", "on_missing_key", "max_keys", "scope", "mode", "lease_max", "lease_ttl_ms"}
 	if !fallback {
 		fields = append(fields, "match")
 	}
@@ -402,8 +402,8 @@ func matchConds(mpath string, m ljson.Result, r *Rule) error {
 	return err
 }
 
-// ruleOptions reads "max_keys", "scope", the lease fields and
-// "on_store_error".
+// ruleOptions reads "max_keys", "scope", the lease fields,
+// "on_store_error" and "on_missing_key".
 func (p *parser) ruleOptions(path string, v ljson.Result, r *Rule) error {
 	if mk := v.Get("max_keys"); mk.Exists() {
 		n, err := maxKeys(join(path, "max_keys"), mk)
@@ -430,6 +430,16 @@ func (p *parser) ruleOptions(path string, v ljson.Result, r *Rule) error {
 		r.DenyOnStoreError = true
 	default:
 		return errAt(join(path, "on_store_error"), `must be "allow" or "deny", got `+short(ose.Raw))
+	}
+	switch omk := v.Get("on_missing_key"); {
+	case !omk.Exists():
+	case omk.Type == ljson.String && omk.Str == "skip":
+	case omk.Type == ljson.String && omk.Str == "shared":
+		r.OnMissingKey = MissingKeyShared
+	case omk.Type == ljson.String && omk.Str == "deny":
+		r.OnMissingKey = MissingKeyDeny
+	default:
+		return errAt(join(path, "on_missing_key"), `must be "skip", "shared" or "deny", got `+short(omk.Raw))
 	}
 	return nil
 }

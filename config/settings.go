@@ -14,7 +14,7 @@ func (p *parser) settings(cfg *Config, v ljson.Result) error {
 	if !v.IsObject() {
 		return errAt("settings", "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields("settings", v, append([]string{"cas_max_attempts", "xff_trusted_hops", "xff_trusted_cidrs", "jwt_payload_in_metadata", "rls", "max_keys_per_rule"}, responseSettingFields...)...); err != nil {
+	if err := onlyFields("settings", v, append([]string{"cas_max_attempts", "xff_trusted_hops", "xff_trusted_cidrs", "jwt_payload_in_metadata", "rls", "max_keys_per_rule", "ipv6_prefix"}, responseSettingFields...)...); err != nil {
 		return err
 	}
 	if err := responseSettings(&cfg.Settings.ResponseSettings, v); err != nil {
@@ -33,6 +33,13 @@ func (p *parser) settings(cfg *Config, v ljson.Result) error {
 			return errAt("settings.xff_trusted_hops", "must be an integer from 0 to "+strconv.Itoa(MaxXFFHops)+", got "+short(h.Raw))
 		}
 		cfg.Settings.XFFTrustedHops = int(n)
+	}
+	if p := v.Get("ipv6_prefix"); p.Exists() {
+		n, ok := integer(p)
+		if !ok || n < 1 || n > 128 {
+			return errAt("settings.ipv6_prefix", "must be an integer from 1 to 128 (bits of an IPv6 client address that key it), got "+short(p.Raw))
+		}
+		cfg.Settings.IPv6Prefix = int(n)
 	}
 	if c := v.Get("xff_trusted_cidrs"); c.Exists() {
 		if cfg.Settings.XFFTrustedHops > 0 {

@@ -62,3 +62,39 @@ func TestForwardedForLines(t *testing.T) {
 		})
 	}
 }
+
+// TestIPv6HostIsItsNetwork (issue 22, item 4), through the built module:
+// one host with 40 addresses of its /64, 10 requests from each, against a
+// per-IP rule of burst 10 at a standstill clock. Keyed by address it got
+// 400 of 400 through; keyed by its /64 (the default ipv6_prefix) it gets
+// the burst, 10. Another /64 keeps its own bucket, and ipv6_prefix: 128
+// restores one bucket per address.
+func TestIPv6HostIsItsNetwork(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		settings string
+		want     int
+	}{
+		{"default /64", ``, 10},
+		{"ipv6_prefix 128", `,"settings":{"ipv6_prefix":128}`, 400},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := `{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":0.1,"burst":10}}]` + tc.settings + `}`
+			h, _ := startHost(t, hostOpts(cfg, false, 2, wasmhost.NewFakeClock(t0), nil))
+			admitted := 0
+			for a := range 40 {
+				for range 10 {
+					if serve(h, "[2001:db8:7:1:"+strconv.FormatInt(int64(a+1)*0x3f1, 16)+"::"+strconv.Itoa(a+1)+"]:4242").Code == http.StatusOK {
+						admitted++
+					}
+				}
+			}
+			if admitted != tc.want {
+				t.Errorf("40 addresses of 2001:db8:7:1::/64: %d of 400 admitted, want %d", admitted, tc.want)
+			}
+			if rec := serve(h, "[2001:db8:7:2::1]:4242"); rec.Code != http.StatusOK {
+				t.Errorf("a client of another /64: got %d, want 200", rec.Code)
+			}
+		})
+	}
+}

@@ -146,8 +146,9 @@ func TestBurstThen429(t *testing.T) {
 
 // TestIPv6Client: a client connecting over IPv6 loopback ([::1]) is
 // limited by its address, which the filter reads from source.address
-// ("[::1]:port" on Envoy, "::1" on Kong) and stores as the slot's owner
-// "::1", colons and all.
+// ("[::1]:port" on Envoy, "::1" on Kong) and, cut to its /64 (the default
+// settings.ipv6_prefix, issue 22), stores as the slot's owner "::/64",
+// colons and all.
 func TestIPv6Client(t *testing.T) {
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
@@ -177,9 +178,9 @@ func TestIPv6Client(t *testing.T) {
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("statuses: got %v, want %v", got, want)
 			}
-			b, ok := findBucket(t, ms, "per-ip", "::1")
+			b, ok := findBucket(t, ms, "per-ip", "::/64")
 			if !ok || b.tokens != 0 || b.last != seconds(t0) {
-				t.Errorf("bucket of ::1: got %+v (found %v) in %v, want 0 tokens at t0", b, ok, ms.Snapshot(""))
+				t.Errorf("bucket of ::/64: got %+v (found %v) in %v, want 0 tokens at t0", b, ok, ms.Snapshot(""))
 			}
 		})
 	}

@@ -18,6 +18,7 @@ type request struct {
 	host     Host
 	ps       propertyStringer // host's, if it has it
 	xffHops  int              // Settings.XFFTrustedHops
+	v6Prefix int              // Settings.IPv6Prefix
 	xffCIDRs []lite.CIDR      // Settings.XFFTrustedCIDRs
 	jwtMeta  string           // Settings.JWTPayloadInMetadata
 
@@ -105,7 +106,7 @@ func (r *request) hostValue() string {
 
 // clientIP returns the client address: from x-forwarded-for when proxies
 // are trusted (Settings.XFFTrustedHops or XFFTrustedCIDRs), else from
-// source.address.
+// source.address; for IPv6, its network at Settings.IPv6Prefix.
 func (r *request) clientIP() (string, bool) {
 	if !r.ipDone {
 		r.ipDone = true
@@ -124,6 +125,13 @@ func (r *request) clientIP() (string, bool) {
 		if !r.ipOK {
 			if a, ok := r.sourceAddress(); ok {
 				r.ip, r.ipOK = normalizeIP(a), true
+			}
+		}
+		// An IPv6 client is its network (Settings.IPv6Prefix): a host
+		// given a /64 could otherwise take a bucket per address.
+		if r.ipOK && r.v6Prefix > 0 && r.v6Prefix < 128 && strings.IndexByte(r.ip, ':') >= 0 {
+			if n, ok := lite.IPv6Prefix(r.ip, r.v6Prefix); ok {
+				r.ip = n
 			}
 		}
 	}

@@ -125,7 +125,7 @@ func TestUnboundedKeys(t *testing.T) {
 	h := filtertest.New()
 	p, _ := newPlugin(t, h, `{"name":"global-rps","limit_keys":["ip:address","header:x-tenant"],"max_keys":0,"algorithm_config":{"rps":5,"burst":10}}`)
 	h.Do(p, filtertest.Get("/", "[2001:db8::7]:1", "x-tenant", "acme|corp"))
-	v, _, err := h.Store.Get("tb:global-rps:2001:db8::7|acme%7Ccorp")
+	v, _, err := h.Store.Get("tb:global-rps:2001:db8::/64|acme%7Ccorp") // an IPv6 client is its /64
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestRefillAndIsolation(t *testing.T) {
 	if got := h.Do(p, b).Status(); got != 200 {
 		t.Fatalf("b is limited by a's bucket: got %d, want 200", got)
 	}
-	if _, _, err := sharedstatetest.Lookup(h.Store, false, "global-rps", "2001:db8::1", config.DefaultMaxKeys); err != nil {
+	if _, _, err := sharedstatetest.Lookup(h.Store, false, "global-rps", "2001:db8::/64", config.DefaultMaxKeys); err != nil {
 		t.Errorf("IPv6 bucket: %v", err)
 	}
 	c.now += 0.4 // 2 tokens at 5/s

@@ -422,7 +422,11 @@ func TestHostileClientAddress(t *testing.T) {
 			[]step{at("192.0.2.1:1", 4), at("[::ffff:192.0.2.1]:2", 3), at("192.0.2.1", 2), at("::ffff:192.0.2.1", 1)}, 0},
 		{"IPv6 spellings are one client",
 			[]step{at("[2001:db8::1]:443", 4), at("[2001:DB8:0:0::1]:1", 3), at("2001:db8::1", 2), at("[2001:db8::1%eth0]:1", 1)}, 0},
-		{"IPv6 neighbours are distinct", []step{at("[2001:db8::1]:1", 4), at("[2001:db8::2]:1", 4)}, 0},
+		// Issue 22: one host holds a whole /64; keyed by address it got a
+		// bucket per address.
+		{"IPv6 neighbours in one /64 are one client", []step{at("[2001:db8::1]:1", 4), at("[2001:db8::2]:1", 3),
+			at("[2001:db8::ffff:ffff:ffff:ffff]:1", 2)}, 0},
+		{"IPv6 networks are distinct", []step{at("[2001:db8::1]:1", 4), at("[2001:db8:0:1::1]:1", 4)}, 0},
 		{"IPv4 and its IPv6 lookalike differ", []step{at("192.0.2.1:1", 4), at("[64:ff9b::c000:201]:1", 4)}, 0},
 		{"missing address skips the rule", []step{at("-", -1)}, 1},
 		{"empty address skips the rule", []step{at("", -1)}, 1},

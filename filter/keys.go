@@ -122,16 +122,30 @@ func (r *rule) matches(req *request) bool {
 }
 
 // add appends r's bucket for this request to its group, with its limit-key
-// values, and reports whether it did; a rule with an absent limit key is
-// skipped and counted. buildKeys makes the keys later.
+// values, and reports whether it did. An absent limit key is counted and
+// does what the rule's on_missing_key says: the rule is skipped; or the
+// value is empty, one bucket for every such request; or (deny) the rule
+// is skipped and the request marked for denial (st.denied; a shadow rule
+// only counts it). buildKeys makes the keys later.
 func (p *Plugin) add(st *reqState, r *rule) bool {
 	req := &st.req
 	start := len(st.vals)
 	for _, d := range r.Keys {
 		v, ok := req.value(d)
 		if !ok {
-			st.vals = st.vals[:start]
 			r.metrics.descriptorMissing.inc(p.host, 1)
+			switch r.OnMissingKey {
+			case config.MissingKeyShared:
+				st.vals = append(st.vals, "")
+				continue
+			case config.MissingKeyDeny:
+				if r.Shadow {
+					r.metrics.shadowRejected.inc(p.host, 1)
+				} else if st.denied == nil {
+					st.denied = r
+				}
+			}
+			st.vals = st.vals[:start]
 			return false
 		}
 		st.vals = append(st.vals, v)

@@ -12,7 +12,8 @@ const (
 	// rule: would have admitted).
 	CounterAllowed = "allowed"
 	// CounterRejected counts requests rejected because this rule's bucket
-	// lacked tokens.
+	// lacked tokens, or because they lacked its limit key and the rule
+	// says "on_missing_key": "deny".
 	CounterRejected = "rejected"
 	// CounterShadowRejected counts requests a shadow rule would have rejected.
 	CounterShadowRejected = "shadow_rejected"
@@ -22,8 +23,9 @@ const (
 	// CounterCASRetries counts compare-and-swap mismatches while updating the
 	// rule's buckets (a request with several rules counts them on each).
 	CounterCASRetries = "cas_retries"
-	// CounterDescriptorMissing counts requests the rule matched but skipped
-	// because a limit key was absent from the request.
+	// CounterDescriptorMissing counts requests the rule matched that lacked
+	// a limit key: skipped, sent to the shared bucket or denied, as the
+	// rule's on_missing_key says.
 	CounterDescriptorMissing = "descriptor_missing"
 	// CounterStoreDenied counts requests this rule rejected because their
 	// buckets could not be updated (store failure or contention) and it
@@ -39,9 +41,10 @@ const (
 	// CounterSlotTakeovers counts identities that took over a slot whose
 	// bucket was idle (full) or corrupt (bounded key space).
 	CounterSlotTakeovers = "slot_takeovers"
-	// CounterSlotCollisions counts requests charged to another identity's
-	// live bucket because both of their slots were taken: the key bound is
-	// too small for the number of clients active at once.
+	// CounterSlotCollisions counts identities that found both their slots
+	// holding live buckets of others and evicted the fuller one: the key
+	// bound is too small for the number of clients active at once, or
+	// someone is spraying keys.
 	CounterSlotCollisions = "slot_collisions"
 	// CounterSettleCharged, CounterSettleRefunded and CounterSettleReset
 	// count requests settled after the response (docs/configuration.md,

@@ -54,12 +54,17 @@ type reqState struct {
 	// every applying rule, in order (group.vals locate each rule's).
 	keyBuf []byte
 	vals   []string
+
+	// denied: output of collect. The first enforced rule with
+	// "on_missing_key": "deny" whose limit key the request lacks; nil if
+	// none. Such a request is answered before any stage charges a bucket.
+	denied *rule
 }
 
 // begin starts a request's decision.
 func (st *reqState) begin(req request) {
 	st.req = req
-	st.now, st.wait, st.waitRule, st.hold, st.debits = 0, 0, -1, nil, nil
+	st.now, st.wait, st.waitRule, st.hold, st.debits, st.denied = 0, 0, -1, nil, nil, nil
 	st.shadow.reset()
 	st.inflight.reset()
 	st.enforce.reset()
@@ -122,9 +127,13 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	}
 	p.buf.nowSet = false
 	st := &p.st
-	st.begin(request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
+	st.begin(request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, v6Prefix: cfg.Settings.IPv6Prefix, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata})
-	if !p.collect(st) {
+	applies := p.collect(st)
+	if st.denied != nil {
+		return s.denyMissingKey(&st.req, st.denied)
+	}
+	if !applies {
 		return Continue
 	}
 	st.now = p.time()

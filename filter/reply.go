@@ -24,6 +24,9 @@ const (
 	// ReasonContention: every compare-and-swap attempt lost its race
 	// (settings.cas_max_attempts) and the rule fails closed.
 	ReasonContention = "contention"
+	// ReasonMissingKey: the request lacks a limit key of a rule with
+	// "on_missing_key": "deny".
+	ReasonMissingKey = "missing_key"
 )
 
 // gRPC status codes of local replies to gRPC requests.
@@ -202,6 +205,15 @@ func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 		p.buf.rlHdrs = rep.rateLimit
 	}
 	s.send(isGRPCRequest(req), &rep)
+}
+
+// denyMissingKey answers a request that lacks a limit key of r, a rule
+// with "on_missing_key": "deny": settings.rejection_status (gRPC
+// RESOURCE_EXHAUSTED), no Retry-After, since waiting cannot help.
+func (s *Stream) denyMissingKey(req *request, r *rule) Action {
+	r.metrics.rejected.inc(s.p.host, 1)
+	s.send(isGRPCRequest(req), &localReply{reason: ReasonMissingKey, details: "tokengate_missing_key", rule: r})
+	return Pause
 }
 
 // sendStoreDenied sends the 503 reply of rule r, which fails closed when

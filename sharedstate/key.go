@@ -147,9 +147,19 @@ func safeByte(c byte) bool {
 //     bucket would be full by now: a full bucket carries no information, so
 //     X starts from a full bucket exactly as a new identity would;
 //  3. otherwise both candidates hold live buckets of other identities (a
-//     live collision): X shares the one with more tokens, charged as its
-//     owner's bucket, and the collision is counted. Sharing can only make
-//     limits stricter, never looser.
+//     live collision): X evicts the one with more tokens after refill and
+//     starts there from a full bucket, and the collision is counted.
+//
+// So an identity X has never used always gets a bucket of its own, full,
+// however many identities are sprayed and however slow the rule: nobody can
+// lock newcomers out. The price is in step 3: the evicted owner, if it comes
+// back, starts full too, so it is forgiven what it had spent (burst minus
+// its tokens). Evicting the fuller candidate keeps that small: a client
+// spending at its limit holds less than one token, so it loses its slot
+// only to a newcomer whose other candidate is even emptier, which a spray
+// of one request per key (each leaving burst-1 tokens) never provides when
+// burst >= 2. RATIONALE.md ("Memory") bounds what an attacker who drains
+// its sprayed keys gains.
 //
 // A slot value without an owner (the unbounded format) is treated as another
 // identity's. Taking over goes through the same compare-and-swap as every

@@ -49,7 +49,7 @@ type Request struct {
 	Cost  float64      // tokens to take
 
 	// Slotted marks a request in a bounded key space (see "Bounded key
-	// space" in slots.go): Key and Alt are the identity's two candidate
+	// space" in key.go): Key and Alt are the identity's two candidate
 	// slot keys (Alt empty if there is only one slot) and Owner its
 	// composite key.
 	Slotted bool
@@ -58,8 +58,9 @@ type Request struct {
 
 	// TookOver and Collided are set by TakeAll, for this request's bucket
 	// in the last attempt: its slot was taken over from an idle or corrupt
-	// owner (only if the new state was written), or it shared a live slot
-	// of another identity. Bounded key space only.
+	// owner (only if the new state was written), or both candidates held
+	// live buckets of other identities and it evicted the fuller one.
+	// Bounded key space only.
 	TookOver, Collided bool
 
 	// Stored is set by an allowed TakeAll: the key the cost was taken from
@@ -92,10 +93,10 @@ type Outcome struct {
 	// attempts counts twice.
 	Corrupt int
 	// Takeovers is the number of slots taken over from an idle or corrupt
-	// owner, and Collisions the number of requests that shared a live slot
-	// of another identity (bounded key space); Request.TookOver and
-	// Request.Collided say which. They describe the last attempt; a
-	// takeover counts only if it was written.
+	// owner, and Collisions the number of requests that found both their
+	// candidates live and evicted another identity's bucket (bounded key
+	// space); Request.TookOver and Request.Collided say which. They describe
+	// the last attempt; a takeover counts only if it was written.
 	Takeovers, Collisions int
 	// Err is non-nil when the store failed with something other than a CAS
 	// mismatch, when attempts ran out (ErrContention), or when the inputs
@@ -172,9 +173,6 @@ type Updater struct {
 
 	buf  []byte    // encoding scratch
 	pend []pending // per-request scratch
-	// owners holds copies of the owners of slots shared after a live
-	// collision (pending.shared views them); reset by TakeAll.
-	owners []byte
 }
 
 // pending is what one attempt read and decided for one request.
@@ -186,22 +184,14 @@ type pending struct {
 
 	// For a slotted request: the slot key chosen, the owner to write, and
 	// how the slot was obtained.
-	key   string
-	owner string
-	// shared, when not nil, is the owner to write instead of owner: the
-	// owner of a slot shared after a live collision, copied into
-	// Updater.owners (a string would allocate on every request of a
-	// colliding identity).
-	shared            []byte
+	key               string
+	owner             string
 	hasOwner          bool
 	takeover, collide bool
 }
 
 // value appends the stored form of s for this pending write.
 func (p *pending) value(dst []byte, s bucket.State) []byte {
-	if p.hasOwner && p.shared != nil {
-		return append(append(AppendState(dst, s), ':'), p.shared...)
-	}
 	if p.hasOwner {
 		return AppendSlotValue(dst, s, p.owner)
 	}
@@ -239,7 +229,6 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 	for i := range reqs {
 		reqs[i].TookOver, reqs[i].Collided = false, false
 	}
-	u.owners = u.owners[:0]
 	now = Quantize(now)
 	if !(now > 0) || math.IsInf(now, 1) {
 		out.Err = errBadNow
@@ -500,7 +489,7 @@ func (s *slotRead) free(r *Request, now float64) bool {
 }
 
 // readSlot fills p with the slot a slotted request takes from; see
-// "Bounded key space" in slots.go. A missing slot it chooses is seeded with
+// "Bounded key space" in key.go. A missing slot it chooses is seeded with
 // a full bucket owned by r.Owner, then both candidates are read again.
 func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) error {
 	for seeds := 0; ; seeds++ {
@@ -530,17 +519,13 @@ func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) er
 			pick = &b
 		}
 		if pick == nil {
-			// A live collision: share the bucket with more tokens.
+			// A live collision: evict the candidate with more tokens, whose
+			// owner loses the least if it comes back to a full bucket.
 			pick = &a
 			if r.Limit.Refill(b.state, now).Tokens > r.Limit.Refill(a.state, now).Tokens {
 				pick = &b
 			}
-			use(p, pick, "")
-			// Appending may move owners; what earlier views point at
-			// stays as it was.
-			start := len(u.owners)
-			u.owners = append(u.owners, pick.owner...)
-			p.shared, p.collide = u.owners[start:len(u.owners):len(u.owners)], true
+			*p = pending{read: r.Limit.Full(now), cas: pick.cas, key: pick.key, owner: r.Owner, hasOwner: true, collide: true}
 			return nil
 		}
 		if pick.exists {

@@ -26,7 +26,8 @@ type checkTarget struct {
 // an Envoy bootstrap (every wasm filter in it) or Istio WasmPlugin
 // resources (every pluginConfig). Each configuration is given to the real
 // module's proxy_on_configure, so the messages are the filter's own. It
-// prints one line per configuration and returns an error if any is refused.
+// prints one line per configuration, then one per warning (printWarnings),
+// and returns an error if any is refused.
 func check(ctx context.Context, file string, wasm []byte, kong bool, stdout io.Writer) error {
 	doc, err := os.ReadFile(file)
 	if err != nil {
@@ -50,6 +51,7 @@ func check(ctx context.Context, file string, wasm []byte, kong bool, stdout io.W
 		if err == nil {
 			_ = h.Close(ctx)
 			fmt.Fprintf(stdout, "%s: ok\n", tg.where)
+			printWarnings(stdout, tg.where, tg.opts.PluginConfig)
 			continue
 		}
 		failed++

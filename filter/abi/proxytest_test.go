@@ -233,7 +233,7 @@ func TestWasmIsolationBetweenIPs(t *testing.T) {
 	if r := do(t, host); r.status != 200 || r.headers["ratelimit-remaining"] != "9" {
 		t.Fatalf("second IP: got %d remaining %q, want 200 and 9", r.status, r.headers["ratelimit-remaining"])
 	}
-	if _, _, err := sharedstatetest.Lookup(emulatorStore{}, false, "global-rps", "2001:db8::5", config.DefaultMaxKeys); err != nil {
+	if _, _, err := sharedstatetest.Lookup(emulatorStore{}, false, "global-rps", "2001:db8::/64", config.DefaultMaxKeys); err != nil { // keyed by its /64 (issue 22)
 		t.Errorf("IPv6 bucket: %v", err)
 	}
 }

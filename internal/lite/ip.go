@@ -263,3 +263,56 @@ func appendIP16(dst []byte, ip *[16]byte) []byte {
 	}
 	return dst
 }
+
+// IPv6Prefix returns the network of the IPv6 address s (as CanonicalIP
+// accepts it) at prefix length bits, 0 to 128, as "2001:db8:1:2::/64":
+// the address with every bit after the first bits cleared, in
+// CanonicalIP's form, then "/" and bits. ok is false when s is not an IPv6
+// address, has a zone, or is an IPv4-mapped one (which CanonicalIP prints
+// as IPv4).
+func IPv6Prefix(s string, bits int) (string, bool) {
+	if bits < 0 || bits > 128 {
+		return "", false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' {
+			return "", false // a zone
+		}
+	}
+	ip, ok := parseIPv6(s)
+	if !ok {
+		return "", false
+	}
+	if isMapped(&ip) {
+		return "", false
+	}
+	for i := range ip {
+		switch keep := bits - 8*i; {
+		case keep <= 0:
+			ip[i] = 0
+		case keep < 8:
+			ip[i] &= 0xff << (8 - keep)
+		}
+	}
+	var buf [52]byte
+	b := appendIP16(buf[:0], &ip)
+	b = append(b, '/')
+	if bits >= 100 {
+		b = append(b, '1')
+	}
+	if bits >= 10 {
+		b = append(b, byte('0'+bits/10%10))
+	}
+	b = append(b, byte('0'+bits%10))
+	return string(b), true
+}
+
+// isMapped reports whether ip is an IPv4-mapped IPv6 address.
+func isMapped(ip *[16]byte) bool {
+	for _, b := range ip[:10] {
+		if b != 0 {
+			return false
+		}
+	}
+	return ip[10] == 0xff && ip[11] == 0xff
+}

@@ -83,3 +83,32 @@ func BenchmarkIPv4Host(b *testing.B) {
 		}
 	}
 }
+
+// TestIPv6PrefixMatchesNetip: IPv6Prefix prints what netip's masked prefix
+// prints, and refuses IPv4 and IPv4-mapped addresses.
+func TestIPv6PrefixMatchesNetip(t *testing.T) {
+	inputs := []string{"2001:db8::1", "2001:db8:1:2:3:4:5:6", "::", "::1", "fe80::1", "::ffff:1.2.3.4", "1.2.3.4",
+		"2001:db8:ffff:ffff:ffff:ffff:ffff:ffff", "", "x", "2001:db8::1%eth0"}
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 20000 {
+		var b [16]byte
+		for i := range b {
+			b[i] = byte(r.UintN(256))
+		}
+		inputs = append(inputs, netip.AddrFrom16(b).String())
+	}
+	for i, in := range inputs {
+		for _, bits := range []int{0, 1, 7, 8, 48, 56, 63, 64, 65, 96, 127, 128, i % 129} {
+			got, ok := IPv6Prefix(in, bits)
+			a, err := netip.ParseAddr(in)
+			wantOK := err == nil && a.Is6() && !a.Is4In6() && a.Zone() == ""
+			want := ""
+			if wantOK {
+				want = netip.PrefixFrom(a, bits).Masked().String()
+			}
+			if ok != wantOK || got != want {
+				t.Fatalf("IPv6Prefix(%q, %d) = %q, %v; want %q, %v", in, bits, got, ok, want, wantOK)
+			}
+		}
+	}
+}
