@@ -84,6 +84,7 @@ type LeaseResult struct {
 func (s *Store) Lease(ctx context.Context, op LeaseOp) (LeaseResult, error) {
 	cp := s.client.Load()
 	if cp == nil {
+		s.observe(0, ErrNotConnected)
 		return LeaseResult{}, ErrNotConnected
 	}
 	c := *cp

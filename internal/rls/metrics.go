@@ -294,6 +294,8 @@ func RedisCause(err error) (cause, node string) {
 		return "canceled", node
 	case errors.Is(err, ErrNotConnected):
 		return "not_connected", node
+	case errors.Is(err, ErrBacklog):
+		return "not_answering", node
 	case op != nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || errors.Is(err, rueidis.ErrClosing):
 		return "connection", node

@@ -75,6 +75,7 @@ func TestRedisCause(t *testing.T) {
 		{"wrapped deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), "timeout", ""},
 		{"canceled", context.Canceled, "canceled", ""},
 		{"not connected", rls.ErrNotConnected, "not_connected", ""},
+		{"node not answering", rls.ErrBacklog, "not_answering", ""},
 		{"refused", &net.OpError{Op: "dial", Net: "tcp", Addr: addr, Err: errors.New("connection refused")}, "connection", "10.0.0.7:6379"},
 		{"eof", io.EOF, "connection", ""},
 		{"closing", rueidis.ErrClosing, "connection", ""},
@@ -297,4 +298,36 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestNotConnectedObserved: calls made before the store ever reached Redis
+// fail with ErrNotConnected and are reported to Observe, so that the error
+// counter and the error log see them (they were only in requests_total).
+func TestNotConnectedObserved(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there: the store never connects
+	var got []error
+	var mu sync.Mutex
+	s, err := rls.NewStore(rls.StoreOptions{Addrs: []string{addr}, Timeout: 25 * time.Millisecond,
+		Observe: func(_ time.Duration, err error) { mu.Lock(); got = append(got, err); mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	out := s.Run(context.Background(), []rls.Op{{Key: "k", Rate: 1, Burst: 1, Cost: 1}})
+	if !errors.Is(out[0].Err, rls.ErrNotConnected) {
+		t.Fatalf("outcome %+v, want ErrNotConnected", out[0])
+	}
+	if _, err := s.Lease(context.Background(), rls.LeaseOp{Key: "k", Rate: 1, Burst: 1}); !errors.Is(err, rls.ErrNotConnected) {
+		t.Fatalf("lease error %v, want ErrNotConnected", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 || !errors.Is(got[0], rls.ErrNotConnected) || !errors.Is(got[1], rls.ErrNotConnected) {
+		t.Fatalf("observed %v, want ErrNotConnected twice", got)
+	}
 }

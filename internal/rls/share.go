@@ -71,6 +71,7 @@ func (s *Store) Share(ctx context.Context, ops []ShareOp) []ShareResult {
 		for i := range out {
 			out[i].Err = ErrNotConnected
 		}
+		s.observe(0, ErrNotConnected)
 		return out
 	}
 	c := *cp

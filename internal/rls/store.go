@@ -90,6 +90,14 @@ type Outcome struct {
 	Err error
 }
 
+// observe reports one round trip (or a failure to make one) to
+// StoreOptions.Observe, the metrics' and the error log's source.
+func (s *Store) observe(d time.Duration, err error) {
+	if s.opt.Observe != nil {
+		s.opt.Observe(d, err)
+	}
+}
+
 // ErrNotConnected is the error of every Op while the store has not yet
 // reached Redis once.
 var ErrNotConnected = errors.New("redis: not connected yet")
@@ -297,6 +305,7 @@ func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script
 		for i := range out {
 			out[i].Err = ErrNotConnected
 		}
+		s.observe(0, ErrNotConnected)
 		return out
 	}
 	c := *cp
