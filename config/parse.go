@@ -28,6 +28,7 @@ func Parse(data []byte) (*Config, error) {
 	p := parser{names: map[string]string{}, metricNames: map[string]claimed{}}
 	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys, ResponseSettings: defaultResponseSettings()}}
 	var err error
+	single := false
 	switch {
 	case root.Get("policies").Exists() || root.Get("bundle_version").Exists():
 		err = p.bundle(cfg, root)
@@ -40,6 +41,7 @@ func Parse(data []byte) (*Config, error) {
 		}
 	default:
 		var r *Rule
+		single = true
 		r, err = p.rule("", root, false)
 		if err == nil {
 			cfg.Policies = []*Policy{{ID: "default", Rules: []*Rule{r}}}
@@ -55,7 +57,7 @@ func Parse(data []byte) (*Config, error) {
 	if len(cfg.rules) == 0 && len(cfg.RLSDescriptors) == 0 {
 		return nil, errAt("", "configuration has no rules")
 	}
-	if err := checkClusterRules(cfg); err != nil {
+	if err := checkClusterRules(cfg, single); err != nil {
 		return nil, err
 	}
 	if len(cfg.rules) > MaxRules {
