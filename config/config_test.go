@@ -149,6 +149,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"empty", ``, `configuration is empty`},
 		{"blank", " \n\t", `configuration is empty`},
 		{"not json", `{"name":`, `configuration is not valid JSON: line 1, column 9: unexpected end of input`},
+		{"byte order mark", "\xef\xbb\xbf{}", `configuration starts with a UTF-8 byte order mark (bytes EF BB BF), which JSON does not allow: save the file without it`},
 		// Issue 11: rules that could never admit a request.
 		{"fixed_cost over burst", `{"name":"a","algorithm_config":{"rps":1,"burst":5,"fixed_cost":6}}`,
 			`algorithm_config.fixed_cost: must be <= burst (5) or no request can ever pass, got 6`},

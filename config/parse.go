@@ -18,6 +18,9 @@ func Parse(data []byte) (*Config, error) {
 	if len(strings.Trim(string(data), " \t\r\n")) == 0 {
 		return nil, errAt("", "configuration is empty")
 	}
+	if strings.HasPrefix(string(data), "\xef\xbb\xbf") {
+		return nil, errAt("", "configuration starts with a UTF-8 byte order mark (bytes EF BB BF), which JSON does not allow: save the file without it")
+	}
 	if !ljson.Valid(data) {
 		return nil, errAt("", "configuration is not valid JSON: "+ljson.SyntaxError(data))
 	}
