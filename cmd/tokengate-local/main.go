@@ -142,7 +142,7 @@ func loadPlugin(s settings) (wasmhost.Options, string, error) {
 		opts.Manager = &wasmhost.Manager{
 			NormalizePath: m.NormalizePath, MergeSlashes: m.MergeSlashes, EscapedSlashes: m.EscapedSlashes,
 			UseRemoteAddress: m.UseRemoteAddress, XFFNumTrustedHops: m.XFFNumTrustedHops, SkipXFFAppend: m.SkipXFFAppend,
-			MaxHeadersKB: m.MaxHeadersKB,
+			MaxHeadersKB: m.MaxHeadersKB, MaxHeadersCount: m.MaxHeadersCount,
 		}
 		j, err := envoyconf.JWTAuthnBefore(p)
 		if err != nil {
