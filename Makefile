@@ -53,8 +53,8 @@ run: build $(LOCAL)
 
 $(LOCAL): $(LOCAL_SRC)
 	@mkdir -p build
-	@echo 'building the local host into $(LOCAL): the first build compiles wazero and takes a minute or two on a cold cache; later runs reuse it'
-	$(GO) build -o $(LOCAL) ./cmd/tokengate-local
+	@echo 'building the local host into $(LOCAL): the first build compiles wazero and takes a minute or two on a cold cache (-v names each package as it compiles); later runs reuse it'
+	$(GO) build -v -o $(LOCAL) ./cmd/tokengate-local
 
 ## cluster: a fleet sharing one limit per client IP: redis-server, tokengate-rls and three tokengate-local proxies on 127.0.0.1:10000, :10010, :10020 (tools/cluster.sh; Ctrl-C stops them). MODE=lease puts the rule in lease mode.
 RLS     := build/tokengate-rls
@@ -66,7 +66,7 @@ cluster: build $(LOCAL) $(RLS)
 
 $(RLS): $(RLS_SRC)
 	@mkdir -p build
-	$(GO) build -o $(RLS) ./cmd/tokengate-rls
+	$(GO) build -v -o $(RLS) ./cmd/tokengate-rls
 
 ## envoy: run Envoy (>= 1.33, on PATH) with envoy.yaml, from the repository root.
 envoy: build

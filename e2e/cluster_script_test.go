@@ -180,13 +180,20 @@ func testMakeCluster(t *testing.T, mode string) {
 		checkLeased(t, ports)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+	// Ctrl-C in a terminal signals the whole foreground process group.
+	// The children run in sessions of their own, so only the script gets
+	// it and stops them in order: no proxy ends first as if it had failed
+	// (issue 22, item 12), and the script exits 0.
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-exited:
 	case <-time.After(20 * time.Second):
 		t.Fatal("tools/cluster.sh still running 20 s after SIGINT")
+	}
+	if waitErr != nil || strings.Contains(out.String(), "a proxy exited") {
+		t.Errorf("after Ctrl-C: exit %v, output:\n%s", waitErr, out.String())
 	}
 	for _, p := range append(ports, strconv.Itoa(rlsPort), strconv.Itoa(redisPort)) {
 		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+p, time.Second); err == nil {
