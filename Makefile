@@ -62,7 +62,7 @@ RLS_SRC := $(shell find cmd/tokengate-rls internal filter bucket sharedstate -na
 
 MODE ?= exact
 cluster: build $(LOCAL) $(RLS)
-	MODE=$(MODE) tools/cluster.sh
+	MODE=$(MODE) exec tools/cluster.sh
 
 $(RLS): $(RLS_SRC)
 	@mkdir -p build
