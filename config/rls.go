@@ -153,6 +153,15 @@ func checkClusterRules(cfg *Config, single bool) error {
 				`(count_statuses, reset_on_statuses, response_* costs): a refund into an allowance would race with the `+
 				`service's accounting of it; use "mode": "exact", which settles in the service (docs/rls.md)`)
 		}
+		if r.Cluster && r.DenyOnStoreError && cfg.Settings.RLS.OnError != OnErrorLocal {
+			// The service's failure is settings.rls.on_error's; the rule's
+			// on_store_error only decides when on_error "local" moves the
+			// rule into this proxy's shared data. Accepted, "deny" would
+			// promise a closed failure the rule never gives (issue 22).
+			return errAt("", "rule "+strconv.Quote(r.Name)+`: "on_store_error": "deny" on a "scope": "cluster" rule applies only `+
+				`with settings.rls.on_error "local" (a shared-data failure while the rule is decided locally); `+
+				`a failure of the rate-limit service is settings.rls.on_error's: set it to "deny" (docs/failures.md)`)
+		}
 		if r.Cluster && r.Limit.Window > 0 {
 			return errAt("", "rule "+strconv.Quote(r.Name)+`: "scope": "cluster" decides token buckets only, not fixed windows`)
 		}

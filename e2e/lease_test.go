@@ -45,12 +45,18 @@ func leaseRule(rps, burst float64, leaseMax int, onError string) string {
 
 func startLeaseFleet(t *testing.T, cfg string) *leaseFleet {
 	t.Helper()
+	return startLeaseFleetN(t, cfg, 3)
+}
+
+// startLeaseFleetN is startLeaseFleet with n proxies.
+func startLeaseFleetN(t *testing.T, cfg string, n int) *leaseFleet {
+	t.Helper()
 	f := &leaseFleet{redis: redistest.Start(t)}
 	// startTokengateRLS's generous Redis timeout: on a loaded machine a
 	// Redis round trip can take longer than the product's 25 ms, and must
 	// not turn into on_error answers here.
 	f.rls = startTokengateRLS(t, cfg, f.redis.Addr)
-	for range 3 {
+	for range n {
 		h, srv := startClusterHost(t, cfg, rlsBootstrap(f.rls.Addr), 2)
 		f.hosts = append(f.hosts, h)
 		f.proxies = append(f.proxies, srv)
@@ -591,5 +597,108 @@ func TestLeaseFleetLowRate(t *testing.T) {
 		if k := fields[i].(string); strings.HasPrefix(k, "h:") && fields[i+1].(string) != "" {
 			t.Errorf("the service records grants %s %q: a proxy leased tokens for requests one at a time", k, fields[i+1])
 		}
+	}
+}
+
+// TestLeaseFleetFairShares: three (and four) proxies with equal demand on
+// one key: every 20 ms each proxy is sent the same number of requests
+// (equal offered load, whatever the machine's speed), far above its fair
+// share of the limit. From 1 s in (the burst a full bucket holds goes to
+// whoever asks first), each proxy's share of the admissions, by answer
+// time, over every 2 s window is within ±25 % of a fair share, none goes a
+// second without an admission, and the fleet stays within burst + rate x
+// T (+1 for the clocks). Before the service divided the refill among its
+// holders one proxy got everything (issue 22: 0/98/0, 23/77/0).
+func TestLeaseFleetFairShares(t *testing.T) {
+	const rate, burst, leaseMax = 60.0, 60.0, 10
+	for _, n := range []int{3, 4} {
+		t.Run(strconv.Itoa(n)+" proxies", func(t *testing.T) {
+			f := startLeaseFleetN(t, leaseRule(rate, burst, leaseMax, "deny"), n)
+			// 50 requests a second per proxy, 2.5 to 3.3 times its fair
+			// share.
+			const perTick, tick, run = 1, 20 * time.Millisecond, 5 * time.Second
+			type answer struct {
+				proxy int
+				done  time.Time
+			}
+			var mu sync.Mutex
+			var admitted []answer
+			var c counts
+			var wg sync.WaitGroup
+			start := time.Now()
+			// At most run / tick ticks, each sending perTick requests to
+			// every proxy.
+			for k := 0; k < int(run/tick) && time.Since(start) < run; k++ {
+				for p := range n {
+					for range perTick {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							sent := time.Now()
+							code := f.send(t, p, "fair")
+							done := time.Now()
+							c.addSpan(code, sent, done)
+							if code == http.StatusOK {
+								mu.Lock()
+								admitted = append(admitted, answer{p, done})
+								mu.Unlock()
+							}
+						}()
+					}
+				}
+				time.Sleep(time.Until(start.Add(time.Duration(k+1) * tick)))
+			}
+			wg.Wait()
+			end := time.Since(start)
+			if c.other.Load()+c.unavailable.Load() != 0 {
+				t.Errorf("%d answers neither 200 nor 429 while the service is up", c.other.Load()+c.unavailable.Load())
+			}
+			worst := c.worstWindow(rate, burst)
+			if worst > 1 {
+				t.Errorf("a window admitted %.1f more than burst + rate x T (+1): over the limit", worst)
+			}
+			in := func(p int, a, b time.Duration) int {
+				k := 0
+				for _, x := range admitted {
+					if d := x.done.Sub(start); x.proxy == p && d >= a && d < b {
+						k++
+					}
+				}
+				return k
+			}
+			worstShare := 0.0
+			for a := time.Second; a+2*time.Second <= end; a += 250 * time.Millisecond {
+				got, sum := make([]int, n), 0
+				for p := range n {
+					got[p] = in(p, a, a+2*time.Second)
+					sum += got[p]
+				}
+				fair := float64(sum) / float64(n)
+				for p := range n {
+					worstShare = max(worstShare, math.Abs(float64(got[p])-fair)/fair)
+				}
+				if worstShare > 0.25 {
+					t.Errorf("2 s window from %v: admissions %v, fair share %.1f each: more than 25 %% off", a, got, fair)
+					break
+				}
+			}
+			for p := range n {
+				for a := time.Second; a+time.Second <= end; a += 250 * time.Millisecond {
+					if in(p, a, a+time.Second) == 0 {
+						t.Errorf("proxy %d admitted nothing from %v to %v", p, a, a+time.Second)
+						break
+					}
+				}
+			}
+			totals := make([]int, n)
+			for _, x := range admitted {
+				totals[x.proxy]++
+			}
+			t.Logf("%d proxies: admitted %v, %d rejected, %d 503, over %v; worst 2 s share %.0f %% off fair; worst window %+.1f",
+				n, totals, c.over.Load(), c.unavailable.Load(), end.Round(time.Millisecond), 100*worstShare, worst)
+			if c.over.Load() == 0 {
+				t.Fatal("nothing rejected: the load never exceeded the limit")
+			}
+		})
 	}
 }

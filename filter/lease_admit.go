@@ -124,6 +124,7 @@ func (p *Plugin) leaseAskNew(key string, mayWait bool) leaseAsk {
 // exact take claimed next is for it): for askWaiting, an argument; for a
 // new request that starts waiting, the result.
 func (p *Plugin) leaseTake(key string, cost, now float64, ask leaseAsk, seq uint32, failedSince float64) (leaseOutcome, float64, uint32) {
+	tick := float64(p.lease.refill) / 1000
 	out := leaseShort
 	var retry float64
 	var d leaseDebit
@@ -149,7 +150,21 @@ func (p *Plugin) leaseTake(key string, cost, now float64, ask leaseAsk, seq uint
 			}
 		case now < rec.Retry:
 			out, retry = leaseEmpty, rec.Retry-now
-			return false
+			// A request the empty bucket turns away is demand: it shows
+			// that requests kept coming (leaseDecide's contended). Counted
+			// while the count is below one a refill period since Since, so
+			// at most about one write a period, as a sample.
+			switch {
+			case ask == askWaiting:
+				return false
+			case rec.Used <= 0:
+				rec.Used, rec.Since = cost, now
+			case rec.Used*tick < now-rec.Since:
+				rec.Used += cost
+			default:
+				return false
+			}
+			return true
 		case ask == askWaiting && rec.Down > failedSince:
 			out = leaseDown
 		}

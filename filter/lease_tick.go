@@ -309,14 +309,22 @@ func leaseDecide(rec sharedstate.LeaseRecord, pp leaseParams, now float64, urgen
 	}
 	u := rec.Spendable(now)
 	live := rec.Grant != 0 && now < rec.Expiry
-	warm := live || rec.Ramp > 0 && now < rec.Hold
+	// Contended: the service refused the last call, or it asked for more
+	// than the bucket had (Retry set since its claim, at Hold - tick),
+	// and requests kept coming since, about one a refill period or more,
+	// besides those waiting now (leaseTake counts those the empty bucket
+	// turned away). The free
+	// tokens then go to the holders, in shares (lease.lua): a process
+	// that only takes exactly would get none, so it asks as a holder.
+	contended := rec.Retry > 0 && rec.Retry > rec.Hold-pp.tick && rec.Used > rec.Wait && now-rec.Since <= (rec.Used+1)*pp.tick
+	warm := live || rec.Ramp > 0 && now < rec.Hold || contended
 	target := leaseSize(&rec, pp, now)
 	horizon := pp.tick + leaseRTT(&rec, pp.timeout)
 	demand := rec.Used > 0
 	idle := now - rec.Since
 	act, want := leaseKeep, 0.0
 	switch {
-	case urgent && rec.Wait > 0 && (!warm || rec.Wait > pp.max):
+	case urgent && rec.Wait > 0 && !contended && (!warm || rec.Wait > pp.max):
 		if rec.Taken > 0 && now < rec.Hold {
 			// The last take's tokens are still some waiting requests'
 			// (other workers resume them at their next tick): one take

@@ -148,6 +148,20 @@ func TestLeaseDecideCases(t *testing.T) {
 		{name: "cold, the last take's period over: another take",
 			rec: rec{Used: 1, Since: now - 0.0625, Wait: 1, Claimer: 2, Hold: now, Taken: 1, TakenSeq: 2}, urgent: true,
 			act: leaseExact, want: 1, expected: claimed(rec{Claimer: 2, Taken: 1, TakenSeq: 2}, nil)},
+		// Issue 22 (lease mode starved proxies): a cold process whose take
+		// was refused (Retry set after its claim at Hold - tick), with
+		// requests turned away about once a period since, asks as a
+		// holder: the service keeps the free tokens in the holders'
+		// shares, and a take would never get any.
+		{name: "cold but contended: a lease request, even for more than lease_max",
+			rec: rec{Used: 14, Since: now - 0.25, Wait: 12, Claimer: 2, Hold: now - 0.25, Retry: now - 0.01}, urgent: true,
+			act: leaseRenew, want: 8, expected: claimed(rec{Claimer: 2, Retry: now - 0.01}, nil)},
+		{name: "cold, a refused take long ago and one request turned away since: a take",
+			rec: rec{Used: 2, Since: now - 3, Wait: 1, Claimer: 2, Hold: now - 3.125, Retry: now - 0.01}, urgent: true,
+			act: leaseExact, want: 1, expected: claimed(rec{Claimer: 2, Retry: now - 0.01}, nil)},
+		{name: "cold, a refused take, only the waiting request since: a take",
+			rec: rec{Used: 1, Since: now, Wait: 1, Claimer: 2, Hold: now - 2.5, Retry: now}, urgent: true,
+			act: leaseExact, want: 1, expected: claimed(rec{Claimer: 2, Retry: now}, nil)},
 		{name: "urgent, warm: at least one token",
 			rec: with(live, func(r *rec) { r.Used, r.Wait = 0, 1 }), urgent: true,
 			act: leaseRenew, want: 1, expected: claimed(live, nil)},

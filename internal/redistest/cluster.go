@@ -17,7 +17,10 @@ type Cluster struct {
 	// Nodes are the masters, in the order given to redis-cli (which assigns
 	// them the slot ranges in that order).
 	Nodes []*Server
-	t     testing.TB
+	// Replicas are the replicas (StartClusterReplicas), each of a master
+	// redis-cli chose.
+	Replicas []*Server
+	t        testing.TB
 }
 
 // StartCluster starts masters (at least 3, as redis-cli requires) cluster
@@ -26,31 +29,67 @@ type Cluster struct {
 // nodes are stopped when the test ends.
 func StartCluster(t testing.TB, masters int, extra ...string) *Cluster {
 	t.Helper()
+	return StartClusterReplicas(t, masters, 0, extra...)
+}
+
+// StartClusterReplicas is StartCluster with replicas replicas per master
+// (in Replicas), which take over a master that fails (after the nodes'
+// cluster-node-timeout, 3 s).
+func StartClusterReplicas(t testing.TB, masters, replicas int, extra ...string) *Cluster {
+	t.Helper()
 	if masters < 3 {
 		t.Fatalf("redistest: a cluster needs at least 3 masters, not %d", masters)
 	}
 	bin, cli := Require(t, true)
 	c := &Cluster{t: t}
-	for range masters {
+	for i := range masters * (1 + replicas) {
 		s := newServer(t, bin, true, extra)
 		s.start()
-		c.Nodes = append(c.Nodes, s)
+		if i < masters {
+			c.Nodes = append(c.Nodes, s)
+		} else {
+			c.Replicas = append(c.Replicas, s)
+		}
 	}
-	for _, s := range c.Nodes {
+	all := append(append([]*Server{}, c.Nodes...), c.Replicas...)
+	for _, s := range all {
 		s.waitPing()
 	}
 	args := []string{"--cluster", "create"}
-	args = append(args, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	for _, s := range all {
+		args = append(args, s.Addr)
+	}
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	cmd := exec.Command(cli, args...)
 	out, err := runBounded(cmd, readyTimeout)
 	if err != nil {
 		t.Fatalf("redistest: redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	for _, s := range c.Nodes {
-		s.waitClusterOK(masters)
+	for _, s := range all {
+		s.waitClusterOK(len(all))
+	}
+	// A replica that has not synchronized with its master once would not
+	// take over from it.
+	for _, s := range c.Replicas {
+		s.waitReplicaSynced()
 	}
 	return c
+}
+
+// waitReplicaSynced waits until the replica's link to its master is up.
+func (s *Server) waitReplicaSynced() {
+	s.t.Helper()
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		v, err := s.Do("INFO", "replication")
+		if str, _ := v.(string); err == nil && strings.Contains(str, "master_link_status:up") {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("redistest: replica %s not synchronized within %v: %v %v", s.Addr, readyTimeout, v, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Addrs returns the nodes' "127.0.0.1:port" addresses.

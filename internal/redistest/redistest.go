@@ -39,6 +39,10 @@ type Server struct {
 	// cluster node).
 	Port, BusPort int
 
+	// password is --requirepass's, when extra set one: Do authenticates
+	// with it.
+	password string
+
 	t       testing.TB
 	dir     string
 	args    []string
@@ -114,6 +118,11 @@ func newServer(t testing.TB, bin string, cluster bool, extra []string) *Server {
 		)
 	}
 	s.args = append(s.args, extra...)
+	for i, a := range extra {
+		if a == "--requirepass" && i+1 < len(extra) {
+			s.password = extra[i+1]
+		}
+	}
 	s.args = append([]string{bin}, s.args...)
 	t.Cleanup(s.Kill)
 	return s
@@ -198,7 +207,7 @@ func (s *Server) waitPing() {
 // error reply is returned as an error. The call is bounded by 5 s, longer
 // than any DEBUG SLEEP a test should use.
 func (s *Server) Do(args ...string) (any, error) {
-	return do(s.Addr, 5*time.Second, args...)
+	return doAuth(s.Addr, s.password, 5*time.Second, args...)
 }
 
 // MustDo is Do that fails the test on an error.
@@ -211,13 +220,25 @@ func (s *Server) MustDo(args ...string) any {
 	return v
 }
 
-func do(addr string, timeout time.Duration, args ...string) (any, error) {
+// doAuth sends one command on a new connection to addr that first
+// authenticates with password (none when empty), bounded by timeout.
+func doAuth(addr, password string, timeout time.Duration, args ...string) (any, error) {
 	conn, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(timeout))
+	r := bufio.NewReader(conn)
+	if password != "" {
+		if _, err := send(conn, r, "AUTH", password); err != nil {
+			return nil, err
+		}
+	}
+	return send(conn, r, args...)
+}
+
+func send(conn net.Conn, r *bufio.Reader, args ...string) (any, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {
@@ -226,7 +247,7 @@ func do(addr string, timeout time.Duration, args ...string) (any, error) {
 	if _, err := conn.Write([]byte(b.String())); err != nil {
 		return nil, err
 	}
-	return readReply(bufio.NewReader(conn))
+	return readReply(r)
 }
 
 // ErrorReply is an error reply from Redis ("-ERR ...").

@@ -52,6 +52,11 @@ type LeaseOp struct {
 	Release bool
 	// Now replaces Redis TIME when not empty (tests).
 	Now string
+	// Share is the most one holder's share of the refill may reach, in
+	// tokens (the rule's lease_max): the refill is divided among the
+	// active holders, so that equal demand gets equal grants whoever asks
+	// first (lease.lua, docs/lease.md). 0: no shares.
+	Share float64
 }
 
 // LeaseResult is the script's answer to a LeaseOp.
@@ -67,7 +72,8 @@ type LeaseResult struct {
 	Covered uint64
 	// ID is the new grant's id (0 for a release).
 	ID uint64
-	// Tokens are the free tokens left in the global bucket.
+	// Tokens are the free tokens left that this holder could still be
+	// granted: the global bucket's, less the other holders' shares.
 	Tokens float64
 	// Retry is the seconds until a token is free (OverLimit); ValidUntil
 	// the grant's expiry in Redis time, seconds since the Unix epoch.
@@ -90,14 +96,21 @@ func (s *Store) Lease(ctx context.Context, op LeaseOp) (LeaseResult, error) {
 	}
 	args := []string{num(op.Rate), num(op.Burst), num(op.TTL), mode, strconv.FormatUint(op.Want, 10),
 		op.Holder, strconv.FormatUint(op.Grant, 10), strconv.FormatFloat(op.Unspent, 'f', 6, 64)}
-	if op.Now != "" {
+	if op.Now != "" || op.Share > 0 {
 		args = append(args, op.Now)
 	}
-	r := c.Do(ctx, c.B().Evalsha().Sha1(leaseScript.sha).Numkeys(1).Key(op.Key).Arg(args...).Build())
-	if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
-		r = c.Do(ctx, c.B().Eval().Script(leaseScript.text).Numkeys(1).Key(op.Key).Arg(args...).Build())
+	if op.Share > 0 {
+		args = append(args, num(op.Share))
 	}
-	res, err := leaseResult(r)
+	// doOne: not sent to a node that does not answer (guard.go).
+	r, err := s.doOne(ctx, c, c.B().Evalsha().Sha1(leaseScript.sha).Numkeys(1).Key(op.Key).Arg(args...).Build())
+	if e, ok := rueidis.IsRedisErr(r.Error()); err == nil && ok && e.IsNoScript() {
+		r, err = s.doOne(ctx, c, c.B().Eval().Script(leaseScript.text).Numkeys(1).Key(op.Key).Arg(args...).Build())
+	}
+	res := LeaseResult{}
+	if err == nil {
+		res, err = leaseResult(r)
+	}
 	if s.opt.Observe != nil {
 		s.opt.Observe(time.Since(start), err)
 	}
@@ -137,8 +150,11 @@ func leaseResult(r rueidis.RedisResult) (LeaseResult, error) {
 func (op Op) leaseArgs() []string {
 	rate, burst := op.limitStrings()
 	a := []string{rate, burst, num(op.TTL), "take", num(op.Cost)}
-	if op.Now != "" {
+	if op.Now != "" || op.LeaseShare > 0 {
 		a = append(a, "", "0", "0", op.Now)
+	}
+	if op.LeaseShare > 0 {
+		a = append(a, num(op.LeaseShare))
 	}
 	return a
 }
@@ -191,7 +207,7 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 		s.metrics.request(reqInvalid)
 		return nil, true, status.Error(codes.InvalidArgument, perr.Error())
 	}
-	r, key := s.cfg.leaseRule(l)
+	r, key := s.cfg.Load().leaseRule(l)
 	if r == nil {
 		s.metrics.request(reqInvalid)
 		return nil, true, status.Error(codes.InvalidArgument, "no lease-mode rule "+strconv.Quote(l.Rule))
@@ -201,7 +217,7 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 		return nil, true, status.Error(codes.Unimplemented, "this store does not lease")
 	}
 	res, err := lr.Lease(ctx, LeaseOp{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, TTL: r.Lease.TTL,
-		Holder: l.Holder, Grant: l.Grant, Unspent: l.Unspent, Want: l.Want, Release: l.Release})
+		Holder: l.Holder, Grant: l.Grant, Unspent: l.Unspent, Want: l.Want, Release: l.Release, Share: r.Lease.Max})
 	if err != nil {
 		s.metrics.request(reqUnavailable)
 		return nil, true, status.Error(codes.Unavailable, "tokengate-rls: redis: "+err.Error())
@@ -223,10 +239,10 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		st.DurationUntilReset = duration(res.Retry)
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		s.metrics.decision(r, codeOver)
+		s.metrics.decision(r, codeOver, 0)
 		s.metrics.request(reqOver)
 	} else {
-		s.metrics.decision(r, codeOK)
+		s.metrics.decision(r, codeOK, float64(res.Granted))
 		s.metrics.request(reqOK)
 	}
 	return resp, true, nil

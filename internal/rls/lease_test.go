@@ -217,11 +217,15 @@ func TestLeaseBound(t *testing.T) {
 		name  string
 		apply func(tokens, unspent float64, res rls.LeaseResult) float64
 		over  bool
-	}{{"covered rule", applyGrant, false}, {"old rule", applyGrantOld, true}} {
+		share float64 // lease_max for the holders' shares; 0: none
+	}{{"covered rule", applyGrant, false, 0}, {"old rule", applyGrantOld, true, 0},
+		// Shares (issue 22) set free tokens aside for holders and never
+		// grant beyond L: the bound holds with them.
+		{"covered rule with shares", applyGrant, false, 8}} {
 		t.Run(tc.name, func(t *testing.T) {
 			worst := 0.0
 			for round := range 3 {
-				w, n, span := simulateLeases(t, store, rls.LeaseKey("bound-"+tc.name, strconv.Itoa(round)), int64(round), tc.apply)
+				w, n, span := simulateLeases(t, store, rls.LeaseKey("bound-"+tc.name, strconv.Itoa(round)), int64(round), tc.apply, tc.share)
 				t.Logf("round %d: %d tokens spent over %.1f s; worst window %+.3f tokens against burst + rate x T", round, n, span, w)
 				if n < 1000 {
 					t.Errorf("round %d: only %d tokens spent: the simulation did not load the bucket", round, n)
@@ -238,7 +242,7 @@ func TestLeaseBound(t *testing.T) {
 // simulateLeases runs one round of TestLeaseBound and returns by how much
 // the worst window exceeded burst + rate x T (<= 0: within), the tokens
 // spent and the simulated time.
-func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, apply func(tokens, unspent float64, res rls.LeaseResult) float64) (float64, int, float64) {
+func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, apply func(tokens, unspent float64, res rls.LeaseResult) float64, share float64) (float64, int, float64) {
 	ctx := context.Background()
 	const rate, burst, ttl = 50.0, 40.0, 0.5
 	type call struct {
@@ -277,7 +281,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 				}
 			}
 			for range int(burst) + 1 {
-				o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, Now: at(now)}})[0]
+				o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, LeaseShare: share, Now: at(now)}})[0]
 				if o.Err != nil {
 					t.Fatal(o.Err)
 				}
@@ -313,7 +317,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 			if !c.done && now >= c.process {
 				var err error
 				c.res, err = store.Lease(ctx, rls.LeaseOp{Key: key, Rate: rate, Burst: burst, TTL: ttl, Holder: p.name,
-					Grant: p.grant, Unspent: c.unspent, Want: c.want, Release: c.release, Now: at(now)})
+					Grant: p.grant, Unspent: c.unspent, Want: c.want, Release: c.release, Now: at(now), Share: share})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -349,7 +353,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 			p.dead = true // killed holding its lease
 			continue
 		case r == 1: // an exact take of one token
-			o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, Now: at(now)}})[0]
+			o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, LeaseShare: share, Now: at(now)}})[0]
 			if o.Err != nil {
 				t.Fatal(o.Err)
 			}
@@ -416,5 +420,74 @@ func TestLeaseServer(t *testing.T) {
 	// nothing is carried over, only the new tokens.
 	if _, q = lease(first, "3", "2"); q.GetRequests() != 2 {
 		t.Fatalf("renewal naming a replaced grant: quota %v, want the 2 new tokens only", q)
+	}
+}
+
+// TestLeaseShares walks the lease script's shares (issue 22: lease mode
+// starved proxies) at fixed instants: the refill is divided among the
+// active holders, whoever asks first; a take gets only what no share
+// keeps; a share stops at the cap, the rest going to whoever asks; a
+// holder with no live grant keeps no share.
+func TestLeaseShares(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	ctx := context.Background()
+	const t0 = 1736940000.0
+	key := rls.LeaseKey("r", "shares")
+	op := func(holder string, grant uint64, want uint64, now float64) rls.LeaseResult {
+		t.Helper()
+		res, err := store.Lease(ctx, rls.LeaseOp{Key: key, Rate: 10, Burst: 20, TTL: 2, Holder: holder, Grant: grant,
+			Want: want, Now: at(now), Share: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	take := func(cost float64, now float64) rls.Outcome {
+		t.Helper()
+		o := store.Run(ctx, []rls.Op{{Key: key, Rate: 10, Burst: 20, Cost: cost, Lease: true, TTL: 2, LeaseShare: 4, Now: at(now)}})[0]
+		if o.Err != nil {
+			t.Fatal(o.Err)
+		}
+		return o
+	}
+	check := func(step string, got, want rls.LeaseResult) {
+		t.Helper()
+		if got.OverLimit != want.OverLimit || got.Granted != want.Granted || got.Tokens != want.Tokens ||
+			(want.Retry != 0 && got.Retry != want.Retry) {
+			t.Fatalf("%s: got %+v, want %+v\n%v", step, got, want, srv.MustDo("HGETALL", key))
+		}
+	}
+	// A full bucket: the burst is no one's share, first come.
+	check("A", op("A", 0, 5, t0), rls.LeaseResult{Granted: 5, Tokens: 15})
+	check("B", op("B", 0, 5, t0), rls.LeaseResult{Granted: 5, Tokens: 10})
+	if o := take(10, t0); !o.Allowed {
+		t.Fatalf("take of the 10 no share keeps: %+v", o)
+	}
+	// 0.4 s: 4 refilled, 2 for each holder. A asks first and gets its 2
+	// only; B's 2 wait for B, whoever asks meanwhile.
+	check("A asks first", op("A", 1, 10, t0+0.4), rls.LeaseResult{Granted: 2, Tokens: 0})
+	check("A again", op("A", 3, 10, t0+0.4), rls.LeaseResult{OverLimit: true, Tokens: 0, Retry: 0.2})
+	if o := take(1, t0+0.4); o.Allowed || o.Tokens != 0 {
+		t.Fatalf("exact take from tokens kept for B: %+v", o)
+	}
+	check("B", op("B", 2, 10, t0+0.4), rls.LeaseResult{Granted: 2, Tokens: 0})
+	// Both grants expire at t0+2.4: no holder is active from then on, the
+	// refilled tokens are no one's, and a take gets them.
+	if o := take(3, t0+3); !o.Allowed {
+		t.Fatalf("exact take with no holder active: %+v", o)
+	}
+	// C alone: it gets what it asks for (10 of the 17 free); then, idle
+	// for a second, its share stops at the cap (4) and the other 6 of the
+	// refill are anyone's: a take gets 6, not 7.
+	check("C alone", op("C", 0, 10, t0+3), rls.LeaseResult{Granted: 10, Tokens: 7})
+	if o := take(7, t0+3); !o.Allowed {
+		t.Fatalf("take of the 7 left: %+v", o)
+	}
+	if o := take(7, t0+4); o.Allowed || o.Tokens != 6 {
+		t.Fatalf("take of 7 with C's share full: %+v, want refused with 6 free", o)
+	}
+	if o := take(6, t0+4); !o.Allowed {
+		t.Fatalf("take of the 6 beyond C's share: %+v", o)
 	}
 }

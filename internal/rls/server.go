@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -26,7 +27,7 @@ type Runner interface {
 // Server answers ShouldRateLimit. It is safe for concurrent use.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	cfg     *Config
+	cfg     atomic.Pointer[Config]
 	store   Runner
 	metrics *Metrics
 }
@@ -34,8 +35,22 @@ type Server struct {
 // NewServer returns a server deciding cfg's rules in store, counting into
 // m (which must have been made for cfg).
 func NewServer(cfg *Config, store Runner, m *Metrics) *Server {
-	return &Server{cfg: cfg, store: store, metrics: m}
+	s := &Server{store: store, metrics: m}
+	s.cfg.Store(cfg)
+	return s
 }
+
+// SetConfig makes c the configuration of the calls that start from now
+// on; calls in flight finish with the one they started with. Buckets are
+// Redis keys named by rule and descriptor, so a rule that keeps its name
+// keeps its buckets' state.
+func (s *Server) SetConfig(c *Config) {
+	s.metrics.SetRules(c)
+	s.cfg.Store(c)
+}
+
+// Config returns the configuration in use.
+func (s *Server) Config() *Config { return s.cfg.Load() }
 
 // item is one limited descriptor of a request.
 type item struct {
@@ -71,9 +86,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	// Room for the common requests (the filter sends one descriptor per
 	// cluster rule) without allocating.
+	cfg := s.cfg.Load() // one configuration for the whole call
 	var itemBuf [2]item
 	var entryBuf [4]Entry
-	items := s.resolve(req, itemBuf[:0], entryBuf[:0])
+	items := s.resolve(cfg, req, itemBuf[:0], entryBuf[:0])
 	resp, parts := newResponse(len(req.Descriptors))
 	if len(items) == 0 {
 		s.metrics.request(reqOK)
@@ -93,7 +109,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if enforceErr != nil {
 		for i := range items {
 			if items[i].out.Err != nil {
-				s.metrics.decision(items[i].rule, codeError)
+				s.metrics.decision(items[i].rule, codeError, items[i].op.Cost)
 			}
 		}
 		s.metrics.request(reqUnavailable)
@@ -113,7 +129,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		// request, in whole seconds, at least 1 (our filter replaces it
 		// with its jittered one).
 		best := bestQuota(quotas, enforceOver)
-		resp.ResponseHeadersToAdd = s.cfg.responseHeaders(quotas, best, s.cfg.File.Settings.RateLimitHeaders, enforceOver)
+		resp.ResponseHeadersToAdd = cfg.responseHeaders(quotas, best, cfg.File.Settings.RateLimitHeaders, enforceOver)
 	}
 	return resp, nil
 }
@@ -121,19 +137,19 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 // resolve appends to items the bucket update of every descriptor of req
 // that names a rule (entries is scratch); the others are counted as
 // unmatched and left OK.
-func (s *Server) resolve(req *rlsv3.RateLimitRequest, items []item, entries []Entry) []item {
+func (s *Server) resolve(cfg *Config, req *rlsv3.RateLimitRequest, items []item, entries []Entry) []item {
 	for i, d := range req.Descriptors {
 		entries = entries[:0]
 		for _, e := range d.GetEntries() {
 			entries = append(entries, Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		r, key := s.cfg.Resolve(req.Domain, entries)
+		r, key := cfg.Resolve(req.Domain, entries)
 		lease := false
 		if l, ok, err := rlscontract.ParseLease(rlscontract.Descriptor{Entries: entries, HitsAddend: d.GetHitsAddend().GetValue()}); ok && err == nil {
 			// An exact take from a lease-mode bucket (lease.go); a rule
 			// this service has in exact mode is still limited, in its
 			// token bucket.
-			r, key, lease = s.cfg.leaseTake(l)
+			r, key, lease = cfg.leaseTake(l)
 		}
 		if r == nil {
 			s.metrics.unmatched.Add(1)
@@ -146,9 +162,9 @@ func (s *Server) resolve(req *rlsv3.RateLimitRequest, items []item, entries []En
 		if cost == 0 {
 			cost = 1
 		}
-		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt, limitArgs: s.cfg.limitArgs[r]}
+		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt, limitArgs: cfg.limitArgs[r]}
 		if lease {
-			op.Lease, op.TTL = true, r.Lease.TTL
+			op.Lease, op.TTL, op.LeaseShare = true, r.Lease.TTL, r.Lease.Max
 		}
 		items = append(items, item{idx: i, rule: r, op: op})
 	}
@@ -164,7 +180,7 @@ func (s *Server) statuses(items []item, resp *rlsv3.RateLimitResponse, parts []s
 		it := &items[i]
 		st := resp.Statuses[it.idx]
 		if it.out.Err != nil { // a shadow rule's failure: not limited
-			s.metrics.decision(it.rule, codeError)
+			s.metrics.decision(it.rule, codeError, it.op.Cost)
 			continue
 		}
 		l := it.rule.Limit
@@ -184,11 +200,11 @@ func (s *Server) statuses(items []item, resp *rlsv3.RateLimitResponse, parts []s
 		st.DurationUntilReset = &p.untilReset
 		switch {
 		case it.rule.Shadow && !it.out.Allowed:
-			s.metrics.decision(it.rule, codeShadowOver)
+			s.metrics.decision(it.rule, codeShadowOver, it.op.Cost)
 		case !it.out.Allowed && !it.rule.Shadow:
-			s.metrics.decision(it.rule, codeOver)
+			s.metrics.decision(it.rule, codeOver, it.op.Cost)
 		default:
-			s.metrics.decision(it.rule, codeOK)
+			s.metrics.decision(it.rule, codeOK, it.op.Cost)
 		}
 		if it.rule.Shadow {
 			continue

@@ -78,3 +78,50 @@ func TestBound(t *testing.T) {
 		t.Fatal("the shared context never ended")
 	}
 }
+
+// TestClientBudget: a call of one script runs until answerMargin before
+// its caller's deadline when that is more than one timeout and at most
+// maxClientBudget away; otherwise (several scripts, no deadline, one too
+// near or too far) Store.bound decides.
+func TestClientBudget(t *testing.T) {
+	const timeout = 25 * time.Millisecond
+	s := &Store{opt: StoreOptions{Timeout: timeout}}
+	now := time.Now()
+	for _, tc := range []struct {
+		name   string
+		left   time.Duration // 0: no deadline
+		n      int
+		client bool
+	}{
+		{"envoy-60ms", 60 * time.Millisecond, 1, true},
+		{"at-the-cap", 4*timeout + answerMargin, 1, true},
+		{"beyond-the-cap", 4*timeout + answerMargin + time.Millisecond, 1, false},
+		{"within-the-timeout", timeout + answerMargin, 1, false},
+		{"two-scripts", 60 * time.Millisecond, 2, false},
+		{"no-deadline", 0, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.left > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, now.Add(tc.left))
+				defer cancel()
+			}
+			at, ok := s.clientBudget(ctx, now, tc.n)
+			if ok != tc.client {
+				t.Fatalf("runs under the client's deadline: got %v, want %v", ok, tc.client)
+			}
+			if ok && !at.Equal(now.Add(tc.left-answerMargin)) {
+				t.Errorf("gives up %v after the start, want %v", at.Sub(now), tc.left-answerMargin)
+			}
+		})
+	}
+	// Calls ending within the same millisecond share one context.
+	a := s.deadlineAt(now.Add(50 * time.Millisecond))
+	if b := s.deadlineAt(now.Add(50*time.Millisecond + deadlineSlack/2)); b != a {
+		t.Error("two calls half a slack apart: two contexts")
+	}
+	if c := s.deadlineAt(now.Add(50*time.Millisecond - time.Microsecond)); c == a {
+		t.Error("a call ending earlier shares a context that ends after it")
+	}
+}

@@ -125,7 +125,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	ops := make([]SettleOp, len(ds))
 	rules := make([]*config.Rule, len(ds))
 	for i, d := range ds {
-		op, r, err := s.cfg.settleRule(d, req.GetHitsAddend())
+		op, r, err := s.cfg.Load().settleRule(d, req.GetHitsAddend())
 		if err != nil {
 			s.metrics.request(reqInvalid)
 			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: "+err.Error())

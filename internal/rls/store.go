@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"crypto/sha1"
+	"crypto/tls"
 	_ "embed"
 	"encoding/hex"
 	"errors"
@@ -67,6 +68,10 @@ type Op struct {
 	// lease.lua), whose grants last TTL seconds.
 	Lease bool
 	TTL   float64
+	// LeaseShare is the rule's lease_max, the most a holder's share of
+	// the refill may reach (LeaseOp.Share): an exact take only gets the
+	// tokens no holder's share keeps. 0: no shares.
+	LeaseShare float64
 	// MaxDebt is how far below zero a settlement may take the bucket
 	// (settle.go): the rule's max_debt, 0 for a rule that never settles.
 	MaxDebt float64
@@ -92,10 +97,11 @@ var ErrNotConnected = errors.New("redis: not connected yet")
 // StoreOptions configure a Store.
 type StoreOptions struct {
 	// Addrs are Redis addresses ("host:port"); with Cluster, seed nodes of a
-	// Redis Cluster.
+	// Redis Cluster; with SentinelMaster, Sentinel addresses.
 	Addrs   []string
 	Cluster bool
-	// Timeout bounds every call to Redis (a Run, a Ping).
+	// Timeout bounds every call to Redis (a Run, a Ping) whose caller's
+	// context has no earlier deadline.
 	Timeout time.Duration
 	// Observe, when set, is called after every round trip with its
 	// duration and error.
@@ -104,20 +110,43 @@ type StoreOptions struct {
 	// other calls are in flight, to send their commands with one write
 	// (rueidis's MaxFlushDelay); 0 sends each at once.
 	FlushDelay time.Duration
+
+	// Username and Password authenticate every connection to Redis (AUTH
+	// in HELLO): an ACL user, or Password alone for requirepass (the
+	// "default" user).
+	Username, Password string
+	// TLS, when not nil, is the TLS configuration of every connection to
+	// Redis (its RootCAs, client Certificates and ServerName); nil is
+	// plain TCP.
+	TLS *tls.Config
+	// SentinelMaster, when set, is the name of the master set Redis
+	// Sentinel monitors: Addrs are then Sentinel addresses, and the store
+	// follows that set's master through failovers.
+	SentinelMaster string
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels
+	// (which have users of their own); SentinelTLS is their TLS
+	// configuration (nil: plain TCP).
+	SentinelUsername, SentinelPassword string
+	SentinelTLS                        *tls.Config
 }
 
-// Store runs the token-bucket script on Redis or a Redis Cluster. It is
-// safe for concurrent use. The connection is made in the background, so a
-// server can start (and say it is not ready) while Redis is down.
+// Store runs the token-bucket script on Redis, a Redis Cluster or the
+// master a Redis Sentinel names. It is safe for concurrent use. The
+// connection is made in the background, so a server can start (and say it
+// is not ready) while Redis is down.
 type Store struct {
 	opt    StoreOptions
 	client atomic.Pointer[rueidis.Client]
 	// shared is the deadline context calls starting now share.
 	shared   atomic.Pointer[sharedDeadline]
+	sharedAt atomic.Pointer[sharedDeadline] // Store.deadlineAt's
 	sharedMu sync.Mutex
-	stop     chan struct{}
-	done     chan struct{}
-	once     sync.Once
+	// lanes keep calls away from Redis nodes that do not answer
+	// (guard.go).
+	lanes lanes
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
 }
 
 // NewStore returns a Store and starts connecting to Redis; Close stops it.
@@ -125,48 +154,108 @@ func NewStore(opt StoreOptions) (*Store, error) {
 	if len(opt.Addrs) == 0 {
 		return nil, errors.New("no Redis address")
 	}
-	if len(opt.Addrs) > 1 && !opt.Cluster {
-		return nil, fmt.Errorf("%d Redis addresses need -redis-cluster (one address is one node)", len(opt.Addrs))
+	if opt.SentinelMaster != "" && opt.Cluster {
+		return nil, errors.New("a Sentinel master set and a Redis Cluster exclude each other")
+	}
+	if len(opt.Addrs) > 1 && !opt.Cluster && opt.SentinelMaster == "" {
+		return nil, fmt.Errorf("%d Redis addresses need -redis-cluster or -redis-sentinel-master (one address is one node)", len(opt.Addrs))
 	}
 	if opt.Timeout <= 0 {
 		return nil, fmt.Errorf("redis timeout must be > 0, got %v", opt.Timeout)
 	}
 	s := &Store{opt: opt, stop: make(chan struct{}), done: make(chan struct{})}
+	s.lanes.init()
+	s.lanes.one.s = s
 	go s.connect()
 	return s, nil
 }
 
+// Connection timing, derived from the store's timeout (docs/failures.md).
+// rueidis gives up a connection whose PING, sent after pingGap without an
+// answer to anything, is not answered within connTimeout; until then the
+// commands of calls that timed out stay queued on it (guard.go).
+func (s *Store) pingGap() time.Duration { return max(4*s.opt.Timeout, 100*time.Millisecond) }
+func (s *Store) connTimeout() time.Duration {
+	// rueidis also cuts a lone call (one in flight) at this, whatever its
+	// context: a call under its client's deadline must fit.
+	return max(s.maxClientBudget()+s.opt.Timeout, 100*time.Millisecond)
+}
+
+// ringScale is rueidis's RingScaleEachConn: each connection queues up to
+// 2^ringScale commands awaiting answers (guard.go's laneLimit).
+const ringScale = 12
+
+// clientOption is the rueidis configuration of the store.
+func (s *Store) clientOption() rueidis.ClientOption {
+	o := rueidis.ClientOption{
+		InitAddress:       s.opt.Addrs,
+		ForceSingleClient: !s.opt.Cluster && s.opt.SentinelMaster == "",
+		DisableCache:      true,
+		// The store retries itself, within the call's deadline, and only
+		// what certainly did not run (Store.retryable).
+		DisableRetry: true,
+		Username:     s.opt.Username,
+		Password:     s.opt.Password,
+		TLSConfig:    s.opt.TLS,
+		// The handshake (TLS, HELLO with AUTH) of a new connection is
+		// bounded by the call that needs it and by this.
+		Dialer: net.Dialer{Timeout: max(s.opt.Timeout, 500*time.Millisecond), KeepAlive: s.pingGap()},
+		// An unresponsive Redis is noticed by the request deadlines; the
+		// connection itself is given up after this (see pingGap).
+		ConnWriteTimeout:  s.connTimeout(),
+		RingScaleEachConn: ringScale,
+		// Pipelining: concurrent calls' commands share a connection
+		// and its writes. One connection per node (rueidis's default
+		// for a cluster; for one node it would open up to four, one
+		// per pair of CPUs): more commands per write system call,
+		// which was 15 % of the service's CPU, and Redis, single-
+		// threaded, reads them in fewer calls too.
+		PipelineMultiplex: -1,
+		MaxFlushDelay:     s.opt.FlushDelay,
+	}
+	if s.opt.SentinelMaster != "" {
+		o.Sentinel = rueidis.SentinelOption{
+			MasterSet: s.opt.SentinelMaster,
+			Username:  s.opt.SentinelUsername,
+			Password:  s.opt.SentinelPassword,
+			TLSConfig: s.opt.SentinelTLS,
+			Dialer:    o.Dialer,
+		}
+	}
+	return o
+}
+
 // connect makes the client, retrying every 250 ms until Redis answers once;
-// from then on rueidis reconnects by itself.
+// from then on rueidis reconnects by itself, and the store reads the
+// cluster's slot map every second (topology.go).
 func (s *Store) connect() {
 	defer close(s.done)
 	for {
-		c, err := rueidis.NewClient(rueidis.ClientOption{
-			InitAddress:       s.opt.Addrs,
-			ForceSingleClient: !s.opt.Cluster,
-			DisableCache:      true,
-			DisableRetry:      true,
-			Dialer:            net.Dialer{Timeout: max(s.opt.Timeout, 500*time.Millisecond)},
-			// An unresponsive Redis is noticed by the request deadlines; the
-			// connection itself is given up after this.
-			ConnWriteTimeout: max(20*s.opt.Timeout, 2*time.Second),
-			// Pipelining: concurrent calls' commands share a connection
-			// and its writes. One connection per node (rueidis's default
-			// for a cluster; for one node it would open up to four, one
-			// per pair of CPUs): more commands per write system call,
-			// which was 15 % of the service's CPU, and Redis, single-
-			// threaded, reads them in fewer calls too.
-			PipelineMultiplex: -1,
-			MaxFlushDelay:     s.opt.FlushDelay,
-		})
+		c, err := rueidis.NewClient(s.clientOption())
 		if err == nil {
 			s.client.Store(&c)
-			return
+			if !s.opt.Cluster {
+				s.lanes.one.watch(func(ctx context.Context) error { return c.Do(ctx, c.B().Ping().Build()).Error() })
+			}
+			break
 		}
 		select {
 		case <-s.stop:
 			return
 		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	if !s.opt.Cluster {
+		return
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		s.refreshTopology()
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
 		}
 	}
 }
@@ -178,18 +267,6 @@ func (s *Store) Close() {
 	if c := s.client.Load(); c != nil {
 		(*c).Close()
 	}
-}
-
-// Ping reports whether Redis answers PING within the timeout (one node of a
-// cluster, whichever rueidis picks).
-func (s *Store) Ping(ctx context.Context) error {
-	c := s.client.Load()
-	if c == nil {
-		return ErrNotConnected
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
-	defer cancel()
-	return (*c).Do(ctx, (*c).B().Ping().Build()).Error()
 }
 
 // Run runs the script for every op, all in one pipeline (spread over the
@@ -207,8 +284,12 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 
 // runScripts runs n scripts, call(i) naming the i-th with its key and
 // arguments, in one pipeline (spread over the cluster's masters by key),
-// and returns their outcomes in order. A NOSCRIPT answer is retried once
-// with EVAL. The whole is bounded by the store's timeout.
+// and returns their outcomes in order. A NOSCRIPT answer is retried with
+// EVAL; a failure that certainly ran nothing (Store.retryable) is retried
+// once while the deadline leaves time. The whole is bounded by the
+// caller's deadline or the store's timeout, whichever is first, and no
+// call is sent to a Redis node that does not answer (guard.go): it fails
+// at once with ErrBacklog instead.
 func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script, string, []string)) []Outcome {
 	out := make([]Outcome, n)
 	cp := s.client.Load()
@@ -220,30 +301,49 @@ func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script
 	}
 	c := *cp
 	start := time.Now()
-	ctx, cancel := s.bound(ctx, start)
-	defer cancel()
-	cmds := make(rueidis.Commands, n)
-	for i := range cmds {
+	if at, ok := s.clientBudget(ctx, start, n); ok {
+		ctx = s.deadlineAt(at)
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = s.bound(ctx, start)
+		defer cancel()
+	}
+	// eval marks the scripts a node did not know (NOSCRIPT): EVAL loads
+	// them. rueidis recycles a command once sent, so a retry builds it
+	// again.
+	var evalBuf [2]bool
+	eval := evalBuf[:0]
+	for range n {
+		eval = append(eval, false)
+	}
+	build := func(i int) rueidis.Completed {
 		sc, key, args := call(i)
-		cmds[i] = c.B().Evalsha().Sha1(sc.sha).Numkeys(1).Key(key).Arg(args...).Build()
+		if eval[i] {
+			return c.B().Eval().Script(sc.text).Numkeys(1).Key(key).Arg(args...).Build()
+		}
+		return c.B().Evalsha().Sha1(sc.sha).Numkeys(1).Key(key).Arg(args...).Build()
 	}
-	var retry []int
-	for i, r := range c.DoMulti(ctx, cmds...) {
-		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
-			retry = append(retry, i)
-			continue
-		}
-		out[i] = outcome(r)
+	cmds := make(rueidis.Commands, n)
+	var idxBuf [2]int
+	idx := idxBuf[:0]
+	for i := range n {
+		idx = append(idx, i)
 	}
-	if len(retry) > 0 {
-		cmds = cmds[:0]
-		for _, i := range retry {
-			sc, key, args := call(i)
-			cmds = append(cmds, c.B().Eval().Script(sc.text).Numkeys(1).Key(key).Arg(args...).Build())
+	for attempt := 0; attempt < 3 && len(idx) > 0; attempt++ {
+		for _, i := range idx {
+			cmds[i] = build(i)
 		}
-		for j, r := range c.DoMulti(ctx, cmds...) {
-			out[retry[j]] = outcome(r)
+		s.do(ctx, cmds, idx, out)
+		var retry []int
+		for _, i := range idx {
+			if e, ok := rueidis.IsRedisErr(out[i].Err); ok && e.IsNoScript() && !eval[i] {
+				eval[i] = true
+				retry = append(retry, i)
+			} else if attempt == 0 && s.retryable(ctx, out[i].Err) {
+				retry = append(retry, i)
+			}
 		}
+		idx = retry
 	}
 	if s.opt.Observe != nil {
 		var err error
@@ -256,6 +356,133 @@ func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script
 		s.opt.Observe(time.Since(start), err)
 	}
 	return out
+}
+
+// do sends cmds[i] for every i of idx in one pipeline, except those for
+// a node that does not answer (guard.go), and writes their outcomes to
+// out.
+func (s *Store) do(ctx context.Context, cmds rueidis.Commands, idx []int, out []Outcome) {
+	type sent struct {
+		i    int
+		l    *lane
+		mark uint64
+	}
+	var buf [2]sent
+	ss := buf[:0]
+	for _, i := range idx {
+		l := s.lanes.of(cmds[i].Slot())
+		if !l.admit() {
+			out[i] = Outcome{Err: ErrBacklog}
+			continue
+		}
+		ss = append(ss, sent{i: i, l: l, mark: l.enter()})
+	}
+	if len(ss) == 0 {
+		return
+	}
+	send := cmds // the usual case: every command, in order
+	if len(ss) != len(cmds) {
+		send = make(rueidis.Commands, len(ss))
+		for j, x := range ss {
+			send[j] = cmds[x.i]
+		}
+	}
+	for j, r := range (*s.client.Load()).DoMulti(ctx, send...) {
+		out[ss[j].i] = outcome(r)
+		ss[j].l.leave(ss[j].mark, r.NonRedisError())
+	}
+}
+
+// doOne sends one command as do sends many: not to a node that does not
+// answer (ErrBacklog, and no result), and counted on its node's lane.
+func (s *Store) doOne(ctx context.Context, c rueidis.Client, cmd rueidis.Completed) (rueidis.RedisResult, error) {
+	l := s.lanes.of(cmd.Slot())
+	if !l.admit() {
+		return rueidis.RedisResult{}, ErrBacklog
+	}
+	mark := l.enter()
+	r := c.Do(ctx, cmd)
+	l.leave(mark, r.NonRedisError())
+	return r, nil
+}
+
+// retryable reports whether err is a failure after which the script
+// certainly did not run, and ctx leaves time to try again: a connection
+// that could not be made, or Redis answering that it cannot run commands
+// now (a cluster between masters, a node loading its data, a master that
+// became a replica). A timeout is never retried: the script may have run,
+// and the time is gone anyway.
+func (s *Store) retryable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < time.Millisecond {
+		return false
+	}
+	if e, ok := rueidis.IsRedisErr(err); ok {
+		return e.IsClusterDown() || e.IsTryAgain() || e.IsLoading() ||
+			strings.HasPrefix(e.Error(), "READONLY") || strings.HasPrefix(e.Error(), "MASTERDOWN")
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// clientBudget returns when a call of n scripts starting at now gives up
+// and true, if it runs under its caller's deadline rather than the store's
+// timeout: a call of one script whose caller set a deadline (a gRPC
+// client's grpc-timeout) more than one timeout and at most
+// maxClientBudget away. It gives up answerMargin before the caller does,
+// so that the caller hears UNAVAILABLE rather than its own deadline.
+//
+// Why: a request of one descriptor makes one round trip, never a refund
+// (there is nothing else to give back), so it may use all the time its
+// client gives it; on a busy host a round trip can take longer than
+// -redis-timeout without anything being wrong, and failing it sent the
+// client to its failure rule for nothing (issue 23, defect 2). A request
+// of several descriptors may need a refund after the take, so each of its
+// round trips keeps the store's timeout (Store.bound).
+func (s *Store) clientBudget(ctx context.Context, now time.Time, n int) (time.Time, bool) {
+	if n != 1 {
+		return time.Time{}, false
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return time.Time{}, false
+	}
+	at := dl.Add(-answerMargin)
+	left := at.Sub(now)
+	return at, left > s.opt.Timeout && left <= s.maxClientBudget()
+}
+
+// answerMargin is how long before its caller's deadline a call under it
+// gives up (clientBudget).
+const answerMargin = 2 * time.Millisecond
+
+// maxClientBudget is the longest a call runs under its caller's deadline:
+// 4 × the store's timeout (100 ms with the default). A caller that allows
+// longer (a client with a deadline of seconds) gets the store's timeout.
+func (s *Store) maxClientBudget() time.Duration { return 4 * s.opt.Timeout }
+
+// deadlineAt returns a context ending between deadlineSlack before at and
+// at, shared by the calls whose ends fall in that interval (see
+// Store.deadline for why shared): Envoy's calls carry the same timeout, so
+// the calls of one millisecond share one.
+func (s *Store) deadlineAt(at time.Time) context.Context {
+	ok := func(d *sharedDeadline) bool {
+		return d != nil && !d.at.After(at) && at.Sub(d.at) <= deadlineSlack
+	}
+	if d := s.sharedAt.Load(); ok(d) {
+		return d.ctx
+	}
+	s.sharedMu.Lock()
+	defer s.sharedMu.Unlock()
+	if d := s.sharedAt.Load(); ok(d) {
+		return d.ctx
+	}
+	d := &sharedDeadline{at: at}
+	d.ctx, d.cancel = context.WithDeadline(context.Background(), at)
+	s.sharedAt.Store(d)
+	return d.ctx
 }
 
 // bound returns the context a Redis round trip starting now runs under:

@@ -24,9 +24,13 @@ func newStore(t testing.TB, addrs []string, cluster bool, timeout time.Duration)
 	}
 	t.Cleanup(s.Close)
 	deadline := time.Now().Add(10 * time.Second)
-	for s.Ping(context.Background()) != nil {
+	for {
+		err := s.Ping(context.Background())
+		if err == nil {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("store on %v: no PING answer within 10 s", addrs)
+			t.Fatalf("store on %v: no PING answer within 10 s: %v", addrs, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
