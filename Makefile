@@ -57,8 +57,8 @@ run: build $(LOCAL)
 
 $(LOCAL): $(LOCAL_SRC)
 	@mkdir -p build
-	@echo 'building the local host into $(LOCAL): the first build compiles wazero and takes a minute or two on a cold cache; later runs reuse it'
-	$(GO) build -o $(LOCAL) ./cmd/tokengate-local
+	@echo 'building the local host into $(LOCAL): the first build compiles wazero and takes a minute or two on a cold cache (-v names each package as it compiles); later runs reuse it'
+	$(GO) build -v -o $(LOCAL) ./cmd/tokengate-local
 
 ## cluster: a fleet sharing one limit per client IP: redis-server, tokengate-rls and three tokengate-local proxies on 127.0.0.1:10000, :10010, :10020 (tools/cluster.sh; Ctrl-C stops them). MODE=lease puts the rule in lease mode.
 RLS     := build/tokengate-rls
@@ -66,11 +66,11 @@ RLS_SRC := $(shell find cmd/tokengate-rls internal filter bucket sharedstate -na
 
 MODE ?= exact
 cluster: build $(LOCAL) $(RLS)
-	MODE=$(MODE) tools/cluster.sh
+	MODE=$(MODE) exec tools/cluster.sh
 
 $(RLS): $(RLS_SRC)
 	@mkdir -p build
-	$(GO) build -o $(RLS) ./cmd/tokengate-rls
+	$(GO) build -v -o $(RLS) ./cmd/tokengate-rls
 
 ## envoy: run Envoy (>= 1.33, on PATH) with envoy.yaml, from the repository root.
 envoy: build

@@ -61,6 +61,12 @@ func windowConfig(path string, v ljson.Result, r *Rule) error {
 		if capacity, err = positive(path+".capacity", c, maxBurst); err != nil {
 			return err
 		}
+		// Each window adds limit tokens up to capacity: below the limit,
+		// the limit the headers state (q) could never pass in a window.
+		if capacity < limit {
+			return errAt(path+".capacity", "must be >= limit ("+num(limit)+"), the tokens each window adds: capacity is what "+
+				"unused tokens may roll over up to, and below the limit a window would admit only capacity, got "+num(capacity))
+		}
 	}
 	switch ws := v.Get("window_start"); {
 	case !ws.Exists(), ws.Type == ljson.String && ws.Str == "aligned":
@@ -121,7 +127,34 @@ func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 		return errAt(path+"."+rateField, "must be >= burst/1e9 ("+num(burst/maxFillTime)+
 			") so that an empty bucket refills within 1e9 seconds, got "+num(rate))
 	}
-	return costConfig(path, v, r)
+	if err := costConfig(path, v, r); err != nil {
+		return err
+	}
+	return shapingReserves(path, r, rateField)
+}
+
+// shapingReserves refuses a rule whose burst is below its rate (allowed
+// only because it reserves) when its effective reservation cannot hold one
+// request: max_reserved capped by max_delay_ms × rate. Such a rule is the
+// same as one without max_reserved, which the burst check refuses.
+func shapingReserves(path string, r *Rule, rateField string) error {
+	d, rate := r.Delay, r.Limit.Rate
+	if r.Limit.Burst >= rate || d.MaxReserved == 0 {
+		return nil
+	}
+	cost := r.Cost.Fixed
+	if r.Cost.Kind != CostFixed {
+		cost = r.Cost.Default
+	}
+	if d.Debt >= cost {
+		return nil
+	}
+	why := "with burst (" + num(r.Limit.Burst) + ") below " + rateField + " (" + num(rate) + ") the rule must reserve at least the cost of one request (" + num(cost) + ")"
+	if d.Debt < d.MaxReserved {
+		return errAt(path+".max_delay_ms", "caps the reservation at "+num(d.Debt)+" tokens (max_delay_ms / 1000 × "+rateField+"); "+
+			why+", so max_delay_ms must be >= "+num(cost/rate*1000)+", got "+num(d.MaxDelayMs))
+	}
+	return errAt(path+".max_reserved", why+", got "+num(d.MaxReserved))
 }
 
 // costConfig reads the cost fields both algorithms share, then refuses a
@@ -167,7 +200,12 @@ func admissible(path string, v ljson.Result, r *Rule) error {
 	never := " or no request can ever pass"
 	cap := "burst"
 	if r.Limit.Window > 0 {
-		cap = "capacity" // a fixed window's
+		// A fixed window's capacity, which is its limit unless set: blame
+		// the field the file sets.
+		cap = "capacity"
+		if !v.Get("capacity").Exists() {
+			cap = "limit"
+		}
 	}
 	if r.Cost.Kind == CostFixed && r.Cost.Fixed > burst {
 		if !v.Get("fixed_cost").Exists() {
@@ -175,7 +213,10 @@ func admissible(path string, v ljson.Result, r *Rule) error {
 		}
 		return errAt(path+".fixed_cost", "must be <= "+cap+" ("+num(burst)+")"+never+", got "+num(r.Cost.Fixed))
 	}
-	if r.Cost.Default > burst && (r.Cost.Kind != CostFixed || v.Get("default_cost").Exists()) {
+	// A cost the response reports is charged after the response, into
+	// debt when it is more than the balance: a default_cost above the
+	// burst delays later requests but never stops this one.
+	if r.Cost.Default > burst && r.Cost.Kind != CostResponse && (r.Cost.Kind != CostFixed || v.Get("default_cost").Exists()) {
 		if !v.Get("default_cost").Exists() {
 			return errAt(path+"."+cap, "must be >= default_cost (1, the default), the cost of a request without "+
 				"a valid cost,"+never+" without one, got "+num(burst))

@@ -149,6 +149,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"empty", ``, `configuration is empty`},
 		{"blank", " \n\t", `configuration is empty`},
 		{"not json", `{"name":`, `configuration is not valid JSON: line 1, column 9: unexpected end of input`},
+		{"byte order mark", "\xef\xbb\xbf{}", `configuration starts with a UTF-8 byte order mark (bytes EF BB BF), which JSON does not allow: save the file without it`},
 		// Issue 11: rules that could never admit a request.
 		{"fixed_cost over burst", `{"name":"a","algorithm_config":{"rps":1,"burst":5,"fixed_cost":6}}`,
 			`algorithm_config.fixed_cost: must be <= burst (5) or no request can ever pass, got 6`},
@@ -176,8 +177,28 @@ func TestParseConfigErrors(t *testing.T) {
 			`algorithm_config.rps: unknown field (allowed: limit, window_seconds, capacity, window_start, cost_source, fixed_cost, default_cost, count_statuses, reset_on_statuses)`},
 		{"fixed window bad start", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":1,"window_seconds":10,"window_start":"noon"}}`,
 			`algorithm_config.window_start: must be "aligned", "hash" or "random", got "noon"`},
-		{"fixed window cost over capacity", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":5,"window_seconds":10,"capacity":2,"fixed_cost":3}}`,
-			`algorithm_config.fixed_cost: must be <= capacity (2) or no request can ever pass, got 3`},
+		// Issue 22 item 9: a capacity below the limit is refused, so this
+		// case's capacity is now above its limit (it was limit 5, capacity 2).
+		{"fixed window cost over capacity", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":2,"window_seconds":10,"capacity":4,"fixed_cost":5}}`,
+			`algorithm_config.fixed_cost: must be <= capacity (4) or no request can ever pass, got 5`},
+		// Issue 22 items 9 and 10: configurations wrongly accepted, and
+		// messages that blamed the wrong field or ended early.
+		{"fixed window capacity below limit", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":10,"window_seconds":10,"capacity":5}}`,
+			`algorithm_config.capacity: must be >= limit (10), the tokens each window adds: capacity is what unused tokens may roll over up to, and below the limit a window would admit only capacity, got 5`},
+		{"fixed window limit under the default cost", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":0.5,"window_seconds":10}}`,
+			`algorithm_config.limit: must be >= the cost of a request (1, the default fixed_cost) or no request can ever pass, got 0.5`},
+		{"fixed window capacity under the default cost", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":0.5,"window_seconds":10,"capacity":0.7}}`,
+			`algorithm_config.capacity: must be >= the cost of a request (1, the default fixed_cost) or no request can ever pass, got 0.7`},
+		{"shaping reservation capped below a request", `{"name":"a","algorithm_config":{"rps":1000,"burst":1,"max_reserved":5,"max_delay_ms":0.0001}}`,
+			`algorithm_config.max_delay_ms: caps the reservation at 0.0001 tokens (max_delay_ms / 1000 × rps); with burst (1) below rps (1000) the rule must reserve at least the cost of one request (1), so max_delay_ms must be >= 1, got 0.0001`},
+		{"shaping reservation below a request", `{"name":"a","algorithm_config":{"rps":1000,"burst":1,"max_reserved":0.5}}`,
+			`algorithm_config.max_reserved: with burst (1) below rps (1000) the rule must reserve at least the cost of one request (1), got 0.5`},
+		{"nested status on several lines", "{\"name\":\"a\",\"algorithm_config\":{\"rps\":1,\"burst\":5,\"count_statuses\":[\n  [\n    401\n  ]\n]}}",
+			`algorithm_config.count_statuses[0]: must be a status (401 or "401") or a class ("4xx"), got [401]`},
+		{"trailing + in JSON pointers", `{"name":"a","algorithm_config":{"rps":1,"burst":5,"cost_source":"response_json:/usage/total_tokens+"}}`,
+			`algorithm_config.cost_source: response_json needs JSON pointers such as "/usage/total_tokens" (1 to 8 tokens of at most 64 bytes, joined by '+'), got an empty pointer (pointer 2 of "/usage/total_tokens+")`},
+		{"single rule in cluster scope", `{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":5}}`,
+			`scope: "cluster" needs settings.rls (the rate-limit service to ask), and a file of one bare rule has no settings: write it as {"rules": [<the rule>], "settings": {"rls": {"cluster": "<Envoy cluster of the service>"}}}`},
 		{"store error deny on a cluster rule", `{"rules":[{"name":"a","scope":"cluster","on_store_error":"deny",` + rule + `}],"settings":{"rls":{"cluster":"rls","on_error":"deny"}}}`,
 			`rule "a": "on_store_error": "deny" on a "scope": "cluster" rule applies only with settings.rls.on_error "local" (a shared-data failure while the rule is decided locally); a failure of the rate-limit service is settings.rls.on_error's: set it to "deny" (docs/failures.md)`},
 		{"store error deny on a lease rule", `{"rules":[{"name":"a","scope":"cluster","mode":"lease","on_store_error":"deny",` + rule + `}],"settings":{"rls":{"cluster":"rls"}}}`,

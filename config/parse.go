@@ -18,6 +18,9 @@ func Parse(data []byte) (*Config, error) {
 	if len(strings.Trim(string(data), " \t\r\n")) == 0 {
 		return nil, errAt("", "configuration is empty")
 	}
+	if strings.HasPrefix(string(data), "\xef\xbb\xbf") {
+		return nil, errAt("", "configuration starts with a UTF-8 byte order mark (bytes EF BB BF), which JSON does not allow: save the file without it")
+	}
 	if !ljson.Valid(data) {
 		return nil, errAt("", "configuration is not valid JSON: "+ljson.SyntaxError(data))
 	}
@@ -28,6 +31,7 @@ func Parse(data []byte) (*Config, error) {
 	p := parser{names: map[string]string{}, metricNames: map[string]claimed{}}
 	cfg := &Config{Settings: Settings{MaxAttempts: defaultMaxAttempts, MaxKeysPerRule: DefaultMaxKeys, IPv6Prefix: DefaultIPv6Prefix, ResponseSettings: defaultResponseSettings()}}
 	var err error
+	single := false
 	switch {
 	case root.Get("policies").Exists() || root.Get("bundle_version").Exists():
 		err = p.bundle(cfg, root)
@@ -40,6 +44,7 @@ func Parse(data []byte) (*Config, error) {
 		}
 	default:
 		var r *Rule
+		single = true
 		r, err = p.rule("", root, false)
 		if err == nil {
 			cfg.Policies = []*Policy{{ID: "default", Rules: []*Rule{r}}}
@@ -55,7 +60,7 @@ func Parse(data []byte) (*Config, error) {
 	if len(cfg.rules) == 0 && len(cfg.RLSDescriptors) == 0 {
 		return nil, errAt("", "configuration has no rules")
 	}
-	if err := checkClusterRules(cfg); err != nil {
+	if err := checkClusterRules(cfg, single); err != nil {
 		return nil, err
 	}
 	if len(cfg.rules) > MaxRules {

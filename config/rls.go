@@ -132,8 +132,14 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 }
 
 // checkClusterRules refuses cluster-scope rules without a service to ask.
-func checkClusterRules(cfg *Config) error {
+// single reports whether the file is one bare rule, a shape that holds no
+// settings.
+func checkClusterRules(cfg *Config, single bool) error {
 	for _, r := range cfg.rules {
+		if r.Cluster && cfg.Settings.RLS == nil && single {
+			return errAt("scope", `"cluster" needs settings.rls (the rate-limit service to ask), and a file of one bare rule has no settings: `+
+				`write it as {"rules": [<the rule>], "settings": {"rls": {"cluster": "<Envoy cluster of the service>"}}}`)
+		}
 		if r.Cluster && cfg.Settings.RLS == nil {
 			return errAt("settings.rls", "is required: rule "+strconv.Quote(r.Name)+` has "scope": "cluster"`)
 		}

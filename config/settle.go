@@ -168,12 +168,19 @@ func responseCost(path string, s string, r *Rule) (bool, error) {
 	if len(parts) > maxPointers {
 		return true, errAt(path, "at most "+strconv.Itoa(maxPointers)+" JSON pointers joined by '+', got "+strconv.Itoa(len(parts)))
 	}
-	for _, part := range parts {
+	for i, part := range parts {
 		p, ok := ljson.ParsePointer(part)
 		if !ok {
+			got := strconv.Quote(clip(part))
+			if part == "" {
+				got = "an empty pointer"
+			}
+			if len(parts) > 1 {
+				got += " (pointer " + strconv.Itoa(i+1) + " of " + strconv.Quote(clip(arg)) + ")"
+			}
 			return true, errAt(path, kind+" needs JSON pointers such as \"/usage/total_tokens\" (1 to "+
 				strconv.Itoa(ljson.MaxPointerTokens)+" tokens of at most "+strconv.Itoa(ljson.MaxPointerToken)+
-				" bytes, joined by '+'), got "+strconv.Quote(clip(part)))
+				" bytes, joined by '+'), got "+got)
 		}
 		spec.Pointers = append(spec.Pointers, p)
 	}

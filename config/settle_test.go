@@ -93,3 +93,21 @@ func TestParseSettleConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestResponseDefaultCostAboveBurst: a response-cost rule's default_cost is
+// charged after the response when no usage is seen; above the burst it
+// takes the balance into debt, it does not stop requests, so it is
+// accepted. It was refused with "no request can ever pass" (issue 22,
+// item 10).
+func TestResponseDefaultCostAboveBurst(t *testing.T) {
+	for _, src := range []string{"response_json:/usage/total_tokens", "response_sse:/usage/total_tokens", "response_header:x-usage"} {
+		cfg, err := config.Parse([]byte(`{"name":"a","algorithm_config":{"rps":1,"burst":5,"cost_source":"` + src + `","default_cost":6}}`))
+		if err != nil {
+			t.Errorf("%s: got %v, want it accepted", src, err)
+			continue
+		}
+		if got := cfg.Rules()[0].Cost.Default; got != 6 {
+			t.Errorf("%s: default cost got %v, want 6", src, got)
+		}
+	}
+}

@@ -156,5 +156,32 @@ func clip(s string) string {
 	return s
 }
 
-// short is clip for raw JSON.
-func short(raw string) string { return clip(raw) }
+// short is clip for raw JSON, without the whitespace between its tokens: a
+// message is one line, whatever the layout of the file ("[\n 401\n]" is
+// quoted as "[401]").
+func short(raw string) string {
+	var b []byte
+	inString, escaped := false, false
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		switch {
+		case inString:
+			inString = escaped || c != '"'
+			escaped = !escaped && c == '\\'
+		case c == '"':
+			inString = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			if b == nil {
+				b = append(make([]byte, 0, len(raw)), raw[:i]...)
+			}
+			continue
+		}
+		if b != nil {
+			b = append(b, c)
+		}
+	}
+	if b != nil {
+		raw = string(b)
+	}
+	return clip(raw)
+}

@@ -180,13 +180,20 @@ func testMakeCluster(t *testing.T, mode string) {
 		checkLeased(t, ports)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+	// Ctrl-C in a terminal signals the whole foreground process group.
+	// The children run in sessions of their own, so only the script gets
+	// it and stops them in order: no proxy ends first as if it had failed
+	// (issue 22, item 12), and the script exits 0.
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-exited:
 	case <-time.After(20 * time.Second):
 		t.Fatal("tools/cluster.sh still running 20 s after SIGINT")
+	}
+	if waitErr != nil || strings.Contains(out.String(), "a proxy exited") {
+		t.Errorf("after Ctrl-C: exit %v, output:\n%s", waitErr, out.String())
 	}
 	for _, p := range append(ports, strconv.Itoa(rlsPort), strconv.Itoa(redisPort)) {
 		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+p, time.Second); err == nil {
@@ -272,5 +279,91 @@ func checkLeased(t *testing.T, ports []string) {
 	t.Logf("lease mode: %.0f lease calls, %d allowance records with a grant", calls, granted)
 	if calls == 0 || granted == 0 {
 		t.Errorf("lease mode took no lease: %.0f lease calls, %d allowance records with a grant", calls, granted)
+	}
+}
+
+// TestMakeClusterCtrlC (issue 22, item 12): Ctrl-C on `make cluster` (the
+// terminal's SIGINT to make, its recipe and the script) stops the fleet
+// without an error line from make: the recipe execs the script, which
+// traps SIGINT and exits 0, so make has no dying shell to report
+// ("make: *** [Makefile:…: cluster] Interrupt", or Error 1 when the shell
+// exited 1). make itself still ends by the SIGINT, silently.
+func TestMakeClusterCtrlC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five processes")
+	}
+	redistest.Require(t, true)
+	for _, tool := range []string{"curl", "make"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skip("make cluster needs " + tool)
+		}
+	}
+	root := repoRoot(t)
+	wasm, err := wasmbuild.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	localBin, rlsBin := buildLocal(t), tokengateRLS(t)
+	var ports []string
+	for range 2 {
+		ports = append(ports, strconv.Itoa(freePortPair(t)))
+	}
+	rlsPort, rlsAdmin, redisPort := freePortNum(t), freePortNum(t), freePortNum(t)
+	// The binaries the test built, on make's command line (so that make
+	// builds nothing) and in the environment (the script reads them there).
+	vars := []string{"LOCAL=" + localBin, "RLS=" + rlsBin, "WASM=" + wasm, "MODE=exact"}
+	cmd := exec.Command("make", append([]string{"--no-print-directory", "cluster"}, vars...)...)
+	cmd.Dir = root
+	cmd.Env = append(append(os.Environ(),
+		"CLUSTER_PORTS="+strings.Join(ports, " "),
+		"CLUSTER_RLS_PORT="+strconv.Itoa(rlsPort), "CLUSTER_RLS_ADMIN_PORT="+strconv.Itoa(rlsAdmin),
+		"CLUSTER_REDIS_PORT="+strconv.Itoa(redisPort), "CLUSTER_DIR="+t.TempDir()), vars...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.WaitDelay = 5 * time.Second
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the group this test started
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("make cluster output:\n%s", out.String())
+		}
+	})
+	deadline := time.Now().Add(120 * time.Second)
+	for !strings.Contains(out.String(), "Ctrl-C to stop everything.") {
+		select {
+		case <-exited:
+			t.Fatal("make cluster exited early")
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fleet did not come up in 120 s")
+		}
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		t.Fatal("make cluster still running 20 s after SIGINT")
+	}
+	if s := out.String(); strings.Contains(s, "***") || strings.Contains(s, "a proxy exited") {
+		t.Errorf("Ctrl-C: make or the script reported an error:\n%s", s)
+	}
+	for _, p := range append(ports, strconv.Itoa(rlsPort), strconv.Itoa(redisPort)) {
+		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+p, time.Second); err == nil {
+			c.Close()
+			t.Errorf("port %s still answers after Ctrl-C", p)
+		}
 	}
 }

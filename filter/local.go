@@ -2,6 +2,7 @@ package filter
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 
@@ -123,7 +124,7 @@ func (s *Stream) reject(req *request, g *group) Action {
 		}
 	}
 	retry := int64(0)
-	if reasonOf(g.res[i]) == ReasonExceeded {
+	if !math.IsInf(g.res[i].RetryAfter, 1) { // a retry can pass: not cost_exceeds_burst
 		retry = retryAfterHash(g.res[i].RetryAfter, req.identityHash())
 	}
 	p.logDescribe("tokengate: event=rejected ", g, i, retry)
@@ -189,7 +190,7 @@ func appendDescribe(dst []byte, g *group, i int, retry int64) []byte {
 	dst = append(dst, " retry_after="...)
 	dst = strconv.AppendInt(dst, retry, 10)
 	dst = append(dst, " reason="...)
-	return append(dst, reasonOf(g.res[i])...)
+	return append(dst, reasonOf(g.rules[i], g.res[i])...)
 }
 
 // logDescribe logs prefix and appendDescribe's text at debug level, without

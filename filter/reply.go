@@ -16,6 +16,10 @@ import (
 const (
 	// ReasonExceeded: the bucket lacks the tokens the request costs.
 	ReasonExceeded = "token_bucket_exceeded"
+	// ReasonWindowExceeded: a fixed window lacks the tokens the request
+	// costs (its limit, and what rolled over, are spent until a later
+	// window starts).
+	ReasonWindowExceeded = "fixed_window_exceeded"
 	// ReasonCostExceedsBurst: the request costs more than the bucket can
 	// ever hold, so retrying cannot help; no Retry-After is sent.
 	ReasonCostExceedsBurst = "cost_exceeds_burst"
@@ -41,9 +45,13 @@ const (
 // retry) but 413, as for content larger than the server will process.
 const statusCostExceedsBurst = 413
 
-func reasonOf(res bucket.Result) string {
-	if math.IsInf(res.RetryAfter, 1) {
+// reasonOf is the reason a rejection by r's bucket, with result res, states.
+func reasonOf(r *rule, res bucket.Result) string {
+	switch {
+	case math.IsInf(res.RetryAfter, 1):
 		return ReasonCostExceedsBurst
+	case r.Limit.Window > 0:
+		return ReasonWindowExceeded
 	}
 	return ReasonExceeded
 }
@@ -179,7 +187,7 @@ func isGRPCRequest(req *request) bool {
 // could pass it (or, for a bucket that admitted it, until it is full).
 func (s *Stream) sendRejection(req *request, g *group, w int, retry int64) {
 	p := s.p
-	rep := localReply{reason: reasonOf(g.res[w]), details: "tokengate_rate_limited", rule: g.rules[w], retry: retry}
+	rep := localReply{reason: reasonOf(g.rules[w], g.res[w]), details: "tokengate_rate_limited", rule: g.rules[w], retry: retry}
 	if p.cfg.Settings.RateLimitHeaders {
 		quotas := p.buf.quotas[:0]
 		for i, rr := range g.rules {

@@ -57,6 +57,31 @@ func TestFixedWindowAligned(t *testing.T) {
 	}
 }
 
+// TestFixedWindowHeadersTruthful (issue 22, item 9): a window's headers
+// never state more remaining than its limit, though unused tokens roll over
+// up to a larger capacity (they said r=4 of q=3 here, as 149 of 100 in the
+// report), and a window's rejection is labelled fixed_window_exceeded, not
+// token_bucket_exceeded.
+func TestFixedWindowHeadersTruthful(t *testing.T) {
+	f := newFixture(t, windowCfg("aligned")) // limit 3, capacity 5
+	f.now = epoch + 4
+	for i, want := range []string{"3", "3", "2", "1", "0"} {
+		res := f.get("x-key", "k")
+		if res.Status() != 200 || res.Header("ratelimit-remaining") != want || res.Header("ratelimit-limit") != "3" ||
+			res.Header("ratelimit") != `"fw";r=`+want+`;t=`+res.Header("ratelimit-reset") {
+			t.Errorf("step %d: got %d, remaining %q of limit %q, ratelimit %q; want 200, remaining %s of 3",
+				i, res.Status(), res.Header("ratelimit-remaining"), res.Header("ratelimit-limit"), res.Header("ratelimit"), want)
+		}
+	}
+	rej := f.get("x-key", "k")
+	if rej.Status() != 429 || rej.Header("x-tokengate-reason") != "fixed_window_exceeded" {
+		t.Errorf("rejection: got %d, reason %q; want 429, %q", rej.Status(), rej.Header("x-tokengate-reason"), "fixed_window_exceeded")
+	}
+	if rej.Local == nil || !strings.Contains(rej.Local.Body, `"reason":"fixed_window_exceeded"`) {
+		t.Errorf("rejection %+v does not state fixed_window_exceeded in its body", rej.Local)
+	}
+}
+
 // TestFixedWindowStartModes: with "hash" each key's windows start at its
 // own offset, the same in every plugin (worker or restart); with "random"
 // the offset is drawn when the key is created and stored, so every worker

@@ -55,6 +55,11 @@ type Plan struct {
 	// Quoted is the rule name as a quoted string, the first field of its
 	// RateLimit and RateLimit-Policy members.
 	Quoted string
+	// window is set for a fixed window, whose r is stated at most as its
+	// limit, maxRemaining (q): tokens rolled over up to a larger capacity
+	// would exceed it. A token bucket's tokens never exceed its limit.
+	window       bool
+	maxRemaining int64
 }
 
 // NewPlan returns the plan of the rule called name with limit l. w is the
@@ -63,16 +68,21 @@ type Plan struct {
 func NewPlan(name string, l bucket.Limit) Plan {
 	limit := strconv.FormatInt(int64(l.Burst), 10)
 	window := Seconds(l.FillTime())
+	var maxRemaining int64
 	if l.Window > 0 {
-		// A fixed window's quota is its limit per window (capacity may let
-		// unused tokens roll over beyond it).
+		// A fixed window's quota is its limit per window. Capacity may
+		// let unused tokens roll over beyond it; r never states more than
+		// the quota, so that r <= q holds in every header.
 		limit, window = strconv.FormatInt(int64(l.Rate), 10), Seconds(l.Window)
+		maxRemaining = int64(l.Rate)
 	}
 	quoted := strconv.Quote(name)
 	return Plan{
-		Limit:  limit,
-		Policy: quoted + ";q=" + limit + ";w=" + strconv.FormatInt(window, 10),
-		Quoted: quoted,
+		Limit:        limit,
+		Policy:       quoted + ";q=" + limit + ";w=" + strconv.FormatInt(window, 10),
+		Quoted:       quoted,
+		window:       l.Window > 0,
+		maxRemaining: maxRemaining,
 	}
 }
 
@@ -80,7 +90,8 @@ func NewPlan(name string, l bucket.Limit) Plan {
 type Quota struct {
 	// Plan is the bucket's rule's plan.
 	Plan *Plan
-	// Remaining is the whole tokens left in the bucket (r).
+	// Remaining is the whole tokens left in the bucket (r); a fixed
+	// window's is stated at most as its limit.
 	Remaining int64
 	// Reset is the seconds t states (see the package comment), already
 	// through Seconds.
@@ -124,7 +135,11 @@ func AppendFields(b []byte, quotas []Quota, best int) ([]byte, Fields) {
 			b = append(b, ", "...)
 		}
 		var r, t [2]int
-		b, r, t = AppendMember(b, quotas[i].Plan.Quoted, quotas[i].Remaining, quotas[i].Reset)
+		rem := quotas[i].Remaining
+		if quotas[i].Plan.window {
+			rem = min(rem, quotas[i].Plan.maxRemaining)
+		}
+		b, r, t = AppendMember(b, quotas[i].Plan.Quoted, rem, quotas[i].Reset)
 		if i == best {
 			f.Remaining, f.Reset = r, t
 		}

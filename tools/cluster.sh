@@ -80,7 +80,10 @@ stop() {
 		wait "$p" 2>/dev/null || true
 	done
 }
-# Ctrl-C is how this ends: a clean exit, not make's "Error 130".
+# Ctrl-C is how this ends: a clean exit, not make's "Error 130". The
+# children run in sessions of their own (setsid), so the terminal's Ctrl-C
+# reaches this script only: it stops them in order, and a proxy that the
+# same Ctrl-C ended cannot look like a proxy that failed.
 trap 'stop; exit 0' INT TERM
 trap stop EXIT
 
@@ -103,7 +106,7 @@ wait_http() {
 	exit 1
 }
 
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" \
+setsid redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" \
 	>"$DIR/redis.log" 2>&1 &
 pids+=($!)
 for i in $(seq 100); do
@@ -116,7 +119,7 @@ for i in $(seq 100); do
 	sleep 0.1
 done
 
-"$RLS" -config "$CONFIG" -redis "127.0.0.1:$REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" -admin "127.0.0.1:$RLS_ADMIN_PORT" \
+setsid "$RLS" -config "$CONFIG" -redis "127.0.0.1:$REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" -admin "127.0.0.1:$RLS_ADMIN_PORT" \
 	>"$DIR/tokengate-rls.log" 2>&1 &
 pids+=($!)
 wait_http "http://127.0.0.1:$RLS_ADMIN_PORT/ready" tokengate-rls "$DIR/tokengate-rls.log" "${pids[-1]}"
@@ -129,7 +132,7 @@ if [[ $RLS_PORT != 8081 ]]; then
 	sed "s/port_value: 8081 }/port_value: $RLS_PORT }/" "$ENVOY" >"$bootstrap"
 fi
 for p in "${PORTS[@]}"; do
-	"$LOCAL" -wasm "$WASM" -envoy "$bootstrap" -listen "127.0.0.1:$p" -admin "127.0.0.1:$((p + 1))" -workers 2 \
+	setsid "$LOCAL" -wasm "$WASM" -envoy "$bootstrap" -listen "127.0.0.1:$p" -admin "127.0.0.1:$((p + 1))" -workers 2 \
 		>"$DIR/proxy-$p.log" 2>&1 &
 	pids+=($!)
 done
@@ -151,7 +154,7 @@ cat <<-MSG
 	  for i in \$(seq 4); do for p in ${PORTS[*]}; do curl -s -o /dev/null -w "\$p:%{http_code} " 127.0.0.1:\$p/; done; done; echo
 	  curl -i 127.0.0.1:${PORTS[0]}/
 	  redis-cli -p $REDIS_PORT --scan --pattern 't[bl]:*'
-	  curl -s 127.0.0.1:$((PORTS[0] + 1))/stats | grep fleet-per-ip
+	  curl -s 127.0.0.1:$((PORTS[0] + 1))/stats | grep fleet_per_ip
 	  curl -s 127.0.0.1:$RLS_ADMIN_PORT/metrics | grep decisions
 	Stop tokengate-rls (kill the pid below) to see on_error "local": each proxy then limits on its own.
 	  pids: redis-server ${pids[0]}, tokengate-rls ${pids[1]}, proxies ${pids[*]:2}

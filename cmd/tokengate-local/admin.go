@@ -1,18 +1,26 @@
 package main
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
-// adminHandler serves the admin endpoints of a running host.
-func adminHandler(h *wasmhost.Host) http.Handler {
+// adminHandler serves the admin endpoints of a running host. /shared_data
+// hides identities and the slot seed unless showIdentities.
+func adminHandler(h *wasmhost.Host, showIdentities bool) http.Handler {
+	var hmacKey [32]byte
+	_, _ = rand.Read(hmacKey[:])
 	mux := http.NewServeMux()
 	stats := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -27,7 +35,12 @@ func adminHandler(h *wasmhost.Host) http.Handler {
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_ = writeSharedData(w, ms.Snapshot(""), ms.Bytes())
+		entries := ms.Snapshot("")
+		if !showIdentities {
+			entries = redactEntries(entries, hmacKey[:])
+			_, _ = io.WriteString(w, "# identities and the slot seed redacted (tokengate-local -show-identities shows them)\n")
+		}
+		_ = writeSharedData(w, entries, ms.Bytes())
 	})
 	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "LIVE\n")
@@ -50,6 +63,52 @@ func writeSharedData(w io.Writer, entries []wasmhost.Entry, bytes int) error {
 		}
 	}
 	return nil
+}
+
+// seedKey is the shared-data key of the filter's slot seed, the secret that
+// keeps a client from choosing an identity whose slots are another's
+// (docs/configuration.md). The local host shares no code with the module,
+// so the name is written out here.
+const seedKey = "tokengate:seed"
+
+// redactEntries returns entries with what identifies a client replaced by
+// "#" and 12 hex digits of an HMAC under key (random per process, so that
+// lines can be matched within one run but a value cannot be guessed back
+// from its digest): the identity part of every "{kind}:{rule}:{identity}"
+// key ("tb:", "shadow:tb:", "tl:", "cc:"; a slot number, "$7", is no
+// identity), a slot value's owner ("{tokens}:{last_refill}:{owner}"), and
+// the slot seed's value.
+func redactEntries(entries []wasmhost.Entry, key []byte) []wasmhost.Entry {
+	digest := func(s string) string {
+		m := hmac.New(sha256.New, key)
+		m.Write([]byte(s))
+		return "#" + hex.EncodeToString(m.Sum(nil)[:6])
+	}
+	out := make([]wasmhost.Entry, len(entries))
+	for i, e := range entries {
+		if e.Key == seedKey {
+			e.Value = "(redacted)"
+			out[i] = e
+			continue
+		}
+		shadow, rest := "", e.Key
+		if strings.HasPrefix(rest, "shadow:") {
+			shadow, rest = "shadow:", rest[len("shadow:"):]
+		}
+		kind, rest, ok1 := strings.Cut(rest, ":")
+		rule, id, ok2 := strings.Cut(rest, ":")
+		if ok1 && ok2 && id != "" && id[0] != '$' {
+			e.Key = shadow + kind + ":" + rule + ":" + digest(id)
+		}
+		if kind == "tb" {
+			// {tokens}:{last_refill}:{owner}; the owner may hold ':'.
+			if f := strings.SplitN(e.Value, ":", 3); len(f) == 3 && f[2] != "" {
+				e.Value = f[0] + ":" + f[1] + ":" + digest(f[2])
+			}
+		}
+		out[i] = e
+	}
+	return out
 }
 
 // ruleNames lists the rule names in a plugin configuration, whichever

@@ -72,9 +72,10 @@ func check(ctx context.Context, file string, wasm []byte, kong bool, stdout io.W
 // a plugin configuration; YAML (or JSON) with "kind: WasmPlugin"
 // documents; otherwise an Envoy bootstrap.
 func checkTargets(file string, doc []byte) ([]checkTarget, error) {
-	trimmed := bytes.TrimSpace(doc)
-	if len(trimmed) > 0 && trimmed[0] == '{' && !bytes.Contains(trimmed, []byte(`"static_resources"`)) &&
-		!bytes.Contains(trimmed, []byte(`"WasmPlugin"`)) {
+	if pluginConfigFile(file, doc) {
+		// The module judges it, byte for byte as Envoy would pass it: an
+		// empty file, a top-level array, a byte order mark or broken JSON
+		// get the filter's own message.
 		return []checkTarget{{where: file, opts: wasmhost.Options{PluginConfig: doc}}}, nil
 	}
 	if plugins, ok, err := wasmPlugins(file, doc); ok || err != nil {
@@ -94,6 +95,23 @@ func checkTargets(file string, doc []byte) ([]checkTarget, error) {
 		}})
 	}
 	return out, nil
+}
+
+// pluginConfigFile reports whether doc is meant as a plugin configuration
+// (JSON) rather than an Envoy bootstrap or Istio resources: it is empty; or
+// it starts, after a UTF-8 byte order mark and white space, with '[' or
+// with '{' and names neither static_resources nor WasmPlugin; or it is
+// called *.json and is not such a JSON bootstrap.
+func pluginConfigFile(file string, doc []byte) bool {
+	trimmed := bytes.TrimSpace(bytes.TrimPrefix(doc, []byte("\xef\xbb\xbf")))
+	envoyOrIstio := bytes.Contains(trimmed, []byte(`"static_resources"`)) || bytes.Contains(trimmed, []byte(`"WasmPlugin"`))
+	switch {
+	case len(trimmed) == 0, trimmed[0] == '[':
+		return true
+	case trimmed[0] == '{':
+		return !envoyOrIstio
+	}
+	return strings.HasSuffix(strings.ToLower(file), ".json")
 }
 
 // wasmPlugins returns the pluginConfig of every "kind: WasmPlugin" document

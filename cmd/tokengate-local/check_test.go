@@ -69,6 +69,20 @@ func TestCheck(t *testing.T) {
 		{"istio broken", write("wasmplugin.yaml", badIstio), false,
 			[]string{"(document 1, WasmPlugin tokengate): tokengate: invalid configuration:", "unknown field"}},
 		{"nothing to check", write("other.yaml", "a: 1\n"), false, nil},
+		// Issue 22, item 10: these were "no plugin configuration ... found"
+		// (and the deep one a YAML error); the module judges them.
+		{"empty", write("empty.json", ""), false,
+			[]string{"empty.json: tokengate: invalid configuration: configuration is empty"}},
+		{"empty, any name", write("empty.yaml", "\n \n"), false,
+			[]string{"empty.yaml: tokengate: invalid configuration: configuration is empty"}},
+		{"not json", write("notjson.json", "rules: none\n"), false,
+			[]string{"notjson.json: tokengate: invalid configuration: configuration is not valid JSON: line 1, column 1:"}},
+		{"top-level array", write("array.json", `[{"name":"a","algorithm_config":{"rps":1,"burst":1}}]`), false,
+			[]string{"array.json: tokengate: invalid configuration: configuration must be a JSON object, got an array"}},
+		{"byte order mark", write("bom.json", "\xef\xbb\xbf"+`{"name":"a","algorithm_config":{"rps":1,"burst":1}}`), false,
+			[]string{"bom.json: tokengate: invalid configuration: configuration starts with a UTF-8 byte order mark (bytes EF BB BF), which JSON does not allow: save the file without it"}},
+		{"deeply nested", write("deep.json", strings.Repeat("[", 100000)+strings.Repeat("]", 100000)), false,
+			[]string{"deep.json: tokengate: invalid configuration: configuration is not valid JSON: line 1, column 10001: nested too deeply"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

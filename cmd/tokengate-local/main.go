@@ -55,6 +55,7 @@ type settings struct {
 	listen, admin, upstream     string
 	workers                     int
 	kong, noFilter, stream      bool
+	showIdentities              bool
 	logLevel                    string
 }
 
@@ -69,6 +70,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.plugin, "plugin", "", "config.name of the wasm filter in -envoy, when it has several")
 	fs.StringVar(&s.listen, "listen", "127.0.0.1:10000", "address to serve HTTP through the filter on")
 	fs.StringVar(&s.admin, "admin", "127.0.0.1:10001", "admin address (/stats, /shared_data, /ready); empty to disable")
+	fs.BoolVar(&s.showIdentities, "show-identities", false, "show API keys, subjects, addresses and the slot seed in /shared_data (redacted by default)")
 	fs.IntVar(&s.workers, "workers", 0, "worker VMs (default: number of CPUs, at least 2)")
 	fs.StringVar(&s.upstream, "upstream", "", "forward allowed requests to this URL instead of the embedded echo upstream, or \"cluster\": to the route's cluster in -envoy")
 	fs.BoolVar(&s.stream, "stream", false, "pass upstream responses through as they arrive, one proxy_on_response_body per piece, as Envoy does (default: buffered)")
@@ -142,7 +144,7 @@ func loadPlugin(s settings) (wasmhost.Options, string, error) {
 		opts.Manager = &wasmhost.Manager{
 			NormalizePath: m.NormalizePath, MergeSlashes: m.MergeSlashes, EscapedSlashes: m.EscapedSlashes,
 			UseRemoteAddress: m.UseRemoteAddress, XFFNumTrustedHops: m.XFFNumTrustedHops, SkipXFFAppend: m.SkipXFFAppend,
-			MaxHeadersKB: m.MaxHeadersKB,
+			MaxHeadersKB: m.MaxHeadersKB, MaxHeadersCount: m.MaxHeadersCount,
 		}
 		j, err := envoyconf.JWTAuthnBefore(p)
 		if err != nil {
@@ -255,7 +257,7 @@ func serve(ctx context.Context, s settings, h *wasmhost.Host, opts wasmhost.Opti
 			_ = srv.Close()
 			return fmt.Errorf("-admin: %w", err)
 		}
-		asrv := &http.Server{Handler: adminHandler(h), ReadHeaderTimeout: 10 * time.Second}
+		asrv := &http.Server{Handler: adminHandler(h, s.showIdentities), ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, asrv)
 		go func() { errc <- asrv.Serve(aln) }()
 		fmt.Fprintf(stdout, "metrics: http://%s/stats (Prometheus text), shared data: http://%s/shared_data\n", aln.Addr(), aln.Addr())

@@ -146,7 +146,8 @@ func TestConnectionManager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Manager{NormalizePath: true, MergeSlashes: true, EscapedSlashes: "REJECT_REQUEST", UseRemoteAddress: true, MaxHeadersKB: 60}
+	want := Manager{NormalizePath: true, MergeSlashes: true, EscapedSlashes: "REJECT_REQUEST", UseRemoteAddress: true, MaxHeadersKB: 60,
+		MaxHeadersCount: 100} // Envoy's default, a field added for issue 22 item 11
 	if m != want {
 		t.Errorf("got %+v, want %+v", m, want)
 	}
@@ -157,6 +158,8 @@ func TestConnectionManager(t *testing.T) {
 		{"strip_any_host_port: false", ""},
 		{"max_request_headers_kb: 0", "max_request_headers_kb: want an integer from 1 to 8192"},
 		{"max_request_headers_kb: 96", ""},
+		{"common_http_protocol_options: { max_headers_count: 0 }", "max_headers_count: want an integer from 1 to 1048576"},
+		{"common_http_protocol_options: { max_headers_count: 200 }", ""},
 		{"path_with_escaped_slashes_action: SOMETIMES", "unknown action SOMETIMES"},
 		{"normalize_path: yes please", "normalize_path: want true or false"},
 	} {

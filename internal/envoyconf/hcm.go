@@ -17,6 +17,7 @@ type Manager struct {
 	XFFNumTrustedHops int    // xff_num_trusted_hops
 	SkipXFFAppend     bool   // skip_xff_append
 	MaxHeadersKB      int    // max_request_headers_kb; 60 by default
+	MaxHeadersCount   int    // common_http_protocol_options.max_headers_count; 100 by default
 }
 
 // unhonoured are connection manager settings that change the request a
@@ -38,7 +39,7 @@ var unhonoured = []string{
 // naming any setting in unhonoured that the document sets to something
 // other than its default, and any value it cannot read.
 func ConnectionManager(path string, obj map[string]any) (Manager, error) {
-	m := Manager{EscapedSlashes: "KEEP_UNCHANGED", MaxHeadersKB: 60}
+	m := Manager{EscapedSlashes: "KEEP_UNCHANGED", MaxHeadersKB: 60, MaxHeadersCount: 100}
 	var set []string
 	for _, name := range unhonoured {
 		if v, ok := lookup(obj, name); ok && !isDefault(v) {
@@ -75,6 +76,14 @@ func ConnectionManager(path string, obj map[string]any) (Manager, error) {
 	boolean("skip_xff_append", &m.SkipXFFAppend)
 	integer("xff_num_trusted_hops", &m.XFFNumTrustedHops, 0, 1<<30)
 	integer("max_request_headers_kb", &m.MaxHeadersKB, 1, 8192)
+	if v, ok := lookup(obj, "common_http_protocol_options.max_headers_count"); ok && err == nil {
+		n, isNum := v.(json.Number)
+		i, perr := n.Int64()
+		if !isNum || perr != nil || i < 1 || i > 1<<20 {
+			err = fmt.Errorf("envoyconf: %s.common_http_protocol_options.max_headers_count: want an integer from 1 to %d, got %v", path, 1<<20, v)
+		}
+		m.MaxHeadersCount = int(i)
+	}
 	if v, ok := obj["path_with_escaped_slashes_action"]; ok && err == nil {
 		s, _ := v.(string)
 		switch s {

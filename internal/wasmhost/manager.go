@@ -37,6 +37,48 @@ type Manager struct {
 	// MaxHeadersKB bounds the request headers (names and values, as
 	// Envoy's codec counts them); over it the answer is 431. 0 means 60.
 	MaxHeadersKB int
+	// MaxHeadersCount bounds the number of request header lines
+	// (common_http_protocol_options.max_headers_count); over it the
+	// answer is 431. 0 means 100.
+	MaxHeadersCount int
+}
+
+// Envoy's defaults for the codec limits, which apply with or without a
+// Manager: max_request_headers_kb and max_headers_count
+// (DEFAULT_MAX_REQUEST_HEADERS_KB, DEFAULT_MAX_HEADERS_COUNT in Envoy's
+// source/common/http/utility.h).
+const (
+	defaultMaxHeadersKB    = 60
+	defaultMaxHeadersCount = 100
+)
+
+// codecReply is what Envoy answers itself before any filter runs, for a
+// request the HTTP/1 codec or the connection manager refuses: 431 over
+// the header limits; 404 for a path that is not relative ("PRI *": the
+// connection manager answers absolute_path; net/http answers "OPTIONS *"
+// itself) and for CONNECT,
+// which no route matches without a connect_matcher (Envoy runs the
+// filters first and its router answers route_not_found; the local host
+// answers before them). 0 lets the request through.
+func codecReply(m *Manager, r *http.Request) int {
+	maxKB, maxCount := defaultMaxHeadersKB, defaultMaxHeadersCount
+	if m != nil && m.MaxHeadersKB > 0 {
+		maxKB = m.MaxHeadersKB
+	}
+	if m != nil && m.MaxHeadersCount > 0 {
+		maxCount = m.MaxHeadersCount
+	}
+	count := 1 // Host, which net/http keeps apart
+	for _, vs := range r.Header {
+		count += len(vs)
+	}
+	if count > maxCount || headersSize(r) > maxKB<<10 {
+		return http.StatusRequestHeaderFieldsTooLarge
+	}
+	if r.Method == http.MethodConnect || !strings.HasPrefix(r.URL.Path, "/") {
+		return http.StatusNotFound
+	}
+	return 0
 }
 
 // inlineRequestHeaders are the request headers Envoy keeps as one entry
@@ -89,15 +131,9 @@ func headersSize(r *http.Request) int {
 }
 
 // apply runs the manager over a new stream. It returns a status other than
-// 0 when Envoy would answer itself (400, 307 with location, 431).
+// 0 when Envoy would answer itself (400, 307 with location); the header
+// limits (431) are codecReply's.
 func (m *Manager) apply(s *stream, r *http.Request) (status int, location string) {
-	limit := m.MaxHeadersKB
-	if limit == 0 {
-		limit = 60
-	}
-	if headersSize(r) > limit<<10 {
-		return http.StatusRequestHeaderFieldsTooLarge, ""
-	}
 	path, _ := s.req.get(":path")
 	p, q, hasQuery := strings.Cut(path, "?")
 	action := m.EscapedSlashes

@@ -106,6 +106,10 @@ const maxRequestBody = 16 << 20
 // a VM trap answers 503 (Envoy's fail-closed reply) and the worker's VM is
 // restarted on its next use.
 func (h *Host) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	if status := codecReply(h.opts.Manager, r); status != 0 {
+		http.Error(rw, http.StatusText(status), status)
+		return
+	}
 	s := newStream(r, nil)
 	if !h.opts.Kong {
 		mergeInline(&s.req)

@@ -39,13 +39,20 @@ func EchoHandler() http.Handler {
 
 // ProxyTo returns an upstream that forwards to target with
 // httputil.ReverseProxy, keeping the request's :authority as the Host
-// header (Envoy does not rewrite it by default).
+// header (Envoy does not rewrite it by default) and its Accept-Encoding
+// (none added, the answer not decompressed).
 func ProxyTo(target *url.URL) http.Handler {
+	// Envoy passes Accept-Encoding as the client sent it and the body as
+	// the upstream sent it. Go's transport would ask for gzip when the
+	// client did not, and hand back the body decompressed.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DisableCompression = true
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.Out.Host = pr.In.Host
 		},
+		Transport: tr,
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.RequestURI = ""
