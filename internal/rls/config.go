@@ -34,6 +34,9 @@ type Config struct {
 	limitArgs map[*config.Rule]*[2]string
 	// plans are each rule's RateLimit header plan, formatted once.
 	plans map[*config.Rule]*ratelimitheader.Plan
+	// dropin, when not nil, is a configuration of envoyproxy/ratelimit's
+	// kind (NewDropinConfig), which replaces all of the above.
+	dropin *dropin
 }
 
 // ParseConfig parses a tokengate JSON configuration for the service. A

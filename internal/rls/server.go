@@ -63,6 +63,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		s.metrics.request(reqInvalid)
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
+	if d := s.cfg.dropin; d != nil {
+		return s.shouldDropin(ctx, d, req) // envoyproxy/ratelimit's configuration (dropin.go)
+	}
 	if resp, ok, err := s.shouldLease(ctx, req); ok {
 		return resp, err // a lease request or release (lease.go)
 	}

@@ -54,6 +54,11 @@ func withParts(text string) string {
 
 var tokenBucketScript = newScript(withParts(tokenBucketLua))
 
+//go:embed fixedwindow.lua
+var fixedWindowLua string
+
+var fixedWindowScript = newScript(fixedWindowLua)
+
 // Op is one bucket update: take Cost tokens (a refund when negative) from the
 // bucket at Key, whose limit is Rate tokens per second up to Burst.
 type Op struct {
@@ -72,6 +77,12 @@ type Op struct {
 	MaxDebt float64
 	// limitArgs, when set, are num(Rate) and num(Burst) (Config.limitArgs).
 	limitArgs *[2]string
+	// Window, when > 0, makes the op a fixed-window count
+	// (fixedwindow.lua): Cost hits added to the counter at Key, which
+	// lives Window seconds and is within its limit up to Count. The
+	// outcome's Tokens are then the count after the call.
+	Window int64
+	Count  uint32
 }
 
 // Outcome is what the script decided for one Op.
@@ -200,6 +211,9 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 	return s.runScripts(ctx, len(ops), func(i int) (*script, string, []string) {
 		if ops[i].Lease {
 			return leaseScript, ops[i].Key, ops[i].leaseArgs()
+		}
+		if ops[i].Window > 0 {
+			return fixedWindowScript, ops[i].Key, []string{num(ops[i].Cost), strconv.FormatInt(ops[i].Window, 10), strconv.FormatUint(uint64(ops[i].Count), 10)}
 		}
 		return tokenBucketScript, ops[i].Key, ops[i].args()
 	})
