@@ -191,7 +191,7 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 		s.metrics.request(reqInvalid)
 		return nil, true, status.Error(codes.InvalidArgument, perr.Error())
 	}
-	r, key := s.cfg.leaseRule(l)
+	r, key := s.cfg.Load().leaseRule(l)
 	if r == nil {
 		s.metrics.request(reqInvalid)
 		return nil, true, status.Error(codes.InvalidArgument, "no lease-mode rule "+strconv.Quote(l.Rule))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -26,7 +27,7 @@ type Runner interface {
 // Server answers ShouldRateLimit. It is safe for concurrent use.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	cfg     *Config
+	cfg     atomic.Pointer[Config]
 	store   Runner
 	metrics *Metrics
 }
@@ -34,8 +35,14 @@ type Server struct {
 // NewServer returns a server deciding cfg's rules in store, counting into
 // m (which must have been made for cfg).
 func NewServer(cfg *Config, store Runner, m *Metrics) *Server {
-	return &Server{cfg: cfg, store: store, metrics: m}
+	s := &Server{store: store, metrics: m}
+	s.cfg.Store(cfg)
+	return s
 }
+
+// SetConfig puts c in force for the calls that start from now on; calls
+// in flight finish with the configuration they started with.
+func (s *Server) SetConfig(c *Config) { s.cfg.Store(c) }
 
 // item is one limited descriptor of a request.
 type item struct {
@@ -63,7 +70,8 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		s.metrics.request(reqInvalid)
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
-	if d := s.cfg.dropin; d != nil {
+	cfg := s.cfg.Load()
+	if d := cfg.dropin; d != nil {
 		return s.shouldDropin(ctx, d, req) // envoyproxy/ratelimit's configuration (dropin.go)
 	}
 	if resp, ok, err := s.shouldLease(ctx, req); ok {
@@ -76,7 +84,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	// cluster rule) without allocating.
 	var itemBuf [2]item
 	var entryBuf [4]Entry
-	items := s.resolve(req, itemBuf[:0], entryBuf[:0])
+	items := s.resolve(cfg, req, itemBuf[:0], entryBuf[:0])
 	resp, parts := newResponse(len(req.Descriptors))
 	if len(items) == 0 {
 		s.metrics.request(reqOK)
@@ -116,7 +124,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		// request, in whole seconds, at least 1 (our filter replaces it
 		// with its jittered one).
 		best := bestQuota(quotas, enforceOver)
-		resp.ResponseHeadersToAdd = s.cfg.responseHeaders(quotas, best, s.cfg.File.Settings.RateLimitHeaders, enforceOver)
+		resp.ResponseHeadersToAdd = cfg.responseHeaders(quotas, best, cfg.File.Settings.RateLimitHeaders, enforceOver)
 	}
 	return resp, nil
 }
@@ -124,19 +132,19 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 // resolve appends to items the bucket update of every descriptor of req
 // that names a rule (entries is scratch); the others are counted as
 // unmatched and left OK.
-func (s *Server) resolve(req *rlsv3.RateLimitRequest, items []item, entries []Entry) []item {
+func (s *Server) resolve(cfg *Config, req *rlsv3.RateLimitRequest, items []item, entries []Entry) []item {
 	for i, d := range req.Descriptors {
 		entries = entries[:0]
 		for _, e := range d.GetEntries() {
 			entries = append(entries, Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		r, key := s.cfg.Resolve(req.Domain, entries)
+		r, key := cfg.Resolve(req.Domain, entries)
 		lease := false
 		if l, ok, err := rlscontract.ParseLease(rlscontract.Descriptor{Entries: entries, HitsAddend: d.GetHitsAddend().GetValue()}); ok && err == nil {
 			// An exact take from a lease-mode bucket (lease.go); a rule
 			// this service has in exact mode is still limited, in its
 			// token bucket.
-			r, key, lease = s.cfg.leaseTake(l)
+			r, key, lease = cfg.leaseTake(l)
 		}
 		if r == nil {
 			s.metrics.unmatched.Add(1)
@@ -149,7 +157,7 @@ func (s *Server) resolve(req *rlsv3.RateLimitRequest, items []item, entries []En
 		if cost == 0 {
 			cost = 1
 		}
-		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt, limitArgs: s.cfg.limitArgs[r]}
+		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt, limitArgs: cfg.limitArgs[r]}
 		if lease {
 			op.Lease, op.TTL = true, r.Lease.TTL
 		}

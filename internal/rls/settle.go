@@ -124,8 +124,9 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	ds := req.GetDescriptors()
 	ops := make([]SettleOp, len(ds))
 	rules := make([]*config.Rule, len(ds))
+	cfg := s.cfg.Load()
 	for i, d := range ds {
-		op, r, err := s.cfg.settleRule(d, req.GetHitsAddend())
+		op, r, err := cfg.settleRule(d, req.GetHitsAddend())
 		if err != nil {
 			s.metrics.request(reqInvalid)
 			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: "+err.Error())
