@@ -3,6 +3,7 @@ package rls
 import (
 	"errors"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -198,6 +199,20 @@ func (c *Config) addNodes(parent *dnode, path string, ds []*Descriptor) error {
 		parent.children = append(parent.children, n)
 	}
 	return nil
+}
+
+// Domains returns the names of a drop-in configuration's domains, sorted;
+// none for a tokengate configuration.
+func (c *Config) Domains() []string {
+	if c.dropin == nil {
+		return nil
+	}
+	names := make([]string, 0, len(c.dropin.domains))
+	for n := range c.dropin.domains {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }
 
 // newDLimit checks rl (at path) and returns it ready for deciding.

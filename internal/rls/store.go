@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"crypto/sha1"
+	"crypto/tls"
 	_ "embed"
 	"encoding/hex"
 	"errors"
@@ -115,6 +116,20 @@ type StoreOptions struct {
 	// other calls are in flight, to send their commands with one write
 	// (rueidis's MaxFlushDelay); 0 sends each at once.
 	FlushDelay time.Duration
+
+	// Username and Password authenticate to Redis (AUTH, or an ACL user);
+	// TLS, when not nil, makes the connections TLS.
+	Username, Password string
+	TLS                *tls.Config
+	// SentinelMaster, when set, makes Addrs Sentinel addresses and the
+	// store follows that master; SentinelUsername, SentinelPassword and
+	// SentinelTLS are the Sentinels' own.
+	SentinelMaster                     string
+	SentinelUsername, SentinelPassword string
+	SentinelTLS                        *tls.Config
+	// Network is "tcp" (the default) or "unix", when Addrs is one Unix
+	// socket path.
+	Network string
 }
 
 // Store runs the token-bucket script on Redis or a Redis Cluster. It is
@@ -136,7 +151,7 @@ func NewStore(opt StoreOptions) (*Store, error) {
 	if len(opt.Addrs) == 0 {
 		return nil, errors.New("no Redis address")
 	}
-	if len(opt.Addrs) > 1 && !opt.Cluster {
+	if len(opt.Addrs) > 1 && !opt.Cluster && opt.SentinelMaster == "" {
 		return nil, fmt.Errorf("%d Redis addresses need -redis-cluster (one address is one node)", len(opt.Addrs))
 	}
 	if opt.Timeout <= 0 {
@@ -169,6 +184,12 @@ func (s *Store) connect() {
 			// threaded, reads them in fewer calls too.
 			PipelineMultiplex: -1,
 			MaxFlushDelay:     s.opt.FlushDelay,
+			Username:          s.opt.Username,
+			Password:          s.opt.Password,
+			TLSConfig:         s.opt.TLS,
+			DialCtxFn:         s.dialFn(),
+			Sentinel: rueidis.SentinelOption{MasterSet: s.opt.SentinelMaster, Username: s.opt.SentinelUsername,
+				Password: s.opt.SentinelPassword, TLSConfig: s.opt.SentinelTLS},
 		})
 		if err == nil {
 			s.client.Store(&c)
@@ -179,6 +200,20 @@ func (s *Store) connect() {
 			return
 		case <-time.After(250 * time.Millisecond):
 		}
+	}
+}
+
+// dialFn is the dialer for Network "unix", else nil (rueidis's own).
+func (s *Store) dialFn() func(context.Context, string, *net.Dialer, *tls.Config) (net.Conn, error) {
+	if s.opt.Network != "unix" {
+		return nil
+	}
+	return func(ctx context.Context, dst string, d *net.Dialer, cfg *tls.Config) (net.Conn, error) {
+		c, err := d.DialContext(ctx, "unix", dst)
+		if err != nil || cfg == nil {
+			return c, err
+		}
+		return tls.Client(c, cfg), nil
 	}
 }
 
