@@ -55,24 +55,24 @@ type ratelimitEnv struct {
 	ignoreDot, watchRoot          bool
 	forceStart, healthyWithConfig bool
 
-	xdsURL, xdsNode                   string
-	xdsTLS                            bool
-	xdsCert, xdsKey, xdsCA, xdsSAN    string
-	xdsRetry, xdsBackoffMax           time.Duration
-	redisSocket, redisType, redisURL  string
-	redisAuth, redisSentinelAuth      string
-	redisTLS, redisTLSSkipVerify      bool
+	xdsURL, xdsNode                    string
+	xdsTLS                             bool
+	xdsCert, xdsKey, xdsCA, xdsSAN     string
+	xdsRetry, xdsBackoffMax            time.Duration
+	redisSocket, redisType, redisURL   string
+	redisAuth, redisSentinelAuth       string
+	redisTLS, redisTLSSkipVerify       bool
 	redisTLSCert, redisTLSKey, redisCA string
-	redisTimeout                      time.Duration
+	redisTimeout                       time.Duration
 
-	prometheus                 bool
-	prometheusAddr, promPath   string
-	headers                    *rls.HeaderNames
-	cacheKeyPrefix             string
-	globalShadow               bool
-	algorithm                  rls.Algorithm
-	logLevel, logFormat        string
-	notes                      []string // settings read but not implemented, for the startup log
+	prometheus               bool
+	prometheusAddr, promPath string
+	headers                  *rls.HeaderNames
+	cacheKeyPrefix           string
+	globalShadow             bool
+	algorithm                rls.Algorithm
+	logLevel, logFormat      string
+	notes                    []string // settings read but not implemented, for the startup log
 }
 
 // envReader reads typed variables and collects the first error.
@@ -137,23 +137,24 @@ var refused = []struct{ name, def, why string }{
 }
 
 // ignored are settings read and not implemented that do not change
-// decisions: named in the startup log.
-var ignored = []struct{ name, def, what string }{
-	{"USE_STATSD", "true", "statsd is not supported; metrics are Prometheus on DEBUG_PORT /metrics (and PROMETHEUS_ADDR with USE_PROMETHEUS)"},
-	{"USE_DOG_STATSD", "false", "statsd is not supported"},
-	{"LOCAL_CACHE_SIZE_IN_BYTES", "0", "no local over-limit cache (the same decisions, from Redis)"},
-	{"EXPIRATION_JITTER_MAX_SECONDS", "300", "fixed-window keys expire at the end of their window"},
-	{"NEAR_LIMIT_RATIO", "0.8", "there is no near-limit statistic"},
-	{"REDIS_POOL_SIZE", "10", "one pipelined connection per Redis node"},
-	{"REDIS_PIPELINE_WINDOW", "0", "writes are batched under load (-redis-flush-delay)"},
-	{"REDIS_PIPELINE_LIMIT", "0", "writes are batched under load (-redis-flush-delay)"},
-	{"TRACING_ENABLED", "false", "no tracing"},
-	{"GRPC_MAX_CONNECTION_AGE", "24h", "connections are not aged"},
-	{"GRPC_MAX_CONNECTION_AGE_GRACE", "1h", "connections are not aged"},
-	{"EXTRA_TAGS", "", "no statsd tags"},
-	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "false", "health follows PING"},
-	{"CONFIG_GRPC_XDS_NODE_METADATA", "", "the xDS node carries only its id"},
-	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", "no extra xDS headers"},
+// decisions: named in the startup log when their value (or, unset, their
+// default def) is not off, which asks for nothing.
+var ignored = []struct{ name, def, off, what string }{
+	{"USE_STATSD", "true", "false", "statsd is not supported; metrics are Prometheus on DEBUG_PORT /metrics (and PROMETHEUS_ADDR with USE_PROMETHEUS)"},
+	{"USE_DOG_STATSD", "false", "false", "statsd is not supported"},
+	{"LOCAL_CACHE_SIZE_IN_BYTES", "0", "0", "no local over-limit cache (the same decisions, from Redis)"},
+	{"EXPIRATION_JITTER_MAX_SECONDS", "300", "300", "fixed-window keys expire at the end of their window"},
+	{"NEAR_LIMIT_RATIO", "0.8", "0.8", "there is no near-limit statistic"},
+	{"REDIS_POOL_SIZE", "10", "10", "one pipelined connection per Redis node"},
+	{"REDIS_PIPELINE_WINDOW", "0", "0", "writes are batched under load (-redis-flush-delay)"},
+	{"REDIS_PIPELINE_LIMIT", "0", "0", "writes are batched under load (-redis-flush-delay)"},
+	{"TRACING_ENABLED", "false", "false", "no tracing"},
+	{"GRPC_MAX_CONNECTION_AGE", "24h", "24h", "connections are not aged"},
+	{"GRPC_MAX_CONNECTION_AGE_GRACE", "1h", "1h", "connections are not aged"},
+	{"EXTRA_TAGS", "", "", "no statsd tags"},
+	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "false", "false", "health follows PING"},
+	{"CONFIG_GRPC_XDS_NODE_METADATA", "", "", "the xDS node carries only its id"},
+	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", "", "no extra xDS headers"},
 }
 
 // parseRatelimitEnv reads the environment as envoyproxy/ratelimit's
@@ -214,11 +215,12 @@ func parseRatelimitEnv(get func(string) (string, bool)) (*ratelimitEnv, error) {
 	}
 	for _, s := range ignored {
 		v, ok := get(s.name)
-		if ok && v != "" && !strings.EqualFold(v, s.def) || !ok && s.def == "true" {
-			if !ok {
-				v = s.def + " (its default)"
-			}
-			e.notes = append(e.notes, s.name+"="+v+": "+s.what)
+		shown := v
+		if !ok || v == "" {
+			v, shown = s.def, s.def+" (its default)"
+		}
+		if !strings.EqualFold(v, s.off) {
+			e.notes = append(e.notes, s.name+"="+shown+": "+s.what)
 		}
 	}
 	switch e.configType {
