@@ -17,6 +17,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -153,6 +154,8 @@ var ignored = []struct{ name, def, off, what string }{
 	{"GRPC_MAX_CONNECTION_AGE_GRACE", "1h", "1h", "connections are not aged"},
 	{"EXTRA_TAGS", "", "", "no statsd tags"},
 	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "false", "false", "health follows PING"},
+	{"REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR", "false", "false", "rueidis follows a failover by itself"},
+	{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s", "3s", "reconnects follow XDS_CLIENT_BACKOFF_INITIAL_INTERVAL and _MAX_INTERVAL"},
 	{"CONFIG_GRPC_XDS_NODE_METADATA", "", "", "the xDS node carries only its id"},
 	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", "", "no extra xDS headers"},
 }
@@ -267,8 +270,30 @@ func (e *ratelimitEnv) storeOptions() (rls.StoreOptions, error) {
 		o.SentinelMaster, urls = urls[0], urls[1:]
 		o.SentinelUsername, o.SentinelPassword = splitAuth(e.redisSentinelAuth)
 	}
-	o.Addrs = urls
 	o.Username, o.Password = splitAuth(e.redisAuth)
+	for i, u := range urls {
+		// radix's URL form, which envoyproxy/ratelimit accepts too:
+		// redis://[user:password@]host:port[/0]; rediss:// is TLS.
+		if !strings.HasPrefix(u, "redis://") && !strings.HasPrefix(u, "rediss://") {
+			continue
+		}
+		pu, err := url.Parse(u)
+		if err != nil {
+			return o, fmt.Errorf("REDIS_URL: %w", err)
+		}
+		if db := strings.Trim(pu.Path, "/"); db != "" && db != "0" {
+			return o, fmt.Errorf("REDIS_URL=%q: database %s: tokengate-rls uses database 0 only", e.redisURL, db)
+		}
+		if pu.User != nil {
+			o.Username = pu.User.Username()
+			o.Password, _ = pu.User.Password()
+		}
+		if pu.Scheme == "rediss" {
+			e.redisTLS = true
+		}
+		urls[i] = pu.Host
+	}
+	o.Addrs = urls
 	if e.redisTLS {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: e.redisTLSSkipVerify} //nolint:gosec // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION asks for it
 		if e.redisCA != "" {

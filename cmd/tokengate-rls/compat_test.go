@@ -70,6 +70,18 @@ func TestRatelimitEnvDefaults(t *testing.T) {
 	if err != nil || !o.Cluster || len(o.Addrs) != 2 || o.Username != "user" || o.Password != "secret" {
 		t.Errorf("store options %+v, %v", o, err)
 	}
+	e, _ = parseRatelimitEnv(envOf("REDIS_URL", "rediss://u:p@redis.example:6380/0", "REDIS_SOCKET_TYPE", "tcp"))
+	if o, err := e.storeOptions(); err != nil || o.Addrs[0] != "redis.example:6380" || o.Username != "u" || o.Password != "p" || o.TLS == nil {
+		t.Errorf("a rediss URL: %+v, %v", o, err)
+	}
+	e, _ = parseRatelimitEnv(envOf("REDIS_URL", "redis://redis.example:6379/11"))
+	if _, err := e.storeOptions(); err == nil || !strings.Contains(err.Error(), "database 11") {
+		t.Errorf("a URL with database 11: %v, want it refused", err)
+	}
+	e, _ = parseRatelimitEnv(envOf("REDIS_TYPE", "sentinel", "REDIS_URL", "mymaster,s1:26379,s2:26379", "REDIS_SENTINEL_AUTH", "spw"))
+	if o, err := e.storeOptions(); err != nil || o.SentinelMaster != "mymaster" || len(o.Addrs) != 2 || o.SentinelPassword != "spw" {
+		t.Errorf("sentinel: %+v, %v", o, err)
+	}
 }
 
 // TestRatelimitEnvRefused: a setting that would change decisions if it
