@@ -160,3 +160,30 @@ func serveClient(t *testing.T, srv *rls.Server) rlsv3.RateLimitServiceClient {
 	t.Cleanup(func() { conn.Close() })
 	return rlsv3.NewRateLimitServiceClient(conn)
 }
+
+// TestStoreUnixSocket: Network "unix" reaches Redis over its Unix socket
+// (envoyproxy/ratelimit's default, REDIS_SOCKET_TYPE=unix).
+func TestStoreUnixSocket(t *testing.T) {
+	sock := t.TempDir() + "/redis.sock"
+	redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700")
+	st, err := rls.NewStore(rls.StoreOptions{Addrs: []string{sock}, Network: "unix", Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := st.Ping(context.Background())
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("PING over %s: %v", sock, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	out := st.Run(context.Background(), []rls.Op{{Key: "tb:{unix:x}", Rate: 1, Burst: 2, Cost: 1}})
+	if out[0].Err != nil || !out[0].Allowed || out[0].Tokens != 1 {
+		t.Errorf("take over the socket: %+v", out[0])
+	}
+}
