@@ -489,7 +489,11 @@ func runRatelimit(ctx context.Context, get func(string) (string, bool), logw io.
 	}
 	if e.prometheus {
 		pm := http.NewServeMux()
-		pm.Handle(e.promPath, http.StripPrefix(strings.TrimSuffix(e.promPath, "/metrics"), admin))
+		pm.HandleFunc(e.promPath, func(w http.ResponseWriter, r *http.Request) {
+			r2 := r.Clone(r.Context())
+			r2.URL.Path = "/metrics" // the admin handler's path for them
+			admin.ServeHTTP(w, r2)
+		})
 		l, err := net.Listen("tcp", e.prometheusAddr)
 		if err != nil {
 			gl.Close()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -140,11 +141,17 @@ func TestRunRatelimit(t *testing.T) {
 	listening := make(chan [2]string, 1)
 	errc := make(chan error, 1)
 	logw := &lockedLog{}
+	pl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	promAddr := pl.Addr().String()
+	pl.Close()
 	go func() {
 		errc <- runRatelimit(ctx, envOf("HOST", "127.0.0.1", "PORT", "0", "GRPC_HOST", "127.0.0.1", "GRPC_PORT", "0",
 			"DEBUG_HOST", "127.0.0.1", "DEBUG_PORT", "0", "USE_STATSD", "false", "REDIS_SOCKET_TYPE", "tcp",
 			"REDIS_URL", redis.Addr, "REDIS_TIMEOUT", "5s", "RUNTIME_ROOT", root, "RUNTIME_SUBDIRECTORY", "rl",
-			"RUNTIME_WATCH_ROOT", "false"), logw, listening)
+			"RUNTIME_WATCH_ROOT", "false", "USE_PROMETHEUS", "true", "PROMETHEUS_ADDR", promAddr, "PROMETHEUS_PATH", "/stats"), logw, listening)
 	}()
 	var grpcAddr, httpURL string
 	select {
@@ -190,6 +197,9 @@ func TestRunRatelimit(t *testing.T) {
 	}
 	write("b.yaml", "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 0}\n")
 	waitFor(t, "domain b limited after its file appears", func() bool { return decide("b") == http.StatusTooManyRequests })
+	if code, body := get(t, "http://"+promAddr+"/stats"); code != http.StatusOK || !strings.Contains(body, "tokengate_rls_requests_total") {
+		t.Errorf("PROMETHEUS_PATH /stats: %d %.200s", code, body)
+	}
 	write("c.yaml", "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n")
 	waitFor(t, "the bad file logged", func() bool { return strings.Contains(logw.String(), "configuration not reloaded") })
 	if !strings.Contains(logw.String(), "fortnight") {
