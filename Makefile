@@ -1,6 +1,10 @@
 # tokengate — see README.md. Two commands for a newcomer: `make run`, `make test`.
 
 GO        ?= go
+# go-control-plane compiles its vtprotobuf encoders only under this tag;
+# tokengate-rls answers with them (internal/rls/codec.go). Exported, so
+# that the go commands tests start (e2e builds cmd/tokengate-rls) have it.
+export GOFLAGS := $(strip $(GOFLAGS) -tags=vtprotobuf)
 WASM      := build/tokengate.wasm
 GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/lite rlscontract config ratelimitheader -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
@@ -194,7 +195,7 @@ func parseCostSource(s string) (CostKind, string, bool) {
 	}
 	switch kind {
 	case "header":
-		return CostHeader, strings.ToLower(name), true
+		return CostHeader, lite.ToLowerASCII(name), true
 	case "query":
 		return CostQuery, name, true
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/tokengate/tokengate/internal/lite"
 )
 
 // DescriptorKind is what part of a request a descriptor reads.
@@ -81,7 +83,7 @@ func ParseDescriptor(s string) (Descriptor, error) {
 	}
 	switch kind {
 	case "header":
-		return Descriptor{Kind: DescHeader, Name: strings.ToLower(name)}, nil
+		return Descriptor{Kind: DescHeader, Name: lite.ToLowerASCII(name)}, nil
 	case "query":
 		return Descriptor{Kind: DescQuery, Name: name}, nil
 	case "jwt":

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
@@ -14,7 +15,7 @@ import (
 // wrong types and out-of-range values are errors (*ConfigError) naming the
 // field's path. The Config it returns is never changed afterwards.
 func Parse(data []byte) (*Config, error) {
-	if len(strings.TrimSpace(string(data))) == 0 {
+	if len(strings.Trim(string(data), " \t\r\n")) == 0 {
 		return nil, errAt("", "configuration is empty")
 	}
 	if !ljson.Valid(data) {
@@ -223,7 +224,7 @@ func selector(path string, v ljson.Result) (Selector, error) {
 	}
 	var err error
 	if s.Methods, err = stringList(path+".methods", v.Get("methods"), func(m string) (string, bool) {
-		return strings.ToUpper(m), isToken(m)
+		return lite.ToUpperASCII(m), isToken(m)
 	}); err != nil {
 		return s, err
 	}
@@ -232,7 +233,7 @@ func selector(path string, v ljson.Result) (Selector, error) {
 		wild := strings.IndexByte(h, '*')
 		ok := h != "" && !strings.ContainsAny(h, " /:\t") &&
 			(wild < 0 || wild == 0 && strings.HasPrefix(h, "*.") && len(h) > 2 && strings.Count(h, "*") == 1)
-		return strings.ToLower(h), ok
+		return lite.ToLowerASCII(h), ok
 	})
 	return s, err
 }

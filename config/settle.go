@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
@@ -106,7 +107,7 @@ func statusSet(path string, v ljson.Result) (StatusSet, error) {
 		case e.Type == ljson.String && len(e.Str) == 3 && e.Str[0] >= '1' && e.Str[0] <= '5' && isDigits(e.Str[1:]):
 			n, _ := strconv.Atoi(e.Str)
 			set.add(n)
-		case e.Type == ljson.String && len(e.Str) == 3 && e.Str[0] >= '1' && e.Str[0] <= '5' && strings.EqualFold(e.Str[1:], "xx"):
+		case e.Type == ljson.String && len(e.Str) == 3 && e.Str[0] >= '1' && e.Str[0] <= '5' && lite.EqualFoldASCII(e.Str[1:], "xx"):
 			base := int(e.Str[0]-'0') * 100
 			for s := base; s < base+100; s++ {
 				set.add(s)
@@ -148,7 +149,7 @@ func responseCost(path string, s string, r *Rule) (bool, error) {
 		if !validName(arg) {
 			return true, errAt(path, "response_header needs a header name of 1 to 64 characters from [A-Za-z0-9_-], got "+strconv.Quote(clip(arg)))
 		}
-		spec.Header = strings.ToLower(arg)
+		spec.Header = lite.ToLowerASCII(arg)
 		return true, nil
 	}
 	parts := strings.Split(arg, "+")

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
@@ -14,7 +15,7 @@ func (p *parser) claim(path, name string) error {
 	if prev, ok := p.names[name]; ok {
 		return errAt(path, "duplicate rule name "+strconv.Quote(name)+" (first used at "+prev+")")
 	}
-	metric := strings.ReplaceAll(name, "-", "_")
+	metric := lite.ReplaceByte(name, '-', '_')
 	if prev, ok := p.metricNames[metric]; ok {
 		return errAt(path, "rule name "+strconv.Quote(name)+" has the same metric name as "+
 			strconv.Quote(prev.name)+" (at "+prev.path+"): Prometheus turns '-' into '_'")

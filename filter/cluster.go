@@ -7,6 +7,7 @@ import (
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -407,7 +408,7 @@ func (s *Stream) sendClusterRejection(pc *pendingCall, r *rule, st rlscontract.S
 				// Our Retry-After (jittered per identity) stands; a
 				// service's own (tokengate-rls sends one for Envoy's
 				// ratelimit filter) would be a second value.
-				if !strings.EqualFold(h[0], "retry-after") {
+				if !lite.EqualFoldASCII(h[0], "retry-after") {
 					hs = append(hs, h)
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -106,7 +107,7 @@ func (s *Stream) admitInFlight(req *request, g *group, now float64) Action {
 	return Continue
 }
 
-func quote(err error) string { return `"` + strings.ReplaceAll(err.Error(), `"`, `'`) + `"` }
+func quote(err error) string { return `"` + lite.ReplaceByte(err.Error(), '"', '\'') + `"` }
 
 // holdInFlight keeps a place in flight for release when the stream ends; the keys
 // are copied, since the request's key buffer is reused.

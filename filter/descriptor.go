@@ -1,13 +1,11 @@
 package filter
 
 import (
-	"encoding/base64"
 	"strings"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/lite/ljson"
-
 	"github.com/tokengate/tokengate/internal/lite"
+	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
 // maxJWTLen bounds the bearer token the filter decodes; a longer one counts
@@ -100,7 +98,7 @@ func (r *request) hostValue() string {
 		// "example.com." is the same host as "example.com" (a fully
 		// qualified name); without this a client could leave the host's
 		// selector and bucket by adding a dot.
-		r.authority = strings.TrimSuffix(strings.ToLower(stripPort(h)), ".")
+		r.authority = strings.TrimSuffix(lite.ToLowerASCII(stripPort(h)), ".")
 	}
 	return r.authority
 }
@@ -237,18 +235,18 @@ func (r *request) jwtClaims() ljson.Result {
 // parseBearerJWT decodes the payload of "Bearer <header>.<payload>.<sig>".
 func parseBearerJWT(auth string) ljson.Result {
 	const prefix = "bearer "
-	if len(auth) <= len(prefix) || !strings.EqualFold(auth[:len(prefix)], prefix) {
+	if len(auth) <= len(prefix) || !lite.EqualFoldASCII(auth[:len(prefix)], prefix) {
 		return ljson.Result{}
 	}
-	tok := strings.TrimSpace(auth[len(prefix):])
+	tok := strings.Trim(auth[len(prefix):], " \t")
 	if len(tok) > maxJWTLen || strings.Count(tok, ".") != 2 {
 		return ljson.Result{}
 	}
 	first := strings.IndexByte(tok, '.')
 	second := first + 1 + strings.IndexByte(tok[first+1:], '.')
 	seg := strings.TrimRight(tok[first+1:second], "=")
-	payload, err := base64.RawURLEncoding.DecodeString(seg)
-	if err != nil || !ljson.Valid(payload) {
+	payload, ok := lite.DecodeBase64(seg, true, false) // base64.RawURLEncoding
+	if !ok || !ljson.Valid(payload) {
 		return ljson.Result{}
 	}
 	res := ljson.ParseBytes(payload)
@@ -458,7 +456,7 @@ func selectorMatches(s *config.Selector, r *request) bool {
 	if s.PathPrefix != "" && !strings.HasPrefix(r.urlPath(), s.PathPrefix) {
 		return false
 	}
-	if len(s.Methods) > 0 && !contains(s.Methods, strings.ToUpper(r.methodValue())) {
+	if len(s.Methods) > 0 && !contains(s.Methods, lite.ToUpperASCII(r.methodValue())) {
 		return false
 	}
 	if len(s.Hosts) > 0 {

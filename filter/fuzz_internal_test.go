@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/lite"
 )
 
 // Fuzz targets for descriptor extraction (issue 6, "Fuzzing"); seed corpora
@@ -167,7 +168,7 @@ func FuzzDescriptorValues(f *testing.F) {
 				t.Fatalf("request query %q = %q, helper %q %v", name, v, w, wok)
 			}
 		}
-		if got, want := r.hostValue(), strings.ToLower(stripPort(host)); got != want {
+		if got, want := r.hostValue(), lite.ToLowerASCII(stripPort(host)); got != want {
 			t.Fatalf("host %q: got %q, want %q", host, got, want)
 		}
 		if got, ok := r.clientIP(); ok != (addr != "" || isCanonicalIP(got)) {

@@ -750,6 +750,33 @@ func TestHostSelectorTrailingDotBypass(t *testing.T) {
 	}
 }
 
+// TestHostCaseIsASCII: host names are compared case-insensitively in ASCII
+// only (RFC 4343), as every other name the filter compares. Unicode case
+// mapping made "\u212aelvin.example" (a Kelvin sign) the host
+// "kelvin.example", and a non-ASCII authority a different string than the
+// client sent (invalid bytes became U+FFFD).
+func TestHostCaseIsASCII(t *testing.T) {
+	const cfg = `{"bundle_version":1,"policies":[{"id":"p","spec":{"selector":{"hosts":["kelvin.example","\u00e9t\u00e9.example"]},
+		"rules":[{"name":"per-host","limit_keys":["host"],"algorithm_config":{"rps":1,"burst":5}}]}}]}`
+	f := newFixture(t, cfg)
+	for i, tc := range []struct {
+		authority string
+		want      int64
+	}{
+		{"KELVIN.example", 4},
+		{"\u212aelvin.example", -1}, // not selected: no RateLimit headers
+		{"\u00e9t\u00e9.example", 4},
+		{"\u00e9T\u00e9.EXAMPLE", 3},
+		{"\u00c9T\u00c9.example", -1},
+	} {
+		req := filtertest.Get("/", "192.0.2.1:1")
+		req.Headers[2][1] = tc.authority
+		if got := remaining(f.do(req)); got != tc.want {
+			t.Errorf("step %d: :authority %q: got RateLimit-Remaining %d, want %d", i, tc.authority, got, tc.want)
+		}
+	}
+}
+
 // TestLogsNeverHoldIdentities: rejections, fail-opens and corrupt values are
 // logged with a hash of the identity, never the raw API key, subject or
 // client address, even with hostile bytes in them.

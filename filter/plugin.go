@@ -4,10 +4,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -276,7 +276,7 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 	s.settleHeaders(endOfStream)
 	if p.cfg != nil && p.cfg.Settings.RateLimitHeaders {
 		for _, h := range s.rlsHeaders {
-			p.host.SetResponseHeader(strings.ToLower(h[0]), h[1])
+			p.host.SetResponseHeader(lite.ToLowerASCII(h[0]), h[1])
 		}
 	}
 	if len(s.quotas) == 0 || p.cfg == nil || !p.cfg.Settings.RateLimitHeaders {

@@ -4,10 +4,10 @@ import (
 	"errors"
 	"math"
 	"strconv"
-	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -228,7 +228,7 @@ func storeReason(err error) string {
 // into gRPC.
 func IsGRPC(contentType string) bool {
 	const g = "application/grpc"
-	if len(contentType) < len(g) || !strings.EqualFold(contentType[:len(g)], g) {
+	if len(contentType) < len(g) || !lite.EqualFoldASCII(contentType[:len(g)], g) {
 		return false
 	}
 	return len(contentType) == len(g) || contentType[len(g)] == '+' || contentType[len(g)] == ';'

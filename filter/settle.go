@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -145,7 +146,7 @@ func (s *Stream) settleHeaders(endOfStream bool) {
 	v, _ := p.host.ResponseHeader(":status")
 	st.status, _ = strconv.Atoi(v)
 	enc, _ := p.host.ResponseHeader("content-encoding")
-	encoded := enc != "" && !strings.EqualFold(enc, "identity")
+	encoded := enc != "" && !lite.EqualFoldASCII(enc, "identity")
 	canRead := p.br != nil
 	for i := range st.charges {
 		c := &st.charges[i]

@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/tokengate/tokengate/internal/lite"
 )
 
 // Keys of the descriptor entries tokengate sends, and the header that marks
@@ -55,7 +57,7 @@ const (
 
 // validUTF8 replaces invalid UTF-8 with U+FFFD: proto3 strings must be
 // valid, and a composite key holds request bytes.
-func validUTF8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+func validUTF8(s string) string { return lite.ToValidUTF8(s) }
 
 // ClusterDescriptor returns the descriptor of a cluster-scope rule's
 // request: [(RuleKey, rule), (CompositeKey, composite)], hits_addend hits

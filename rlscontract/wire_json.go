@@ -1,13 +1,13 @@
 package rlscontract
 
 import (
-	"encoding/base64"
 	"errors"
 	"math"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/tokengate/tokengate/internal/lite"
 	"github.com/tokengate/tokengate/internal/lite/ljson"
 )
 
@@ -133,8 +133,8 @@ func ParseResponseJSON(b []byte) (Response, error) {
 		}
 		val := v.Str
 		if raw.Str != "" {
-			d, err := decodeBase64(raw.Str)
-			if err != nil {
+			d, ok := decodeBase64(raw.Str)
+			if !ok {
 				return r, errJSON
 			}
 			if len(d) > 0 {
@@ -351,13 +351,9 @@ func parseTimestamp(s string) (float64, error) {
 
 // decodeBase64 decodes a bytes field: protojson writes standard base64
 // with padding and accepts URL-safe or unpadded forms too.
-func decodeBase64(s string) ([]byte, error) {
-	enc := base64.StdEncoding
-	if strings.ContainsAny(s, "-_") {
-		enc = base64.URLEncoding
-	}
-	if len(s)%4 != 0 {
-		enc = enc.WithPadding(base64.NoPadding)
-	}
-	return enc.DecodeString(s)
+// ok reports whether it is valid.
+func decodeBase64(s string) (b []byte, ok bool) {
+	url := strings.ContainsAny(s, "-_") // base64.URLEncoding, else StdEncoding
+	padded := len(s)%4 == 0             // else WithPadding(base64.NoPadding)
+	return lite.DecodeBase64(s, url, padded)
 }

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/rlqs"
 	"github.com/tokengate/tokengate/internal/rls"
 )
 
@@ -122,6 +123,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	}
 	srv := rls.NewServer(cfg, store, metrics)
 	gs := rls.NewGRPCServer(srv, uint32(*workers))
+	rlqs.Register(ctx, gs, cfg, store) // RLQS beside RLS v3 (docs/rlqs.md); streams expire their assignments on shutdown
 	ready := rls.NewReadiness(store, time.Second, func(msg string) { fmt.Fprintln(logw, "tokengate-rls:", msg) })
 	defer ready.Stop()
 	handler := rls.AdminHandler(srv, metrics, ready)
