@@ -657,24 +657,27 @@ func runtimeDigest(root, dir string) [32]byte {
 	return sum
 }
 
-// serverTLS is the gRPC listener's TLS: the certificate and key re-read
-// when either file changes, and with a CA, client certificates required
-// and verified against it (and, with san, carrying that name).
+// serverTLS is the gRPC listener's TLS: the certificate, key and client
+// CA re-read when one of the files changes (the next handshake uses
+// them), and with a CA, client certificates required and verified against
+// it (and, with san, carrying that name).
 func serverTLS(certFile, keyFile, caFile, san string) (*tls.Config, error) {
 	kp := &reloadingCert{cert: certFile, key: keyFile}
 	if _, err := kp.get(); err != nil {
 		return nil, fmt.Errorf("GRPC_SERVER_TLS_CERT/KEY: %w", err)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return kp.get() }}
+	var ca *reloadingPool
 	if caFile != "" {
-		pool, err := loadPool(caFile)
-		if err != nil {
+		ca = &reloadingPool{file: caFile}
+		if _, err := ca.get(); err != nil {
 			return nil, fmt.Errorf("GRPC_CLIENT_TLS_CACERT: %w", err)
 		}
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	base := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != nil {
+		base.ClientAuth = tls.RequireAndVerifyClientCert
 		if san != "" {
-			cfg.VerifyPeerCertificate = func(_ [][]byte, chains [][]*x509.Certificate) error {
+			base.VerifyPeerCertificate = func(_ [][]byte, chains [][]*x509.Certificate) error {
 				for _, ch := range chains {
 					if len(ch) > 0 && ch[0].VerifyHostname(san) == nil {
 						return nil
@@ -684,7 +687,56 @@ func serverTLS(certFile, keyFile, caFile, san string) (*tls.Config, error) {
 			}
 		}
 	}
+	cfg := base.Clone()
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		c := base.Clone()
+		cert, err := kp.get()
+		if err != nil {
+			return nil, err
+		}
+		c.Certificates = []tls.Certificate{*cert}
+		if ca != nil {
+			if c.ClientCAs, err = ca.get(); err != nil {
+				return nil, err
+			}
+		}
+		return c, nil
+	}
 	return cfg, nil
+}
+
+// reloadingPool is a CA bundle re-read when the file's time or size
+// changes; a file that stops parsing keeps the last good pool.
+type reloadingPool struct {
+	file  string
+	mu    sync.Mutex
+	stamp string
+	pool  *x509.CertPool
+}
+
+func (r *reloadingPool) get() (*x509.CertPool, error) {
+	st, err := os.Stat(r.file)
+	if err != nil && r.pool == nil {
+		return nil, err
+	}
+	stamp := ""
+	if err == nil {
+		stamp = fmt.Sprintf("%d/%d", st.ModTime().UnixNano(), st.Size())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pool != nil && (stamp == r.stamp || err != nil) {
+		return r.pool, nil
+	}
+	pool, perr := loadPool(r.file)
+	if perr != nil {
+		if r.pool != nil {
+			return r.pool, nil
+		}
+		return nil, perr
+	}
+	r.pool, r.stamp = pool, stamp
+	return pool, nil
 }
 
 // reloadingCert is a key pair re-read when a file's time or size changes.
@@ -700,6 +752,11 @@ func (r *reloadingCert) get() (*tls.Certificate, error) {
 	for _, f := range []string{r.cert, r.key} {
 		st, err := os.Stat(f)
 		if err != nil {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.kp != nil {
+				return r.kp, nil // mid-rotation: keep serving the last good pair
+			}
 			return nil, err
 		}
 		stamp += fmt.Sprintf("%d/%d;", st.ModTime().UnixNano(), st.Size())

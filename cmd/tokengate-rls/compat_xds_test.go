@@ -188,3 +188,53 @@ func TestRunRatelimitXDS(t *testing.T) {
 		t.Fatal("runRatelimit did not return within 10 s of shutdown")
 	}
 }
+
+// TestServerTLSReload: a new certificate, key and client CA written over
+// the files are used from the next handshake on; a file that disappears
+// mid-rotation keeps the last good ones.
+func TestServerTLSReload(t *testing.T) {
+	dir := t.TempDir()
+	writePKI(t, dir)
+	f := func(n string) string { return filepath.Join(dir, n) }
+	cfg, err := serverTLS(f("server.crt"), f("server.key"), f("ca.crt"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := func() ([]byte, *x509.CertPool) {
+		t.Helper()
+		c, err := cfg.GetConfigForClient(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.ClientAuth != tls.RequireAndVerifyClientCert {
+			t.Errorf("client auth %v, want RequireAndVerifyClientCert", c.ClientAuth)
+		}
+		return c.Certificates[0].Certificate[0], c.ClientCAs
+	}
+	leaf1, pool1 := current()
+	if again, _ := current(); string(again) != string(leaf1) {
+		t.Fatal("the certificate changed with no file changed")
+	}
+	// Another CA and leaves; the files' times move on (set explicitly, so
+	// that a coarse file-system clock cannot hide the change).
+	writePKI(t, dir)
+	later := time.Now().Add(time.Minute)
+	for _, n := range []string{"server.crt", "server.key", "ca.crt"} {
+		if err := os.Chtimes(f(n), later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leaf2, pool2 := current()
+	if string(leaf2) == string(leaf1) {
+		t.Error("the new certificate is not served")
+	}
+	if pool2.Equal(pool1) {
+		t.Error("the new client CA is not used")
+	}
+	if err := os.Remove(f("server.crt")); err != nil {
+		t.Fatal(err)
+	}
+	if leaf3, _ := current(); string(leaf3) != string(leaf2) {
+		t.Error("mid-rotation (a file missing) the last good certificate is not kept")
+	}
+}
