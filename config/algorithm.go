@@ -83,7 +83,7 @@ func algorithmConfig(path string, v ljson.Result, r *Rule) error {
 		return errAt(path, "must be an object, got "+typeName(v))
 	}
 	if err := onlyFields(path, v, append([]string{"tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost",
-		"count_statuses", "reset_on_statuses", "pre_charge", "max_debt"}, delayFields...)...); err != nil {
+		"count_statuses", "reset_on_statuses", "pre_charge", "max_debt", "estimate_source", "strip_accept_encoding"}, delayFields...)...); err != nil {
 		return err
 	}
 	tps, rps := v.Get("tokens_per_second"), v.Get("rps")

@@ -161,7 +161,8 @@ const (
 	CostHeader
 	CostQuery
 	// CostResponse is a cost the response reports (SettleSpec.Response):
-	// admission takes SettleSpec.PreCharge.
+	// admission reserves SettleSpec.PreCharge, or the request's estimate
+	// (Estimate).
 	CostResponse
 )
 
@@ -174,10 +175,20 @@ type CostSource struct {
 	Fixed float64
 	// Default is the cost when the header or parameter is absent or not a
 	// positive finite number ("default_cost", default 1); for CostResponse,
-	// the cost when the response reports none.
+	// the cost when the response reports none, if it is more than the
+	// request reserved.
 	Default float64
-	// PreCharge is what CostResponse takes at admission (SettleSpec.PreCharge).
+	// PreCharge is what CostResponse reserves at admission
+	// (SettleSpec.PreCharge).
 	PreCharge float64
+	// Estimate and EstimateName, for CostResponse, are where the request
+	// states its own estimate ("estimate_source": CostHeader or CostQuery;
+	// CostFixed for none). A valid estimate above PreCharge is reserved
+	// instead, at most Burst.
+	Estimate     CostKind
+	EstimateName string
+	// Burst caps an estimate (the rule's burst).
+	Burst float64
 }
 
 const (

@@ -209,7 +209,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"cost source bad name", `{"name":"a","algorithm_config":{"rps":1,"burst":1,"cost_source":"header:a b"}}`,
 			`algorithm_config.cost_source: must be "fixed", "header:<name>", "query:<name>", "response_header:<name>", "response_json:<JSON pointer>" or "response_sse:<JSON pointer>", got "header:a b"`},
 		{"unknown algorithm_config field", `{"name":"a","algorithm_config":{"rps":1,"burst":1,"burts":2}}`,
-			`algorithm_config.burts: unknown field (allowed: tokens_per_second, rps, burst, cost_source, fixed_cost, default_cost, count_statuses, reset_on_statuses, pre_charge, max_debt, max_reserved, max_delay_ms, max_pending, refund_on_cancel)`},
+			`algorithm_config.burts: unknown field (allowed: tokens_per_second, rps, burst, cost_source, fixed_cost, default_cost, count_statuses, reset_on_statuses, pre_charge, max_debt, estimate_source, strip_accept_encoding, max_reserved, max_delay_ms, max_pending, refund_on_cancel)`},
 		{"unknown rule field", `{"name":"a","limits":[],` + rule + `}`,
 			`limits: unknown field (allowed: name, limit_keys, algorithm, algorithm_config, on_store_error, max_keys, scope, mode, lease_max, lease_ttl_ms, match)`},
 		{"bad descriptor", `{"name":"a","limit_keys":["cookie:x"],` + rule + `}`,

@@ -34,10 +34,22 @@ type SettleSpec struct {
 	// Pointers are the JSON pointers of ResponseJSON and ResponseSSE; the
 	// cost is the sum of their numbers.
 	Pointers []ljson.Pointer
-	// PreCharge is what admission takes ("pre_charge", default 0); the
-	// difference with the reported cost is settled when the stream ends.
+	// PreCharge is what admission reserves ("pre_charge", default
+	// Burst/DefaultReserveShare); the difference with the reported cost is
+	// settled when the stream ends. A request that states a larger
+	// estimate (CostSource.Estimate) reserves that instead.
 	PreCharge float64
+	// StripAcceptEncoding reports whether the request's Accept-Encoding is
+	// replaced by "identity" ("strip_accept_encoding", response_json and
+	// response_sse only), so that the upstream answers a body the filter
+	// can read.
+	StripAcceptEncoding bool
 }
+
+// DefaultReserveShare sets the default pre_charge of a response-cost rule:
+// burst / DefaultReserveShare, so that at most that many requests of one
+// key are in flight on a full bucket before any has reported its usage.
+const DefaultReserveShare = 10
 
 // ResponseSource is where a cost known after the response comes from.
 type ResponseSource int
@@ -205,7 +217,7 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 			"a reservation holds requests against a debt the bucket already carries; settle in a rule of its own")
 	}
 	response := r.Settle != nil && r.Settle.Response != ResponseNone
-	for _, f := range []string{"pre_charge", "max_debt"} {
+	for _, f := range []string{"pre_charge", "max_debt", "estimate_source", "strip_accept_encoding"} {
 		if v.Get(f).Exists() && !response {
 			return errAt(path+"."+f, `applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`)
 		}
@@ -216,6 +228,10 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 	if r.Limit.Window > 0 {
 		return errAt(path+".cost_source", "a cost known after the response needs a token_bucket, whose balance may go into debt; fixed windows have none")
 	}
+	// The reservation: a tenth of the burst unless set, so that the
+	// requests in flight on one key before any reports its usage are
+	// bounded (docs/configuration.md, "Reserving at admission").
+	r.Settle.PreCharge = r.Limit.Burst / DefaultReserveShare
 	if pc := v.Get("pre_charge"); pc.Exists() {
 		n, err := nonNegative(path+".pre_charge", pc, r.Limit.Burst)
 		if err != nil {
@@ -223,7 +239,28 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 		}
 		r.Settle.PreCharge = n
 	}
-	r.Limit.MaxDebt = r.Limit.Burst
+	if es := v.Get("estimate_source"); es.Exists() {
+		kind, name, ok := CostFixed, "", es.Type == ljson.String
+		if ok {
+			kind, name, ok = parseCostSource(es.Str)
+		}
+		if !ok || kind == CostFixed {
+			return errAt(path+".estimate_source", `must be "header:<name>" or "query:<name>", got `+short(es.Raw))
+		}
+		r.Cost.Estimate, r.Cost.EstimateName = kind, name
+	}
+	if sa := v.Get("strip_accept_encoding"); sa.Exists() {
+		if sa.Type != ljson.True && sa.Type != ljson.False {
+			return errAt(path+".strip_accept_encoding", "must be true or false, got "+short(sa.Raw))
+		}
+		if r.Settle.Response == ResponseHeader {
+			return errAt(path+".strip_accept_encoding", "applies only to a cost read from the body (response_json or response_sse)")
+		}
+		r.Settle.StripAcceptEncoding = sa.Bool()
+	}
+	// Every reported cost is carried: the debt it leaves is repaid by the
+	// refill, not forgiven, unless max_debt sets a floor.
+	r.Limit.MaxDebt = maxBurst
 	if md := v.Get("max_debt"); md.Exists() {
 		n, err := nonNegative(path+".max_debt", md, maxBurst)
 		if err != nil {
@@ -238,7 +275,7 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 		return errAt(path+".max_debt", "0 needs pre_charge > 0: with neither a debt nor an admission cost, "+
 			"the balance is back above zero an instant after every charge and every request is admitted")
 	}
-	r.Cost.Kind, r.Cost.PreCharge = CostResponse, r.Settle.PreCharge
+	r.Cost.Kind, r.Cost.PreCharge, r.Cost.Burst = CostResponse, r.Settle.PreCharge, r.Limit.Burst
 	return nil
 }
 

@@ -11,6 +11,7 @@ func TestParseSettleConfig(t *testing.T) {
 		{"name":"llm","algorithm_config":{"rps":1,"burst":100,"cost_source":"response_sse:/message/usage/input_tokens+/usage/output_tokens","pre_charge":5,"max_debt":0}},
 		{"name":"login","algorithm_config":{"rps":1,"burst":3,"count_statuses":[401,"403","5xx"],"reset_on_statuses":"2xx"}},
 		{"name":"hdr","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:X-Usage"}},
+		{"name":"est","algorithm_config":{"rps":10,"burst":1000,"cost_source":"response_json:/usage/total_tokens","estimate_source":"header:X-Max-Tokens","strip_accept_encoding":true}},
 		{"name":"cc","algorithm":"concurrency","algorithm_config":{"max_in_flight":7}}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -30,11 +31,18 @@ func TestParseSettleConfig(t *testing.T) {
 	if !login.Reset.Has(204) || login.Reset.Has(401) {
 		t.Errorf("reset_on_statuses: %v", login.Reset)
 	}
-	if r[2].Settle.Header != "x-usage" || r[2].Limit.MaxDebt != 3 {
-		t.Errorf("hdr: %+v, max_debt %v (want burst)", r[2].Settle, r[2].Limit.MaxDebt)
+	// Issue 22: the default reservation is a tenth of the burst, and a
+	// settlement's debt is carried (no floor short of the largest burst),
+	// not forgiven below -burst.
+	if r[2].Settle.Header != "x-usage" || r[2].Limit.MaxDebt != 1e12 || r[2].Settle.PreCharge != 0.3 || r[2].Cost.PreCharge != 0.3 {
+		t.Errorf("hdr: %+v, max_debt %v (want 1e12, pre_charge 0.3)", r[2].Settle, r[2].Limit.MaxDebt)
 	}
-	if r[3].InFlight == nil || r[3].InFlight.Max != 7 || r[3].InFlight.Lease != 600 {
-		t.Errorf("cc: %+v", r[3].InFlight)
+	if est := r[3]; est.Cost.Estimate != config.CostHeader || est.Cost.EstimateName != "x-max-tokens" || est.Cost.Burst != 1000 ||
+		est.Cost.PreCharge != 100 || !est.Settle.StripAcceptEncoding {
+		t.Errorf("est: %+v %+v", est.Cost, est.Settle)
+	}
+	if r[4].InFlight == nil || r[4].InFlight.Max != 7 || r[4].InFlight.Lease != 600 {
+		t.Errorf("cc: %+v", r[4].InFlight)
 	}
 }
 
@@ -49,8 +57,18 @@ func TestParseSettleConfigErrors(t *testing.T) {
 			`algorithm_config.pre_charge: applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`},
 		{"pre_charge over burst", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","pre_charge":4}}`,
 			`algorithm_config.pre_charge: must be from 0 to 3, got 4`},
-		{"no debt and no pre_charge", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","max_debt":0}}`,
+		{"no debt and no pre_charge", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","max_debt":0,"pre_charge":0}}`,
 			`algorithm_config.max_debt: 0 needs pre_charge > 0: with neither a debt nor an admission cost, the balance is back above zero an instant after every charge and every request is admitted`},
+		{"estimate without a response cost", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"estimate_source":"header:x-max-tokens"}}`,
+			`algorithm_config.estimate_source: applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`},
+		{"bad estimate", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","estimate_source":"fixed"}}`,
+			`algorithm_config.estimate_source: must be "header:<name>" or "query:<name>", got "fixed"`},
+		{"estimate not a string", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","estimate_source":5}}`,
+			`algorithm_config.estimate_source: must be "header:<name>" or "query:<name>", got 5`},
+		{"strip on a header cost", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:x-u","strip_accept_encoding":true}}`,
+			`algorithm_config.strip_accept_encoding: applies only to a cost read from the body (response_json or response_sse)`},
+		{"strip not a bool", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","strip_accept_encoding":"yes"}}`,
+			`algorithm_config.strip_accept_encoding: must be true or false, got "yes"`},
 		{"response cost on a window", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":3,"window_seconds":1,"cost_source":"response_json:/u"}}`,
 			`algorithm_config.cost_source: a cost known after the response needs a token_bucket, whose balance may go into debt; fixed windows have none`},
 		{"too many pointers", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/a+/b+/c+/d+/e"}}`,

@@ -147,7 +147,7 @@ func TestSchemaAndParserRejectInvalid(t *testing.T) {
 		{"status out of range", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "count_statuses": [99]}}`, "count_statuses[0]: must be a status"},
 		{"pointer without slash", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "cost_source": "response_json:usage"}}`, "response_json needs JSON pointers"},
 		{"negative pre_charge", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "cost_source": "response_json:/u", "pre_charge": -1}}`, "pre_charge: must be from 0 to 1, got -1"},
-		{"max_debt 0 without pre_charge", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "cost_source": "response_json:/u", "max_debt": 0}}`, "max_debt: 0 needs pre_charge > 0"},
+		{"max_debt 0 without pre_charge", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "cost_source": "response_json:/u", "max_debt": 0, "pre_charge": 0}}`, "max_debt: 0 needs pre_charge > 0"},
 		{"max_debt 0 with pre_charge 0", `{"name": "a", "algorithm_config": {"rps": 1, "burst": 1, "cost_source": "response_json:/u", "max_debt": 0, "pre_charge": 0}}`, "max_debt: 0 needs pre_charge > 0"},
 		{"no max_in_flight", `{"name": "a", "algorithm": "concurrency", "algorithm_config": {"lease_seconds": 5}}`, "max_in_flight: is required"},
 		{"zero max_in_flight", `{"name": "a", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 0}}`, "max_in_flight: must be an integer from 1"},

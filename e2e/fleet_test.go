@@ -415,7 +415,7 @@ func TestFleetShadow(t *testing.T) {
 		checkNoRateLimitHeaders(t, "request "+strconv.Itoa(i), r)
 	}
 	resp, body := getURL(t, "http://"+f.rls.Admin+"/metrics", nil)
-	want := `tokengate_rls_decisions_total{rule="trial",code="shadow_over_limit"} 4`
+	want := `tokengate_rls_decisions_total{code="shadow_over_limit",rule="trial"} 4`
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, want) {
 		t.Errorf("the service's metrics lack %s:\n%s", want, body)
 	}

@@ -217,7 +217,7 @@ func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rl
 	}
 	p := &rlsProc{Addr: freeAddr(t), Admin: freeAddr(t), out: &syncBuffer{}, done: make(chan struct{})}
 	args := append([]string{"-config", path, "-redis", redisAddr, "-listen", p.Addr, "-admin", p.Admin,
-		"-redis-timeout", testRedisTimeout}, extra...)
+		"-redis-timeout", testRedisTimeout, "-drain-delay", "0"}, extra...) // no need to wait for health checks here
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {

@@ -58,7 +58,7 @@ func TestFilterJSONAgainstTokengateRLS(t *testing.T) {
 		t.Errorf("429 without the service's RateLimit header: %v", last.Header)
 	}
 	_, body := getURL(t, "http://"+rls.Admin+"/metrics", nil)
-	for _, want := range []string{`tokengate_rls_decisions_total{rule="json",code="ok"} 3`, `tokengate_rls_decisions_total{rule="json",code="over_limit"} 2`} {
+	for _, want := range []string{`tokengate_rls_decisions_total{code="ok",rule="json"} 3`, `tokengate_rls_decisions_total{code="over_limit",rule="json"} 2`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("the service's metrics lack %s:\n%s", want, body)
 		}

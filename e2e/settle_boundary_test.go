@@ -51,7 +51,7 @@ func TestResponseCostAtEveryBoundary(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := `{"rules":[{"name":"llm","limit_keys":["ip:address"],"algorithm_config":{"tokens_per_second":1,"burst":` +
-				strconv.Itoa(burst) + `,"cost_source":"` + tc.source + `"}}]}`
+				strconv.Itoa(burst) + `,"cost_source":"` + tc.source + `","pre_charge":0}}]}`
 			clk := wasmhost.NewFakeClock(t0) // no refill between requests
 			h, srv, ms := settleHostWith(t, cfg, splitUpstream(tc.contentType, tc.doc), true, false, clk)
 			c := srv.Client()
@@ -115,13 +115,14 @@ func TestResponseTrailersSettleOnce(t *testing.T) {
 
 // TestDebtWithoutPreCharge: pre_charge 0 admits only while the balance is
 // positive. Burst 10, responses reporting 100: the first request is
-// admitted and takes the balance to -10 (max_debt defaults to burst); the
+// admitted and takes the balance to -10 (max_debt 10, a floor set here:
+// since issue 22 neither pre_charge 0 nor a floor is the default); the
 // second is already 429 with a Retry-After of the debt over the rate; at
 // a balance of exactly 0 still 429; above it, admitted.
 func TestDebtWithoutPreCharge(t *testing.T) {
 	up := usageUpstream(t)
 	cfg := `{"rules":[{"name":"llm","limit_keys":["ip:address"],` +
-		`"algorithm_config":{"tokens_per_second":1,"burst":10,"cost_source":"response_json:/usage/total_tokens"}}]}`
+		`"algorithm_config":{"tokens_per_second":1,"burst":10,"cost_source":"response_json:/usage/total_tokens","pre_charge":0,"max_debt":10}}]}`
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
 			clk := wasmhost.NewFakeClock(t0)

@@ -162,7 +162,7 @@ func TestResponseCost(t *testing.T) {
 		{"json without usage takes default_cost", "response_json:/usage/total_tokens", "size=1000", 0, 95},
 		{"sse", "response_sse:/usage/total_tokens", "sse=37", 0, 63},
 		{"sse sum of two pointers", "response_sse:/usage/total_tokens+/usage/prompt_tokens", "sse=37", 0, 61},
-		{"sse without usage takes default_cost", "response_sse:/usage/total_tokens", "sse=none", 20, 95},
+		{"sse without usage takes the reservation, more than default_cost", "response_sse:/usage/total_tokens", "sse=none", 20, 80},
 		{"compressed takes default_cost", "response_json:/usage/total_tokens", "tokens=42&gzip=1", 0, 95},
 		{"error body without usage", "response_json:/usage/total_tokens", "status=500", 1, 95},
 	}
@@ -222,7 +222,7 @@ func TestResponseHeaderCost(t *testing.T) {
 func TestDebt(t *testing.T) {
 	up := usageUpstream(t)
 	cfg := `{"rules":[{"name":"llm","limit_keys":["ip:address"],"algorithm":"token_bucket",` +
-		`"algorithm_config":{"tokens_per_second":2,"burst":20,"cost_source":"response_json:/usage/total_tokens","max_debt":10}}],` +
+		`"algorithm_config":{"tokens_per_second":2,"burst":20,"cost_source":"response_json:/usage/total_tokens","max_debt":10,"pre_charge":0}}],` +
 		`"settings":{"rule_headers":true}}`
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {

@@ -69,6 +69,7 @@ func (s *Stream) trackCluster(g *group, ds []rlscontract.Descriptor) {
 		st := s.settleOf()
 		st.awaiting = append(st.awaiting, charge{r: r, pre: float64(max(ds[i].HitsAddend, 1)),
 			cluster: &clusterCharge{comp: ds[i].Entries[1].Value}})
+		s.identity(r)
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 )
 
 const settleClusterCfg = `{"rules":[
-	{"name":"llm","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":100,"cost_source":"response_json:/usage/total_tokens"}},
+	{"name":"llm","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":100,"cost_source":"response_json:/usage/total_tokens","pre_charge":0}},
 	{"name":"login","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":3,"count_statuses":[401],"reset_on_statuses":[200]}}],
 	"settings":{"rls":{"cluster":"rls","timeout_ms":25,"on_error":"ON_ERROR"}}}`
 

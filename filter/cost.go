@@ -24,29 +24,51 @@ const maxCostLen = 32
 // costOf returns the number of tokens the request takes under cost source
 // c.
 func costOf(c *config.CostSource, req *request) float64 {
-	var raw string
-	var ok bool
 	switch c.Kind {
 	case config.CostFixed:
 		return c.Fixed
 	case config.CostResponse:
-		if c.PreCharge > 0 {
-			return c.PreCharge
-		}
-		return admitPositive
-	case config.CostHeader:
-		raw, ok = req.header(c.Name)
-	case config.CostQuery:
-		req.loadPath()
-		raw, ok = queryParam(req.query, c.Name)
+		return reservation(c, req)
 	}
-	if !ok {
-		return c.Default
-	}
-	if v, ok := ParseCost(raw); ok {
+	if v, ok := stated(c.Kind, c.Name, req); ok {
 		return v
 	}
 	return c.Default
+}
+
+// stated returns the cost a request states in the header or query
+// parameter name (kind CostHeader or CostQuery), if it is a valid one.
+func stated(kind config.CostKind, name string, req *request) (float64, bool) {
+	var raw string
+	var ok bool
+	if kind == config.CostHeader {
+		raw, ok = req.header(name)
+	} else {
+		req.loadPath()
+		raw, ok = queryParam(req.query, name)
+	}
+	if !ok {
+		return 0, false
+	}
+	return ParseCost(raw)
+}
+
+// reservation is what a response-cost rule reserves at admission: the
+// request's own estimate (estimate_source) when it states a valid one above
+// pre_charge, at most the burst; else pre_charge (admitPositive for 0).
+// The estimate is never less than pre_charge: a client that understates it
+// cannot have more of its requests in flight than pre_charge allows.
+func reservation(c *config.CostSource, req *request) float64 {
+	v := c.PreCharge
+	if c.Estimate != config.CostFixed {
+		if e, ok := stated(c.Estimate, c.EstimateName, req); ok && e > v {
+			v = min(e, c.Burst)
+		}
+	}
+	if v > 0 {
+		return v
+	}
+	return admitPositive
 }
 
 // ParseCost parses a cost from a header or query value: a plain decimal

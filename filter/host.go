@@ -159,6 +159,16 @@ type bodyReader interface {
 	ResponseBody(start, max int) ([]byte, bool)
 }
 
+// requestHeaderSetter is implemented by hosts that can replace a request
+// header before the request goes upstream (filter/abi, over
+// proxy_replace_header_map_value). Without it strip_accept_encoding does
+// nothing, and a compressed body costs what was reserved.
+type requestHeaderSetter interface {
+	// SetRequestHeader replaces a request header of the effective stream;
+	// name is lower-case.
+	SetRequestHeader(name, value string)
+}
+
 // headerBytesSetter is implemented by hosts that can set or add a response
 // header from a byte slice without converting it to a string first
 // (filter/abi: the host copies the value during the call).
@@ -198,6 +208,7 @@ type bytesViewer interface {
 func (p *Plugin) findCapabilities(h Host) {
 	p.caller, _ = h.(Caller)
 	p.br, _ = h.(bodyReader)
+	p.rhs, _ = h.(requestHeaderSetter)
 	p.hbs, _ = h.(headerBytesSetter)
 	p.ps, _ = h.(propertyStringer)
 	p.bl, _ = h.(bytesLogger)
@@ -238,5 +249,5 @@ var capabilityNotes = [...]string{
 	" needs HTTP callouts, which the host lacks: it takes settings.rls.on_error",
 	" holds requests (max_reserved), which needs a timer and stream resumption the host lacks: they are rejected instead",
 	" leases, which needs a timer the host lacks: no refill ahead, a request short of allowance makes its own call",
-	" reads its cost in the response body, which the host cannot: the cost is default_cost",
+	" reads its cost in the response body, which the host cannot: the cost is what the request reserved, or default_cost if more",
 }

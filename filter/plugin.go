@@ -40,9 +40,11 @@ type Plugin struct {
 	// The host's optional capabilities, found once by NewPlugin (host.go);
 	// nil when the host lacks them. caller: callouts and stream resumption
 	// (cluster and lease rules, held requests); br: the response body
-	// (response_json and response_sse costs); hbs, ps, bv, bl save copies.
+	// (response_json and response_sse costs); rhs: request headers
+	// (strip_accept_encoding); hbs, ps, bv, bl save copies.
 	caller Caller
 	br     bodyReader
+	rhs    requestHeaderSetter
 	hbs    headerBytesSetter
 	ps     propertyStringer
 	bv     bytesViewer

@@ -14,7 +14,8 @@ import (
 // Settling after the response
 //
 // A rule with count_statuses, reset_on_statuses or a response_* cost takes
-// its admission cost as any rule does (the cost, or pre_charge), and the
+// its admission cost as any rule does (the cost, or for a response_* cost
+// the reservation: pre_charge or the request's estimate, cost.go), and the
 // stream remembers the bucket it took from (a charge), shadow rules
 // included: they settle as they would if enforced. When the response
 // says more, the charge is settled exactly once, by whichever of these
@@ -24,22 +25,24 @@ import (
 //     list refunds the admission cost; one reset_on_statuses lists fills
 //     the bucket; a response_header cost is read; a compressed body
 //     (content-encoding other than identity) cannot be read, so the cost
-//     is default_cost; a response without a body ends here.
+//     is unreported (below); a response without a body ends here.
 //   - proxy_on_response_body with end_of_stream, or
 //     proxy_on_response_trailers: the body has been read, chunk by chunk,
 //     through a JSON pointer scanner of bounded memory; the cost is the
-//     number found, or default_cost.
+//     number found, or unreported.
 //   - proxy_on_done or proxy_on_delete (the stream was reset, the client
 //     left, or the host never delivered the end of the body): a response_*
-//     cost is the last number found so far, or default_cost when none was
+//     cost is the last number found so far, or unreported when none was
 //     (also when no response arrived at all: nothing was reported); a
 //     count_statuses or reset_on_statuses rule whose request never got a
 //     response keeps its admission cost (there is no status to judge).
 //
-// The difference between the cost and what admission took is refunded or
-// charged (sharedstate.Updater.Settle); a charge may take the bucket into
-// debt, down to -max_debt. The response itself is never paused or
-// buffered: every callback returns Continue.
+// An unreported cost is what admission reserved, or default_cost if more
+// (charge.unreported). The difference between the cost and what admission
+// took is refunded or charged (sharedstate.Updater.Settle); a charge takes
+// the bucket into debt, carried in full unless max_debt sets a floor. The
+// response itself is never paused or buffered: every callback returns
+// Continue.
 //
 // Requests in flight (concurrency.go) are released on the same paths, and
 // the settlements of cluster-scope rules are sent to the rate-limit service
@@ -106,6 +109,18 @@ func (s *Stream) track(g *group) {
 			pre = 0 // pre_charge 0: admission took nothing a balance shows
 		}
 		st.charges = append(st.charges, charge{r: r, req: req, pre: pre})
+		s.identity(r)
+	}
+}
+
+// identity asks the upstream for an uncompressed body when r reads its cost
+// there and says so (strip_accept_encoding): Accept-Encoding becomes
+// "identity", since a compressed body cannot be read and costs only what
+// was reserved. An Envoy compressor placed before tokengate still
+// compresses the answer to the client (docs/configuration.md).
+func (s *Stream) identity(r *rule) {
+	if r.Settle.StripAcceptEncoding && s.p.rhs != nil {
+		s.p.rhs.SetRequestHeader("accept-encoding", "identity")
 	}
 }
 
@@ -159,7 +174,7 @@ func (s *Stream) settleHeaders(endOfStream bool) {
 		case spec.Response == config.ResponseNone:
 			c.done = true // the admission cost stands
 		case spec.Response == config.ResponseHeader:
-			actual := c.r.Cost.Default
+			actual := c.unreported()
 			if hv, ok := p.host.ResponseHeader(spec.Header); ok {
 				if n, ok := parseReported(hv); ok {
 					actual = n
@@ -167,7 +182,7 @@ func (s *Stream) settleHeaders(endOfStream bool) {
 			}
 			s.settleCost(c, actual)
 		case encoded || !canRead:
-			s.settleCost(c, c.r.Cost.Default)
+			s.settleCost(c, c.unreported())
 		default:
 			c.body, c.scanning = true, true
 			n := len(spec.Pointers)
@@ -268,7 +283,7 @@ func (s *Stream) finish() {
 		case c.body:
 			s.settleCost(c, c.result())
 		default:
-			s.settleCost(c, c.r.Cost.Default)
+			s.settleCost(c, c.unreported())
 		}
 	}
 	s.releaseAll()
@@ -293,10 +308,17 @@ func (c *charge) result() float64 {
 		}
 	}
 	if !any {
-		return c.r.Cost.Default
+		return c.unreported()
 	}
 	return sum
 }
+
+// unreported is the cost of a request whose usage was never seen (the
+// response named none, its body was compressed, the client left or the
+// upstream reset the stream first): default_cost, but never less than
+// what the request reserved at admission, so that leaving early or asking
+// for a compressed body never makes a request cheaper.
+func (c *charge) unreported() float64 { return max(c.pre, c.r.Cost.Default) }
 
 // feed reads a piece of the body into c's scanners.
 func (c *charge) feed(b []byte) {

@@ -74,7 +74,8 @@ func TestSettleExactlyOnce(t *testing.T) {
 	}
 }
 
-// TestResponseCostNeedsAPositiveBalance: with pre_charge 0 a request is
+// TestResponseCostNeedsAPositiveBalance: with pre_charge 0 (and a max_debt
+// of the burst, both set: neither is the default since issue 22) a request is
 // admitted only while the balance is above zero: burst 10 and responses
 // that report 100 each admit one request, then 429 until the debt is
 // repaid; at exactly 0 too. With max_debt 0 a pre_charge keeps the limit
@@ -89,7 +90,7 @@ func TestResponseCostNeedsAPositiveBalance(t *testing.T) {
 		st.end()
 		return res.RequestAction
 	}
-	f := newFixture(t, strings.Replace(cfg, "%s", "", 1))
+	f := newFixture(t, strings.Replace(cfg, "%s", `,"pre_charge":0,"max_debt":10`, 1))
 	if report(f) != filter.Continue {
 		t.Fatal("first request rejected")
 	}
@@ -137,7 +138,7 @@ func TestResponseCostNeedsAPositiveBalance(t *testing.T) {
 
 func TestSettleWithoutResponse(t *testing.T) {
 	f := newFixture(t, `{"rules":[{"name":"login","match":{"header:x-r":"login"},"algorithm_config":{"rps":1,"burst":5,"count_statuses":[401]}},`+
-		`{"name":"llm","match":{"header:x-r":"llm"},"algorithm_config":{"rps":1,"burst":100,"cost_source":"response_sse:/u","default_cost":7}}]}`)
+		`{"name":"llm","match":{"header:x-r":"llm"},"algorithm_config":{"rps":1,"burst":100,"cost_source":"response_sse:/u","default_cost":7,"pre_charge":0}}]}`)
 	st, _ := f.start("x-r", "login")
 	st.end() // the client left before the response: the cost stands
 	if tok, _ := f.state("tb:login:"); tok != 4 {
@@ -231,5 +232,94 @@ func TestInFlightStoreFailure(t *testing.T) {
 	st.end()
 	if v := f.raw("cc:cc:"); !strings.HasPrefix(v, "0:0:") {
 		t.Errorf("after release: %q, want nothing in flight", v)
+	}
+}
+
+// llmRule is issue 22's rule: 10 tokens a second, a burst of 1000, the
+// cost the usage object of a JSON body reports, everything else default.
+const llmRule = `{"name":"llm","algorithm_config":{"tokens_per_second":10,"burst":1000,"cost_source":"response_json:/usage/total_tokens"%s}}`
+
+// TestParallelResponseCostReserves is issue 22, item 1: 200 requests in
+// flight at once, each reporting 500 tokens. Each reserves an estimate at
+// admission (a tenth of the burst by default, or what the request states),
+// so the requests in flight are counted against the bucket; each is then
+// charged in full, the debt carried, not forgiven. It used to admit all
+// 200 and stop the debt at -1000.
+func TestParallelResponseCostReserves(t *testing.T) {
+	for _, tt := range []struct {
+		name, extra string
+		headers     []string
+		admitted    int
+	}{
+		{"default reservation", "", nil, 10},
+		{"estimate header", `,"estimate_source":"header:x-max-tokens"`, []string{"x-max-tokens", "500"}, 2},
+		{"estimate below pre_charge", `,"estimate_source":"header:x-max-tokens"`, []string{"x-max-tokens", "1"}, 10},
+		{"estimate above burst", `,"estimate_source":"header:x-max-tokens","pre_charge":1`, []string{"x-max-tokens", "5000"}, 1},
+		{"estimate not a number", `,"estimate_source":"header:x-max-tokens","pre_charge":1`, []string{"x-max-tokens", "-5"}, 200},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, strings.Replace(llmRule, "%s", tt.extra, 1))
+			var in []*stream
+			for i := 0; i < 200; i++ {
+				st, res := f.start(tt.headers...)
+				if res.RequestAction == filter.Continue {
+					in = append(in, st)
+				} else {
+					st.end()
+				}
+			}
+			if len(in) != tt.admitted {
+				t.Fatalf("admitted %d of 200 in flight, want %d", len(in), tt.admitted)
+			}
+			for _, st := range in {
+				st.headers("200", false)
+				st.body(`{"usage":{"total_tokens":500}}`, true)
+				st.end()
+			}
+			if tok, _ := f.state("tb:llm:"); tok != 1000-500*float64(tt.admitted) {
+				t.Errorf("after settling: %v tokens, want %v (every admitted request charged in full)", tok, 1000-500*tt.admitted)
+			}
+		})
+	}
+}
+
+// TestUnreportedUsageCostsTheReservation is issue 22, item 2: a request
+// whose usage is never seen (the client left an SSE stream before the usage
+// event, the body came compressed) is charged what it reserved, not
+// default_cost (1); strip_accept_encoding asks the upstream for a body that
+// can be read.
+func TestUnreportedUsageCostsTheReservation(t *testing.T) {
+	t.Run("client left the stream", func(t *testing.T) {
+		f := newFixture(t, `{"name":"llm","algorithm_config":{"tokens_per_second":10,"burst":1000,"cost_source":"response_sse:/usage/total_tokens","estimate_source":"header:x-max-tokens"}}`)
+		st, _ := f.start("x-max-tokens", "500")
+		st.headers("200", false, [2]string{"content-type", "text/event-stream"})
+		st.body("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n", false)
+		st.end()
+		if tok, _ := f.state("tb:llm:"); tok != 500 {
+			t.Errorf("%v tokens, want 500 (the reservation stands)", tok)
+		}
+	})
+	for _, tt := range []struct {
+		name, extra string
+		want        float64
+		ae          string
+	}{
+		{"compressed body", "", 900, "gzip"},
+		{"compressed body, default_cost above the reservation", `,"default_cost":300`, 700, "gzip"},
+		{"strip_accept_encoding", `,"strip_accept_encoding":true`, 900, "identity"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, strings.Replace(llmRule, "%s", tt.extra, 1))
+			st, _ := f.start("accept-encoding", "gzip")
+			if v, _ := f.h.RequestHeader("accept-encoding"); v != tt.ae {
+				t.Errorf("accept-encoding upstream: %q, want %q", v, tt.ae)
+			}
+			st.headers("200", false, [2]string{"content-encoding", "gzip"})
+			st.body("\x1f\x8b\x08\x00", true)
+			st.end()
+			if tok, _ := f.state("tb:llm:"); tok != tt.want {
+				t.Errorf("%v tokens, want %v", tok, tt.want)
+			}
+		})
 	}
 }

@@ -182,8 +182,8 @@ func TestRunRatelimit(t *testing.T) {
 		t.Errorf("grpc health with Redis down: %v, want NOT_SERVING", st)
 	}
 	redis.Restart()
-	waitFor(t, "/healthcheck 200 after Redis starts", func() bool { code, _ := get(t, httpURL+"/healthcheck"); return code == http.StatusOK })
-	waitFor(t, "grpc health SERVING after Redis starts", func() bool { return healthOf() == healthpb.HealthCheckResponse_SERVING })
+	waitUntil(t, "/healthcheck 200 after Redis starts", func() bool { code, _ := get(t, httpURL+"/healthcheck"); return code == http.StatusOK })
+	waitUntil(t, "grpc health SERVING after Redis starts", func() bool { return healthOf() == healthpb.HealthCheckResponse_SERVING })
 
 	decide := func(domain string) int {
 		code, _ := post(t, httpURL+"/json", `{"domain": "`+domain+`", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`)
@@ -196,12 +196,12 @@ func TestRunRatelimit(t *testing.T) {
 		t.Fatalf("domain b before it is configured: %d, want 200", c)
 	}
 	write("b.yaml", "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 0}\n")
-	waitFor(t, "domain b limited after its file appears", func() bool { return decide("b") == http.StatusTooManyRequests })
+	waitUntil(t, "domain b limited after its file appears", func() bool { return decide("b") == http.StatusTooManyRequests })
 	if code, body := get(t, "http://"+promAddr+"/stats"); code != http.StatusOK || !strings.Contains(body, "tokengate_rls_requests_total") {
 		t.Errorf("PROMETHEUS_PATH /stats: %d %.200s", code, body)
 	}
 	write("c.yaml", "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n")
-	waitFor(t, "the bad file logged", func() bool { return strings.Contains(logw.String(), "configuration not reloaded") })
+	waitUntil(t, "the bad file logged", func() bool { return strings.Contains(logw.String(), "configuration not reloaded") })
 	if !strings.Contains(logw.String(), "fortnight") {
 		t.Errorf("the log does not name the bad unit:\n%s", logw.String())
 	}
@@ -281,7 +281,7 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 func (s *statusRecorder) WriteHeader(c int) { s.code = c }
 
 // waitFor polls cond every 50 ms for up to 15 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {

@@ -7,11 +7,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -21,6 +23,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/tokengate/tokengate/internal/rlqs"
 	"github.com/tokengate/tokengate/internal/rls"
@@ -42,6 +46,15 @@ const defaultRedisTimeout = 25 * time.Millisecond
 // runs a fifth as often.
 const defaultGCPercent = 400
 
+// errorLogInterval is how often at most an error of one kind (a Redis
+// failure by cause and node, a TLS handshake failure) is logged; the next
+// line says how many were not.
+const errorLogInterval = 10 * time.Second
+
+// envPrefix prefixes the environment variable of every flag: -redis-timeout
+// is also TOKENGATE_RLS_REDIS_TIMEOUT.
+const envPrefix = "TOKENGATE_RLS_"
+
 func main() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(defaultGCPercent)
@@ -60,23 +73,39 @@ func main() {
 	}
 }
 
-// run serves until ctx is done, then stops gracefully. When listening is
-// not nil it receives the gRPC and admin addresses once both listen.
+// run serves until ctx is done, then drains and stops gracefully. When
+// listening is not nil it receives the gRPC and admin addresses once both
+// listen. SIGHUP, from the start of run until it returns, reloads the
+// configuration and the TLS files.
 func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2]string) error {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	fs := flag.NewFlagSet("tokengate-rls", flag.ContinueOnError)
 	fs.SetOutput(logw)
-	configPath := fs.String("config", "", "the JSON configuration `file` (the filter's format; required)")
+	configPath := fs.String("config", "", "the JSON configuration `file` (the filter's format; required); reloaded on SIGHUP and when it changes")
 	redisAddrs := fs.String("redis", "127.0.0.1:6379", "Redis `address`es, comma-separated (several need -redis-cluster)")
 	cluster := fs.Bool("redis-cluster", false, "the addresses are seed nodes of a Redis Cluster")
 	timeout := fs.Duration("redis-timeout", defaultRedisTimeout, "bound on each of a request's Redis round trips (the take, and the refund if any); "+
 		"keep clients' timeouts above twice this plus the network")
 	flushDelay := fs.Duration("redis-flush-delay", 20*time.Microsecond, "how long a Redis connection's writer may wait, under concurrent load, to batch commands into one write (0: none)")
-	listen := fs.String("listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service")
-	admin := fs.String("admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /ready and /json")
+	listen := fs.String("listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service and the gRPC health service")
+	admin := fs.String("admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /live, /ready and /json (empty: none)")
 	drain := fs.Duration("drain", 5*time.Second, "how long shutdown waits for calls in flight")
+	drainDelay := fs.Duration("drain-delay", 5*time.Second, "on SIGTERM, how long the service keeps serving, not ready (/ready 503, gRPC health NOT_SERVING), before it stops accepting calls")
 	workers := fs.Uint("stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
 	pprofOn := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) on the admin listener under /debug/pprof/")
+	tlsCert := fs.String("tls-cert", "", "PEM `file` of the gRPC listener's certificate chain (with -tls-key: gRPC over TLS); re-read when it changes")
+	tlsKey := fs.String("tls-key", "", "PEM `file` of the gRPC listener's private key")
+	tlsClientCA := fs.String("tls-client-ca", "", "PEM `file` of the CAs client certificates must chain to: clients without one are refused")
+	watch := fs.Duration("watch-interval", 2*time.Second, "how often the -config file and the TLS files are checked for changes (0: only SIGHUP reloads)")
+	logLevel := fs.String("log-level", "info", "least `level` logged: debug, info, warn or error")
+	logFormat := fs.String("log-format", "text", "log `format`: text (logfmt) or json")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := flagsFromEnv(fs, os.LookupEnv); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -87,6 +116,16 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	}
 	if *workers > 1<<16 {
 		return fmt.Errorf("-stream-workers %d: at most 65536", *workers)
+	}
+	if *drainDelay < 0 || *watch < 0 {
+		return errors.New("-drain-delay and -watch-interval must not be negative")
+	}
+	if (*tlsCert == "") != (*tlsKey == "") || *tlsClientCA != "" && *tlsCert == "" {
+		return errors.New("-tls-cert and -tls-key go together, and -tls-client-ca needs them")
+	}
+	logger, err := newLogger(logw, *logLevel, *logFormat)
+	if err != nil {
+		return err
 	}
 	if *configPath == "" {
 		return errors.New("-config is required")
@@ -99,7 +138,17 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	if err != nil {
 		return fmt.Errorf("%s: %w", *configPath, err)
 	}
+	var serverTLS *rls.ServerTLS
+	if *tlsCert != "" {
+		if serverTLS, err = rls.NewServerTLS(rls.TLSFiles{Cert: *tlsCert, Key: *tlsKey, ClientCA: *tlsClientCA}); err != nil {
+			return err
+		}
+	}
 	metrics := rls.NewMetrics(cfg)
+	metrics.SetErrorLog(rls.NewErrorLog(logger, errorLogInterval, nil))
+	if !*cluster {
+		metrics.SetRedisNode(*redisAddrs)
+	}
 	store, err := rls.NewStore(rls.StoreOptions{
 		Addrs:      strings.Split(*redisAddrs, ","),
 		Cluster:    *cluster,
@@ -116,49 +165,243 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	if err != nil {
 		return err
 	}
-	al, err := net.Listen("tcp", *admin)
-	if err != nil {
-		gl.Close()
-		return err
+	var al net.Listener
+	if *admin != "" {
+		if al, err = net.Listen("tcp", *admin); err != nil {
+			gl.Close()
+			return err
+		}
 	}
 	srv := rls.NewServer(cfg, store, metrics)
-	gs := rls.NewGRPCServer(srv, uint32(*workers))
-	rlqs.Register(ctx, gs, cfg, store) // RLQS beside RLS v3 (docs/rlqs.md); streams expire their assignments on shutdown
-	ready := rls.NewReadiness(store, time.Second, func(msg string) { fmt.Fprintln(logw, "tokengate-rls:", msg) })
-	defer ready.Stop()
-	handler := rls.AdminHandler(srv, metrics, ready)
-	if *pprofOn {
-		handler = withPprof(handler)
+	opts := []grpc.ServerOption{grpc.StatsHandler(metrics.StatsHandler())}
+	if serverTLS != nil {
+		opts = append(opts, grpc.Creds(serverTLS.Credentials(metrics)))
 	}
-	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+	gs := rls.NewGRPCServer(srv, uint32(*workers), opts...)
+	// RLQS beside RLS v3 (docs/rlqs.md); its streams expire their
+	// assignments on shutdown.
+	quota := rlqs.Register(ctx, gs, cfg, store)
+	ready := rls.NewReadiness(store, time.Second, func(msg string) { logger.Warn(msg) })
+	defer ready.Stop()
+	health := rls.RegisterHealth(gs, ready)
 
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(gl) }()
-	go func() { errc <- hs.Serve(al) }()
-	fmt.Fprintf(logw, "tokengate-rls: %d rules, gRPC on %s, admin on %s, Redis %s (cluster %v, timeout %v)\n",
-		len(cfg.Rules()), gl.Addr(), al.Addr(), *redisAddrs, *cluster, *timeout)
+	var hs *http.Server
+	adminAddr := ""
+	if al != nil {
+		handler := rls.AdminHandler(srv, metrics, ready)
+		if *pprofOn {
+			handler = withPprof(handler)
+		}
+		hs = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+		go func() { errc <- hs.Serve(al) }()
+		adminAddr = al.Addr().String()
+	}
+	logger.Info("serving", "rules", len(cfg.Rules()), "grpc", gl.Addr().String(), "tls", serverTLS != nil,
+		"client_certs", *tlsClientCA != "", "admin", adminAddr, "redis", *redisAddrs, "cluster", *cluster, "redis_timeout", *timeout)
 	if listening != nil {
-		listening <- [2]string{gl.Addr().String(), al.Addr().String()}
+		listening <- [2]string{gl.Addr().String(), adminAddr}
 	}
 
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		gs.Stop()
-		_ = hs.Close()
-		return err
+	w := &watcher{log: logger, metrics: metrics, srv: srv, quota: quota, tls: serverTLS, path: *configPath, data: data}
+	w.stamp()
+	var tick <-chan time.Time
+	if *watch > 0 {
+		t := time.NewTicker(*watch)
+		defer t.Stop()
+		tick = t.C
 	}
-	fmt.Fprintln(logw, "tokengate-rls: shutting down")
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-hup:
+			w.reload("SIGHUP")
+		case <-tick:
+			w.poll()
+		case err := <-errc:
+			gs.Stop()
+			if hs != nil {
+				_ = hs.Close()
+			}
+			return err
+		}
+	}
+
+	// Not ready first, so that health checks and load balancers send no
+	// new calls; serve those that still come for -drain-delay; then stop
+	// accepting and wait up to -drain for the calls in flight.
+	logger.Info("shutting down: not ready", "drain_delay", *drainDelay, "drain", *drain)
+	ready.Drain()
+	if *drainDelay > 0 {
+		t := time.NewTimer(*drainDelay)
+		select {
+		case <-t.C:
+		case err := <-errc:
+			t.Stop()
+			logger.Error("listener failed while draining", "error", err)
+		}
+	}
+	health.Shutdown()
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(*drain):
+		logger.Warn("calls still in flight after -drain: stopping them", "drain", *drain)
 		gs.Stop()
+	}
+	logger.Info("stopped")
+	if hs == nil {
+		return nil
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), *drain)
 	defer cancel()
 	return hs.Shutdown(sctx)
+}
+
+// flagsFromEnv sets every flag the command line did not set from its
+// environment variable, when that is set: -redis-timeout from
+// TOKENGATE_RLS_REDIS_TIMEOUT. The command line wins.
+func flagsFromEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil {
+			return
+		}
+		name := envName(f.Name)
+		if v, ok := lookup(name); ok {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("environment %s=%q: %w", name, v, e)
+			}
+		}
+	})
+	return err
+}
+
+// envName is the environment variable of a flag: -redis-timeout is
+// TOKENGATE_RLS_REDIS_TIMEOUT.
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// newLogger returns the structured logger -log-level and -log-format ask
+// for, writing to w.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+	}
+	o := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, fmt.Errorf("-log-format %q: want text or json", format)
+}
+
+// watcher reloads the configuration file and the TLS files: on SIGHUP
+// (reload) and, polled, when they change (poll). One goroutine calls it.
+type watcher struct {
+	log     *slog.Logger
+	metrics *rls.Metrics
+	srv     *rls.Server
+	quota   *rlqs.Server
+	tls     *rls.ServerTLS
+	path    string
+	data    []byte        // the configuration file's bytes in use
+	cfgStat os.FileInfo   // at the last look
+	tlsStat []os.FileInfo // at the last look
+}
+
+// stamp remembers the files' state as it is now.
+func (w *watcher) stamp() {
+	w.cfgStat, _ = os.Stat(w.path)
+	w.tlsStat = w.tlsStats()
+}
+
+func (w *watcher) tlsStats() []os.FileInfo {
+	if w.tls == nil {
+		return nil
+	}
+	f := w.tls.Files()
+	var out []os.FileInfo
+	for _, p := range []string{f.Cert, f.Key, f.ClientCA} {
+		fi, _ := os.Stat(p)
+		out = append(out, fi)
+	}
+	return out
+}
+
+// changed reports whether a file looks different from before: another
+// file (a ConfigMap's new symbolic link target), another size or time.
+func changed(a, b os.FileInfo) bool {
+	if a == nil || b == nil {
+		return a != b
+	}
+	return !os.SameFile(a, b) || a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime())
+}
+
+// poll reloads what changed since the last look; a configuration file
+// whose bytes are those in use is not reloaded.
+func (w *watcher) poll() {
+	fi, _ := os.Stat(w.path)
+	if changed(fi, w.cfgStat) {
+		w.cfgStat = fi
+		if data, err := os.ReadFile(w.path); err != nil || !bytes.Equal(data, w.data) {
+			w.reloadConfig("file changed")
+		}
+	}
+	ts := w.tlsStats()
+	for i := range ts {
+		if changed(ts[i], w.tlsStat[i]) {
+			w.tlsStat = ts
+			w.reloadTLS("file changed")
+			break
+		}
+	}
+}
+
+// reload reloads the configuration and the TLS files.
+func (w *watcher) reload(why string) {
+	w.stamp()
+	w.reloadConfig(why)
+	w.reloadTLS(why)
+}
+
+// reloadConfig reads, validates and installs the configuration file; on
+// error the configuration in use stays.
+func (w *watcher) reloadConfig(why string) {
+	data, err := os.ReadFile(w.path)
+	var cfg *rls.Config
+	if err == nil {
+		cfg, err = rls.ParseConfig(data)
+	}
+	w.metrics.Reloaded(err)
+	if err != nil {
+		w.log.Error("configuration not reloaded: the previous one stays", "file", w.path, "trigger", why, "error", err)
+		return
+	}
+	w.srv.SetConfig(cfg)
+	w.quota.SetConfig(cfg)
+	w.data = data
+	w.log.Info("configuration reloaded", "file", w.path, "trigger", why, "rules", len(cfg.Rules()))
+}
+
+func (w *watcher) reloadTLS(why string) {
+	if w.tls == nil {
+		return
+	}
+	if err := w.tls.Reload(); err != nil {
+		w.log.Error("TLS files not reloaded: the previous ones stay", "trigger", why, "error", err)
+		return
+	}
+	w.log.Info("TLS files reloaded", "trigger", why)
 }
 
 // withPprof serves net/http/pprof's handlers under /debug/pprof/ and the

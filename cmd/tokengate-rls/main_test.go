@@ -61,7 +61,7 @@ func TestRun(t *testing.T) {
 		// near (the default 25 ms does): the test counts decisions, not
 		// timeouts.
 		errc <- run(ctx, []string{"-config", cfg, "-redis", redis.Addr, "-redis-timeout", "5s",
-			"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}, io.Discard, listening)
+			"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-drain-delay", "0"}, io.Discard, listening)
 	}()
 	var admin string
 	select {
@@ -96,8 +96,8 @@ func TestRun(t *testing.T) {
 	}
 	_, metrics := get(t, admin+"/metrics")
 	for _, want := range []string{
-		`tokengate_rls_decisions_total{rule="per-ip",code="ok"} 1`,
-		`tokengate_rls_decisions_total{rule="per-ip",code="over_limit"} 1`,
+		`tokengate_rls_decisions_total{code="ok",rule="per-ip"} 1`,
+		`tokengate_rls_decisions_total{code="over_limit",rule="per-ip"} 1`,
 		`tokengate_rls_redis_duration_seconds_count 2`,
 	} {
 		if !strings.Contains(metrics, want) {
@@ -199,7 +199,7 @@ func TestRunPprof(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		listening := make(chan [2]string, 1)
 		errc := make(chan error, 1)
-		args := []string{"-config", cfg, "-redis", "127.0.0.1:1", "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0"}
+		args := []string{"-config", cfg, "-redis", "127.0.0.1:1", "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-drain-delay", "0"}
 		if on {
 			args = append(args, "-pprof")
 		}

@@ -192,6 +192,11 @@ func (*host) SetResponseHeaderBytes(name string, value []byte) {
 	proxyReplaceHeaderMapValue(mapResponseHeaders, ptr(name), uint32(len(name)), bptr(value), uint32(len(value)))
 }
 
+// SetRequestHeader replaces a request header of the effective stream.
+func (*host) SetRequestHeader(name, value string) {
+	proxyReplaceHeaderMapValue(mapRequestHeaders, ptr(name), uint32(len(name)), ptr(value), uint32(len(value)))
+}
+
 func (*host) SetResponseHeader(name, value string) {
 	proxyReplaceHeaderMapValue(mapResponseHeaders, ptr(name), uint32(len(name)), ptr(value), uint32(len(value)))
 }

@@ -289,6 +289,19 @@ func (h *Host) ResponseHeader(name string) (string, bool) {
 	return "", false
 }
 
+// SetRequestHeader replaces a request header, as filter/abi does over
+// proxy_replace_header_map_value.
+func (h *Host) SetRequestHeader(name, value string) {
+	value = strings.Clone(value) // hosts copy header values
+	for i, kv := range h.Request.Headers {
+		if kv[0] == name {
+			h.Request.Headers[i][1] = value
+			return
+		}
+	}
+	h.Request.Headers = append(h.Request.Headers, [2]string{name, value})
+}
+
 // SetResponseHeader implements filter.Host.
 func (h *Host) SetResponseHeader(name, value string) {
 	value = strings.Clone(value) // hosts copy header values

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -22,12 +23,19 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
-// Readiness pings Redis every interval in the background: Ready reports
-// whether the last PING was answered.
+// Readiness says whether the service can decide: it pings Redis every
+// interval in the background and is ready while the last PING was
+// answered, until Drain, after which it never is. /ready and the gRPC
+// health service (Watch) follow it; liveness (/live) does not.
 type Readiness struct {
-	ready atomic.Bool
-	stop  chan struct{}
-	once  sync.Once
+	ready    atomic.Bool // the last PING was answered
+	draining atomic.Bool
+	stop     chan struct{}
+	once     sync.Once
+
+	mu       sync.Mutex // serialises watchers' calls, in order of changes
+	watchers []func(ready bool)
+	told     bool // watchers were told ready (told: the last value they got)
 }
 
 // NewReadiness starts pinging p every interval; Stop ends it. logf, when
@@ -49,6 +57,7 @@ func NewReadiness(p Pinger, interval time.Duration, logf func(msg string)) *Read
 				}
 			}
 			first = false
+			r.tell()
 			select {
 			case <-r.stop:
 				return
@@ -59,8 +68,43 @@ func NewReadiness(p Pinger, interval time.Duration, logf func(msg string)) *Read
 	return r
 }
 
-// Ready reports whether Redis answered the last PING.
-func (r *Readiness) Ready() bool { return r.ready.Load() }
+// Ready reports whether the service can decide: Redis answered the last
+// PING and Drain was not called.
+func (r *Readiness) Ready() bool { return r.ready.Load() && !r.draining.Load() }
+
+// Draining reports whether Drain was called.
+func (r *Readiness) Draining() bool { return r.draining.Load() }
+
+// Watch calls f with Ready now and again whenever it changes; f must not
+// block.
+func (r *Readiness) Watch(f func(ready bool)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.watchers = append(r.watchers, f)
+	f(r.told)
+}
+
+// tell gives the watchers Ready when it differs from what they were told.
+func (r *Readiness) tell() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.Ready()
+	if now == r.told {
+		return
+	}
+	r.told = now
+	for _, f := range r.watchers {
+		f(now)
+	}
+}
+
+// Drain makes the service not ready for good (shutdown begins: load
+// balancers and Envoy's health checks should send no new calls), and
+// tells the watchers at once.
+func (r *Readiness) Drain() {
+	r.draining.Store(true)
+	r.tell()
+}
 
 // Stop ends the pinging.
 func (r *Readiness) Stop() { r.once.Do(func() { close(r.stop) }) }
@@ -70,8 +114,12 @@ const maxJSONBody = 1 << 20
 
 // AdminHandler serves the admin listener:
 //
-//	/metrics  Prometheus text (Metrics.WriteTo)
-//	/ready    200 when Redis answered the last PING, 503 before and otherwise
+//	/metrics  the metrics (Metrics.Registry), in Prometheus text or
+//	          OpenMetrics as the scraper asks (promhttp)
+//	/live     200 while the process serves: never depends on Redis
+//	/ready    200 when the service can decide (Readiness.Ready): Redis
+//	          answered the last PING and shutdown has not begun; 503
+//	          before and otherwise
 //	/json     POST a RateLimitRequest in protobuf's JSON form, get the
 //	          RateLimitResponse: 200 (OK) and 429 (OVER_LIMIT) with the
 //	          response, as envoyproxy/ratelimit's /json (server_impl.go);
@@ -81,16 +129,19 @@ const maxJSONBody = 1 << 20
 //	          and takes any other status as an error, so both agree.
 func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("content-type", "text/plain; version=0.0.4")
-		_, _ = m.WriteTo(w)
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry(), promhttp.HandlerOpts{}))
+	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "live\n")
 	})
 	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready.Ready() {
+		switch {
+		case ready.Draining():
+			http.Error(w, "shutting down\n", http.StatusServiceUnavailable)
+		case !ready.Ready():
 			http.Error(w, "redis not answering PING\n", http.StatusServiceUnavailable)
-			return
+		default:
+			_, _ = io.WriteString(w, "ready\n")
 		}
-		_, _ = io.WriteString(w, "ready\n")
 	})
 	mux.HandleFunc("/json", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {

@@ -108,7 +108,7 @@ func (s *Server) shouldDropin(ctx context.Context, d *dropin, req *rlsv3.RateLim
 	if err := s.runDropin(ctx, d, items); err != nil {
 		for _, it := range items {
 			if it.out.Err != nil {
-				s.metrics.decision(it.limit.rule, codeError)
+				s.metrics.decision(it.limit.rule, codeError, it.op.Cost)
 			}
 		}
 		s.metrics.request(reqUnavailable)
@@ -149,11 +149,11 @@ func (s *Server) shouldDropin(ctx context.Context, d *dropin, req *rlsv3.RateLim
 		st.DurationUntilReset = &p.untilReset
 		switch {
 		case allowed:
-			s.metrics.decision(l.rule, codeOK)
+			s.metrics.decision(l.rule, codeOK, it.op.Cost)
 		case l.Shadow:
-			s.metrics.decision(l.rule, codeShadowOver)
+			s.metrics.decision(l.rule, codeShadowOver, it.op.Cost)
 		default:
-			s.metrics.decision(l.rule, codeOver)
+			s.metrics.decision(l.rule, codeOver, it.op.Cost)
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			over = true
 		}

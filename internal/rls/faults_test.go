@@ -70,7 +70,7 @@ func TestRedisDown(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if !containsLine(e.m.String(), `tokengate_rls_decisions_total{rule="keys",code="error"}`) {
+	if !containsLine(e.m.String(), `tokengate_rls_decisions_total{code="error",rule="keys"}`) {
 		t.Errorf("failed decisions not counted:\n%s", e.m.String())
 	}
 	if !containsLine(e.m.String(), `tokengate_rls_requests_total{code="unavailable"}`) {

@@ -3,6 +3,8 @@ package rls
 import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // DefaultStreamWorkers is the number of goroutines NewGRPCServer keeps to
@@ -40,4 +42,27 @@ func NewGRPCServer(srv rlsv3.RateLimitServiceServer, workers uint32, opts ...grp
 	gs := grpc.NewServer(append(o, opts...)...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	return gs
+}
+
+// RLSService is the gRPC service of the rate-limit service API, one of
+// the names the health service answers for.
+const RLSService = "envoy.service.ratelimit.v3.RateLimitService"
+
+// RegisterHealth registers the standard gRPC health service
+// (grpc.health.v1.Health) on gs, answering for the whole server ("")
+// and for RLSService: SERVING while ready says the service can decide,
+// NOT_SERVING otherwise. Envoy's gRPC health checks and Kubernetes' grpc
+// probes ask it.
+func RegisterHealth(gs *grpc.Server, ready *Readiness) *health.Server {
+	h := health.NewServer()
+	healthpb.RegisterHealthServer(gs, h)
+	ready.Watch(func(ok bool) {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if ok {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		h.SetServingStatus("", st)
+		h.SetServingStatus(RLSService, st)
+	})
+	return h
 }

@@ -223,10 +223,10 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		st.DurationUntilReset = duration(res.Retry)
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		s.metrics.decision(r, codeOver)
+		s.metrics.decision(r, codeOver, 0)
 		s.metrics.request(reqOver)
 	} else {
-		s.metrics.decision(r, codeOK)
+		s.metrics.decision(r, codeOK, float64(res.Granted))
 		s.metrics.request(reqOK)
 	}
 	return resp, true, nil

@@ -1,12 +1,24 @@
 package rls
 
 import (
-	"bufio"
+	"bytes"
+	"context"
+	"errors"
 	"io"
-	"strconv"
+	"net"
+	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/common/expfmt"
+	"github.com/redis/rueidis"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/config"
 )
@@ -34,103 +46,298 @@ const (
 var reqNames = [numReqs]string{"ok", "over_limit", "unavailable", "invalid_argument"}
 
 // latencyBuckets are the upper bounds, in seconds, of the Redis round-trip
-// histogram.
+// and call histograms.
 var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
 
-// Metrics are the service's counters, written as Prometheus text by
-// WriteTo. The rule set is fixed when they are made, so counting takes no
-// lock.
-type Metrics struct {
-	rules     map[*config.Rule]*[numCodes]atomic.Uint64
-	order     []*config.Rule
-	requests  [numReqs]atomic.Uint64
-	unmatched atomic.Uint64
+// rlsMethod is the full gRPC method name of ShouldRateLimit.
+const rlsMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
-	refundErrors atomic.Uint64
-	redisErrors  atomic.Uint64
-	redisCalls   atomic.Uint64
-	redisSumNs   atomic.Uint64
-	redisHist    []atomic.Uint64 // per latencyBuckets, not cumulative
+// numGRPCCodes is the number of gRPC status codes (OK through
+// Unauthenticated).
+const numGRPCCodes = int(codes.Unauthenticated) + 1
+
+// ruleCounters are one rule's pre-resolved counters: decisions and hits
+// by decision code.
+type ruleCounters struct {
+	decisions, hits [numCodes]prometheus.Counter
 }
 
-// NewMetrics returns zeroed counters for cfg's rules.
+// callCounters are one gRPC method's pre-resolved counters by status code.
+type callCounters struct {
+	calls    [numGRPCCodes]prometheus.Counter
+	duration [numGRPCCodes]prometheus.Observer
+}
+
+// Metrics are the service's Prometheus metrics, in a registry of their
+// own (Registry) with the process and Go runtime collectors. Everything a
+// call counts is resolved beforehand: a rule's counters when its
+// configuration is installed (SetRules), the rest when the metrics are
+// made; counting is an atomic add.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	decisionVec, hitsVec *prometheus.CounterVec
+	rules                atomic.Pointer[map[*config.Rule]*ruleCounters]
+	mu                   sync.Mutex               // serialises SetRules
+	byName               map[string]*ruleCounters // every rule's counters, by name
+	lastRules            []*config.Rule           // the last SetRules's rules
+
+	requests     [numReqs]prometheus.Counter
+	unmatched    prometheus.Counter
+	refundErrors prometheus.Counter
+
+	redisErrors   *prometheus.CounterVec // cause, node
+	redisDuration prometheus.Histogram
+
+	callVec      *prometheus.CounterVec
+	callDuration *prometheus.HistogramVec
+	rlsCalls     *callCounters
+	methods      sync.Map // full method name -> *callCounters, for the other methods
+	inFlight     prometheus.Gauge
+
+	tlsErrors prometheus.Counter
+	reloads   [2]prometheus.Counter // ok, error
+
+	// node is the node label of Redis errors that name none (the single
+	// node of a plain Redis); errLog, when set, logs errors.
+	node   atomic.Pointer[string]
+	errLog atomic.Pointer[ErrorLog]
+}
+
+// NewMetrics returns zeroed metrics with counters for cfg's rules.
 func NewMetrics(cfg *Config) *Metrics {
-	m := &Metrics{rules: map[*config.Rule]*[numCodes]atomic.Uint64{}, redisHist: make([]atomic.Uint64, len(latencyBuckets)+1)}
-	for _, r := range cfg.Rules() {
-		m.rules[r] = new([numCodes]atomic.Uint64)
-		m.order = append(m.order, r)
+	m := &Metrics{reg: prometheus.NewRegistry(), byName: map[string]*ruleCounters{}}
+	m.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
+	f := func(c prometheus.Collector) { m.reg.MustRegister(c) }
+
+	m.decisionVec = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_decisions_total",
+		Help: "Descriptor decisions by rule and code."}, []string{"rule", "code"})
+	m.hitsVec = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_hits_total",
+		Help: "Descriptor decisions by rule and code, each weighted by the tokens it asked for (hits_addend, default 1; a lease grant: the tokens granted)."},
+		[]string{"rule", "code"})
+	f(m.decisionVec)
+	f(m.hitsVec)
+
+	reqVec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_requests_total",
+		Help: "ShouldRateLimit calls by outcome (calls gRPC refused before the service saw them are in tokengate_rls_grpc_calls_total)."}, []string{"code"})
+	f(reqVec)
+	for i := range m.requests {
+		m.requests[i] = reqVec.WithLabelValues(reqNames[i])
 	}
+	m.unmatched = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_unmatched_descriptors_total",
+		Help: "Descriptors no rule applies to (answered OK)."})
+	m.refundErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_refund_errors_total",
+		Help: "Refunds that failed: tokens stay taken for a rejected request."})
+	m.redisErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_redis_errors_total",
+		Help: "Pipelined Redis round trips with at least one failed command, by the first failure's cause and node."}, []string{"cause", "node"})
+	m.redisDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tokengate_rls_redis_duration_seconds",
+		Help: "Pipelined Redis round trips (one per request, plus one per refund).", Buckets: latencyBuckets})
+	f(m.unmatched)
+	f(m.refundErrors)
+	f(m.redisErrors)
+	f(m.redisDuration)
+
+	m.callVec = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_grpc_calls_total",
+		Help: "gRPC calls by method and status code, including those gRPC refused before the service saw them (a message above the size limit)."},
+		[]string{"method", "code"})
+	m.callDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tokengate_rls_grpc_call_duration_seconds",
+		Help: "gRPC calls from their headers' arrival to their status's sending, by method and status code: a decision's whole time in the service.", Buckets: latencyBuckets},
+		[]string{"method", "code"})
+	m.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokengate_rls_grpc_calls_in_flight",
+		Help: "gRPC calls begun and not yet ended."})
+	f(m.callVec)
+	f(m.callDuration)
+	f(m.inFlight)
+	m.rlsCalls = m.methodCounters(rlsMethod)
+
+	m.tlsErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_tls_handshake_errors_total",
+		Help: "gRPC connections refused in the TLS handshake (no or an untrusted client certificate, no common protocol version)."})
+	f(m.tlsErrors)
+	reloadVec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_config_reloads_total",
+		Help: "Reloads of the configuration file (SIGHUP or a change of the file) by result; on error the previous configuration stays."}, []string{"result"})
+	f(reloadVec)
+	m.reloads = [2]prometheus.Counter{reloadVec.WithLabelValues("ok"), reloadVec.WithLabelValues("error")}
+
+	m.SetRules(cfg)
 	return m
 }
 
-func (m *Metrics) decision(r *config.Rule, code int) {
-	if c := m.rules[r]; c != nil {
-		c[code].Add(1)
+// methodCounters resolves a method's counters for every status code.
+func (m *Metrics) methodCounters(full string) *callCounters {
+	c := new(callCounters)
+	name := methodLabel(full)
+	for i := range numGRPCCodes {
+		code := codes.Code(i).String()
+		c.calls[i] = m.callVec.WithLabelValues(name, code)
+		c.duration[i] = m.callDuration.WithLabelValues(name, code)
+	}
+	return c
+}
+
+// methodLabel is the method label of a full method name: its last
+// element ("ShouldRateLimit", "Check").
+func methodLabel(full string) string {
+	if i := strings.LastIndexByte(full, '/'); i >= 0 {
+		return full[i+1:]
+	}
+	return full
+}
+
+// Registry returns the registry holding the metrics (for /metrics).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// SetRules resolves the counters of cfg's rules. A rule named as one
+// already known continues that rule's series. The previous
+// configuration's rules stay resolved too, for the calls that started
+// before it was replaced; older ones are dropped.
+func (m *Metrics) SetRules(cfg *Config) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	next := make(map[*config.Rule]*ruleCounters, 2*len(cfg.Rules()))
+	for _, r := range m.lastRules {
+		next[r] = m.byName[r.Name]
+	}
+	for _, r := range cfg.Rules() {
+		c := m.byName[r.Name]
+		if c == nil {
+			c = new(ruleCounters)
+			for code := range numCodes {
+				c.decisions[code] = m.decisionVec.WithLabelValues(r.Name, codeNames[code])
+				c.hits[code] = m.hitsVec.WithLabelValues(r.Name, codeNames[code])
+			}
+			m.byName[r.Name] = c
+		}
+		next[r] = c
+	}
+	m.lastRules = cfg.Rules()
+	m.rules.Store(&next)
+}
+
+// decision counts one descriptor's decision for rule r, weighted by hits.
+func (m *Metrics) decision(r *config.Rule, code int, hits float64) {
+	if c := (*m.rules.Load())[r]; c != nil {
+		c.decisions[code].Inc()
+		if hits > 0 {
+			c.hits[code].Add(hits)
+		}
 	}
 }
 
-func (m *Metrics) request(code int) { m.requests[code].Add(1) }
+func (m *Metrics) request(code int) { m.requests[code].Inc() }
+
+// Reloaded counts a reload of the configuration; err is its failure.
+func (m *Metrics) Reloaded(err error) {
+	if err != nil {
+		m.reloads[1].Inc()
+		return
+	}
+	m.reloads[0].Inc()
+}
+
+// SetRedisNode sets the node label of Redis errors that carry no address
+// of their own: the address of a single Redis ("" for a Cluster, whose
+// node a timeout does not say).
+func (m *Metrics) SetRedisNode(addr string) { m.node.Store(&addr) }
+
+// SetErrorLog makes ObserveRedis and the TLS handshake counter log what
+// failed through l (rate-limited).
+func (m *Metrics) SetErrorLog(l *ErrorLog) { m.errLog.Store(l) }
 
 // ObserveRedis records one pipelined round trip to Redis; the Store calls
-// it (StoreOptions.Observe).
+// it (StoreOptions.Observe). A failure is counted by cause and node and
+// logged (SetErrorLog).
 func (m *Metrics) ObserveRedis(d time.Duration, err error) {
-	m.redisCalls.Add(1)
-	m.redisSumNs.Add(uint64(d))
-	if err != nil {
-		m.redisErrors.Add(1)
+	m.redisDuration.Observe(d.Seconds())
+	if err == nil {
+		return
 	}
-	s := d.Seconds()
-	i := 0
-	for i < len(latencyBuckets) && s > latencyBuckets[i] {
-		i++
+	cause, node := RedisCause(err)
+	if node == "" {
+		if n := m.node.Load(); n != nil {
+			node = *n
+		}
 	}
-	m.redisHist[i].Add(1)
+	m.redisErrors.WithLabelValues(cause, node).Inc()
+	if l := m.errLog.Load(); l != nil {
+		l.Error("redis round trip failed", "redis "+cause+" "+node, "cause", cause, "node", node, "error", err.Error())
+	}
+}
+
+// RedisCause classifies a Redis failure for tokengate_rls_redis_errors_total:
+// its cause and, when the error names it, the node's address.
+//
+//	timeout        the round trip's bound (-redis-timeout) or the caller's deadline passed
+//	canceled       the caller went away
+//	not_connected  no connection yet (the store is still connecting)
+//	connection     a network error: refused, reset, closed
+//	<prefix>       Redis answered an error: its prefix in lower case
+//	               (clusterdown, loading, readonly, oom, noscript, err ...)
+//	other          anything else
+func RedisCause(err error) (cause, node string) {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Addr != nil {
+		node = op.Addr.String()
+	}
+	if re, ok := rueidis.IsRedisErr(err); ok {
+		if addr, ok := re.IsMoved(); ok {
+			return "moved", addr
+		}
+		if addr, ok := re.IsAsk(); ok {
+			return "ask", addr
+		}
+		return redisPrefix(re.Error()), node
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
+		return "timeout", node
+	case errors.Is(err, context.Canceled):
+		return "canceled", node
+	case errors.Is(err, ErrNotConnected):
+		return "not_connected", node
+	case op != nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, rueidis.ErrClosing):
+		return "connection", node
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		if ne.Timeout() {
+			return "timeout", node
+		}
+		return "connection", node
+	}
+	return "other", node
+}
+
+// redisPrefix is a Redis error reply's first word in lower case when it
+// is one (upper-case letters, at most 16), else "redis_error": the label
+// stays within Redis's vocabulary.
+func redisPrefix(msg string) string {
+	w, _, _ := strings.Cut(msg, " ")
+	if w == "" || len(w) > 16 {
+		return "redis_error"
+	}
+	for i := 0; i < len(w); i++ {
+		if w[i] < 'A' || w[i] > 'Z' {
+			return "redis_error"
+		}
+	}
+	return strings.ToLower(w)
 }
 
 // WriteTo writes the metrics in the Prometheus text format.
 func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
-	b := bufio.NewWriter(w)
-	p := func(s ...string) {
-		for _, x := range s {
-			b.WriteString(x)
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		return 0, err
+	}
+	var b bytes.Buffer
+	enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			return 0, err
 		}
 	}
-	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
-	p("# HELP tokengate_rls_decisions_total Descriptor decisions by rule and code.\n",
-		"# TYPE tokengate_rls_decisions_total counter\n")
-	for _, r := range m.order {
-		c := m.rules[r]
-		for code := range numCodes {
-			p(`tokengate_rls_decisions_total{rule="`, r.Name, `",code="`, codeNames[code], `"} `, u(c[code].Load()), "\n")
-		}
-	}
-	p("# HELP tokengate_rls_requests_total ShouldRateLimit calls by outcome.\n",
-		"# TYPE tokengate_rls_requests_total counter\n")
-	for code := range numReqs {
-		p(`tokengate_rls_requests_total{code="`, reqNames[code], `"} `, u(m.requests[code].Load()), "\n")
-	}
-	p("# HELP tokengate_rls_unmatched_descriptors_total Descriptors no rule applies to (answered OK).\n",
-		"# TYPE tokengate_rls_unmatched_descriptors_total counter\n",
-		"tokengate_rls_unmatched_descriptors_total ", u(m.unmatched.Load()), "\n")
-	p("# HELP tokengate_rls_redis_errors_total Pipelined Redis round trips with at least one failed command.\n",
-		"# TYPE tokengate_rls_redis_errors_total counter\n",
-		"tokengate_rls_redis_errors_total ", u(m.redisErrors.Load()), "\n")
-	p("# HELP tokengate_rls_refund_errors_total Refunds that failed: tokens stay taken for a rejected request.\n",
-		"# TYPE tokengate_rls_refund_errors_total counter\n",
-		"tokengate_rls_refund_errors_total ", u(m.refundErrors.Load()), "\n")
-	p("# HELP tokengate_rls_redis_duration_seconds Pipelined Redis round trips (one per request, plus one per refund).\n",
-		"# TYPE tokengate_rls_redis_duration_seconds histogram\n")
-	var cum uint64
-	for i, le := range latencyBuckets {
-		cum += m.redisHist[i].Load()
-		p(`tokengate_rls_redis_duration_seconds_bucket{le="`, strconv.FormatFloat(le, 'g', -1, 64), `"} `, u(cum), "\n")
-	}
-	cum += m.redisHist[len(latencyBuckets)].Load()
-	p(`tokengate_rls_redis_duration_seconds_bucket{le="+Inf"} `, u(cum), "\n",
-		"tokengate_rls_redis_duration_seconds_sum ", strconv.FormatFloat(float64(m.redisSumNs.Load())/1e9, 'g', -1, 64), "\n",
-		"tokengate_rls_redis_duration_seconds_count ", u(m.redisCalls.Load()), "\n")
-	n := int64(b.Buffered())
-	return n, b.Flush()
+	return b.WriteTo(w)
 }
 
 // String returns WriteTo's text.
@@ -139,3 +346,53 @@ func (m *Metrics) String() string {
 	_, _ = m.WriteTo(&sb)
 	return sb.String()
 }
+
+// StatsHandler returns the gRPC stats handler counting every call the
+// server receives (tokengate_rls_grpc_*): calls in flight, calls and their
+// durations by method and status code, including those gRPC refuses
+// before any handler runs, such as a message above the size limit.
+// ShouldRateLimit's counters are resolved beforehand; another method's,
+// once, on its first call.
+func (m *Metrics) StatsHandler() stats.Handler { return statsHandler{m} }
+
+type statsHandler struct{ m *Metrics }
+
+// otherMethod keys a call's counters in its context when the method is
+// not ShouldRateLimit (whose calls carry nothing).
+type otherMethod struct{}
+
+func (h statsHandler) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	if info.FullMethodName == rlsMethod {
+		return ctx
+	}
+	c, ok := h.m.methods.Load(info.FullMethodName)
+	if !ok {
+		c, _ = h.m.methods.LoadOrStore(info.FullMethodName, h.m.methodCounters(info.FullMethodName))
+	}
+	return context.WithValue(ctx, otherMethod{}, c)
+}
+
+func (h statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	switch s := s.(type) {
+	case *stats.Begin:
+		h.m.inFlight.Inc()
+	case *stats.End:
+		h.m.inFlight.Dec()
+		c := h.m.rlsCalls
+		if o, ok := ctx.Value(otherMethod{}).(*callCounters); ok {
+			c = o
+		}
+		code := codes.OK
+		if s.Error != nil {
+			code = status.Code(s.Error)
+		}
+		if int(code) >= numGRPCCodes {
+			code = codes.Unknown
+		}
+		c.calls[code].Inc()
+		c.duration[code].Observe(s.EndTime.Sub(s.BeginTime).Seconds())
+	}
+}
+
+func (statsHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (statsHandler) HandleConn(context.Context, stats.ConnStats)                       {}

@@ -40,9 +40,17 @@ func NewServer(cfg *Config, store Runner, m *Metrics) *Server {
 	return s
 }
 
-// SetConfig puts c in force for the calls that start from now on; calls
-// in flight finish with the configuration they started with.
-func (s *Server) SetConfig(c *Config) { s.cfg.Store(c) }
+// SetConfig makes c the configuration of the calls that start from now
+// on; calls in flight finish with the one they started with. Buckets are
+// Redis keys named by rule and descriptor, so a rule that keeps its name
+// keeps its buckets' state.
+func (s *Server) SetConfig(c *Config) {
+	s.metrics.SetRules(c)
+	s.cfg.Store(c)
+}
+
+// Config returns the configuration in use.
+func (s *Server) Config() *Config { return s.cfg.Load() }
 
 // item is one limited descriptor of a request.
 type item struct {
@@ -70,7 +78,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		s.metrics.request(reqInvalid)
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
-	cfg := s.cfg.Load()
+	cfg := s.cfg.Load() // one configuration for the whole call
 	if d := cfg.dropin; d != nil {
 		return s.shouldDropin(ctx, d, req) // envoyproxy/ratelimit's configuration (dropin.go)
 	}
@@ -104,7 +112,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if enforceErr != nil {
 		for i := range items {
 			if items[i].out.Err != nil {
-				s.metrics.decision(items[i].rule, codeError)
+				s.metrics.decision(items[i].rule, codeError, items[i].op.Cost)
 			}
 		}
 		s.metrics.request(reqUnavailable)
@@ -181,7 +189,7 @@ func (s *Server) statuses(items []item, resp *rlsv3.RateLimitResponse, parts []s
 		it := &items[i]
 		st := resp.Statuses[it.idx]
 		if it.out.Err != nil { // a shadow rule's failure: not limited
-			s.metrics.decision(it.rule, codeError)
+			s.metrics.decision(it.rule, codeError, it.op.Cost)
 			continue
 		}
 		l := it.rule.Limit
@@ -207,11 +215,11 @@ func (s *Server) statuses(items []item, resp *rlsv3.RateLimitResponse, parts []s
 		st.DurationUntilReset = &p.untilReset
 		switch {
 		case it.rule.Shadow && !it.out.Allowed:
-			s.metrics.decision(it.rule, codeShadowOver)
+			s.metrics.decision(it.rule, codeShadowOver, it.op.Cost)
 		case !it.out.Allowed && !it.rule.Shadow:
-			s.metrics.decision(it.rule, codeOver)
+			s.metrics.decision(it.rule, codeOver, it.op.Cost)
 		default:
-			s.metrics.decision(it.rule, codeOK)
+			s.metrics.decision(it.rule, codeOK, it.op.Cost)
 		}
 		if it.rule.Shadow {
 			continue

@@ -345,7 +345,7 @@ func shadow(t *testing.T, e env) {
 	if len(r.ResponseHeadersToAdd) != 0 {
 		t.Fatalf("shadow rule added headers: %v", r.ResponseHeadersToAdd)
 	}
-	if !strings.Contains(e.m.String(), `tokengate_rls_decisions_total{rule="watched",code="shadow_over_limit"} 1`) {
+	if !strings.Contains(e.m.String(), `tokengate_rls_decisions_total{code="shadow_over_limit",rule="watched"} 1`) {
 		t.Errorf("metrics do not count the shadow rejection:\n%s", e.m.String())
 	}
 }
