@@ -61,6 +61,12 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	run := run
+	if isRatelimit(os.Args[0]) { // envoyproxy/ratelimit's environment (compat.go)
+		run = func(ctx context.Context, _ []string, logw io.Writer, l chan<- [2]string) error {
+			return runRatelimit(ctx, os.LookupEnv, logw, l)
+		}
+	}
 	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "tokengate-rls:", err)
 		os.Exit(1)

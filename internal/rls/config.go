@@ -11,6 +11,7 @@
 package rls
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/tokengate/tokengate/config"
@@ -34,6 +35,9 @@ type Config struct {
 	limitArgs map[*config.Rule]*[2]string
 	// plans are each rule's RateLimit header plan, formatted once.
 	plans map[*config.Rule]*ratelimitheader.Plan
+	// dropin, when not nil, is a configuration of envoyproxy/ratelimit's
+	// kind (NewDropinConfig), which replaces all of the above.
+	dropin *dropin
 }
 
 // ParseConfig parses a tokengate JSON configuration for the service. A
@@ -92,14 +96,16 @@ const maxComposite = 8 * (sharedstate.MaxValueLen + 1)
 // then not limited).
 //
 //   - The filter's descriptor, [tokengate_rule=<rule>, key=<composite>],
-//     names a cluster-scope rule; its bucket is the composite key, which is
-//     sharedstate's, so the bucket has the identity it has in shared data.
-//     The domain is not consulted: rule names are unique in the file.
+//     names a cluster-scope rule of the configuration's domain
+//     (settings.rls.domain, the one the filter sends); its bucket is the
+//     composite key, which is sharedstate's, so the bucket has the
+//     identity it has in shared data. In another domain it names nothing:
+//     the domain selects a configuration, as in envoyproxy/ratelimit.
 //   - Any other descriptor walks the domain's rls_descriptors tree; its
 //     bucket is the composite key of all its entries' values.
 func (c *Config) Resolve(domain string, entries []Entry) (*config.Rule, string) {
 	if rule, comp, ok := rlscontract.ParseCluster(entries); ok {
-		r := c.cluster[rule]
+		r := c.clusterRule(domain, rule)
 		if r == nil {
 			return nil, ""
 		}
@@ -125,6 +131,54 @@ func (c *Config) Resolve(domain string, entries []Entry) (*config.Rule, string) 
 		vals[i] = e.Value
 	}
 	return n.Rule, BucketKey(n.Rule.Name, string(sharedstate.AppendComposite(nil, vals)))
+}
+
+// overrideRule returns the rule and bucket of a descriptor that carries
+// Envoy's limit override of n per unit: a token bucket of burst n refilled
+// at n per unit, named after the rule the descriptor matched (r, or
+// "override" when none did), in a bucket of its own (the rule's name, then
+// "@n/unit seconds"). A descriptor of a domain without rls_descriptors, a
+// unit Envoy does not define or n = 0 keeps r and its key.
+func (c *Config) overrideRule(domain string, r *config.Rule, key string, entries []Entry, n uint32, unit Unit) (*config.Rule, string) {
+	secs := UnitSeconds(unit)
+	if c.domains[domain] == nil || secs == 0 || n == 0 || len(entries) == 0 {
+		return r, key
+	}
+	name := "override"
+	if r != nil {
+		name = r.Name
+	}
+	o := limitRule(name, n, secs, false)
+	vals := make([]string, len(entries))
+	for i, e := range entries {
+		vals[i] = e.Value
+	}
+	suffix := "@" + strconv.FormatUint(uint64(n), 10) + "/" + strconv.FormatInt(secs, 10)
+	return o, BucketKey(name+suffix, string(sharedstate.AppendComposite(nil, vals)))
+}
+
+// planOf returns the RateLimit header plan of r, made now for a rule of
+// no configuration (an override).
+func (c *Config) planOf(r *config.Rule) *ratelimitheader.Plan {
+	if p := c.plans[r]; p != nil {
+		return p
+	}
+	p := ratelimitheader.NewPlan(r.Name, r.Limit)
+	return &p
+}
+
+// clusterRule returns the cluster-scope rule name of domain: nil unless
+// domain is the configuration's (settings.rls.domain, "tokengate" by
+// default).
+func (c *Config) clusterRule(domain, name string) *config.Rule {
+	want := "tokengate"
+	if c.File != nil && c.File.Settings.RLS != nil {
+		want = c.File.Settings.RLS.Domain
+	}
+	if domain != want {
+		return nil
+	}
+	return c.cluster[name]
 }
 
 // match returns the node for entry e: the one with its key and value, else

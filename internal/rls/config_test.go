@@ -27,7 +27,9 @@ func TestResolve(t *testing.T) {
 		expectedKey  string
 	}{
 		{"filter descriptor", "tokengate", e("tokengate_rule", "keys", "key", "10.0.0.1"), "keys", "tb:{keys:10.0.0.1}"},
-		{"filter descriptor, any domain", "whatever", e("tokengate_rule", "keys", "key", "2001:db8::1|GET"), "keys", "tb:{keys:2001:db8::1|GET}"},
+		{"filter descriptor", "tokengate", e("tokengate_rule", "keys", "key", "2001:db8::1|GET"), "keys", "tb:{keys:2001:db8::1|GET}"},
+		// Issue 23: three domains drew from one bucket.
+		{"filter descriptor, another domain", "whatever", e("tokengate_rule", "keys", "key", "2001:db8::1|GET"), "", ""},
 		{"filter descriptor, braces encoded", "tokengate", e("tokengate_rule", "keys", "key", "a}b{c"), "keys", "tb:{keys:a%7Db%7Bc}"},
 		{"filter descriptor, no key", "tokengate", e("tokengate_rule", "hot", "key", ""), "hot", "tb:{hot:}"},
 		{"local rule is not the service's", "tokengate", e("tokengate_rule", "local", "key", ""), "", ""},

@@ -167,8 +167,8 @@ type Leaser interface {
 
 // leaseRule returns the lease-mode rule a lease descriptor names and its
 // bucket's key, or nil.
-func (c *Config) leaseRule(l rlscontract.Lease) (*config.Rule, string) {
-	r := c.cluster[l.Rule]
+func (c *Config) leaseRule(domain string, l rlscontract.Lease) (*config.Rule, string) {
+	r := c.clusterRule(domain, l.Rule)
 	if r == nil || r.Lease == nil {
 		return nil, ""
 	}
@@ -179,11 +179,11 @@ func (c *Config) leaseRule(l rlscontract.Lease) (*config.Rule, string) {
 // lease-mode rule: its lease bucket, or, when this service's configuration
 // has the rule in exact mode, its token bucket (limited either way, never
 // waved through); lease reports which.
-func (c *Config) leaseTake(l rlscontract.Lease) (r *config.Rule, key string, lease bool) {
-	if r, key := c.leaseRule(l); r != nil {
+func (c *Config) leaseTake(domain string, l rlscontract.Lease) (r *config.Rule, key string, lease bool) {
+	if r, key := c.leaseRule(domain, l); r != nil {
 		return r, key, true
 	}
-	if r := c.cluster[l.Rule]; r != nil {
+	if r := c.clusterRule(domain, l.Rule); r != nil {
 		return r, BucketKey(r.Name, cleanComposite(l.Composite)), false
 	}
 	return nil, "", false
@@ -208,7 +208,7 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 		s.metrics.request(reqInvalid)
 		return nil, true, status.Error(codes.InvalidArgument, perr.Error())
 	}
-	r, key := s.cfg.Load().leaseRule(l)
+	r, key := s.cfg.Load().leaseRule(req.GetDomain(), l)
 	if r == nil {
 		s.metrics.request(reqInvalid)
 		return nil, true, status.Error(codes.InvalidArgument, "no lease-mode rule "+strconv.Quote(l.Rule))

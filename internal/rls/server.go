@@ -78,6 +78,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		s.metrics.request(reqInvalid)
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
+	cfg := s.cfg.Load() // one configuration for the whole call
+	if d := cfg.dropin; d != nil {
+		return s.shouldDropin(ctx, d, req) // envoyproxy/ratelimit's configuration (dropin.go)
+	}
 	if resp, ok, err := s.shouldLease(ctx, req); ok {
 		return resp, err // a lease request or release (lease.go)
 	}
@@ -86,7 +90,6 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	// Room for the common requests (the filter sends one descriptor per
 	// cluster rule) without allocating.
-	cfg := s.cfg.Load() // one configuration for the whole call
 	var itemBuf [2]item
 	var entryBuf [4]Entry
 	items := s.resolve(cfg, req, itemBuf[:0], entryBuf[:0])
@@ -149,7 +152,13 @@ func (s *Server) resolve(cfg *Config, req *rlsv3.RateLimitRequest, items []item,
 			// An exact take from a lease-mode bucket (lease.go); a rule
 			// this service has in exact mode is still limited, in its
 			// token bucket.
-			r, key, lease = cfg.leaseTake(l)
+			r, key, lease = cfg.leaseTake(req.Domain, l)
+		}
+		if ov := d.GetLimit(); ov != nil && !lease {
+			// Envoy's override of the limit (RateLimitDescriptor.limit):
+			// N per unit instead of the rule's, in a domain this
+			// configuration has, as envoyproxy/ratelimit applies it.
+			r, key = cfg.overrideRule(req.Domain, r, key, entries, ov.GetRequestsPerUnit(), Unit(ov.GetUnit()))
 		}
 		if r == nil {
 			s.metrics.unmatched.Add(1)
@@ -195,7 +204,13 @@ func (s *Server) statuses(items []item, resp *rlsv3.RateLimitResponse, parts []s
 			_, res := l.Take(bucket.State{Tokens: it.out.Tokens, Last: 1}, 1, it.op.Cost)
 			it.retry, it.full = res.RetryAfter, l.ResetAfter(it.out.Tokens)
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			setDuration(&p.untilReset, it.retry)
+			if math.IsInf(it.retry, 1) {
+				// A cost above the burst never passes: the status says
+				// when the bucket is full, as for an admitted request.
+				setDuration(&p.untilReset, it.full)
+			} else {
+				setDuration(&p.untilReset, it.retry)
+			}
 		}
 		st.DurationUntilReset = &p.untilReset
 		switch {
@@ -388,7 +403,10 @@ func (c *Config) responseHeaders(quotas []quota, best int, rateLimit, over bool)
 	if rateLimit {
 		n = 5
 	}
-	if over {
+	// No Retry-After for a cost above the burst: waiting never lets it
+	// pass (the filter answers it 413, cost_exceeds_burst, without one).
+	retry := over && !math.IsInf(quotas[best].retry, 1)
+	if retry {
 		n++
 	}
 	if n == 0 {
@@ -410,7 +428,7 @@ func (c *Config) responseHeaders(quotas []quota, best int, rateLimit, over bool)
 		var qroom [4]ratelimitheader.Quota
 		hq := qroom[:0]
 		for _, q := range quotas {
-			hq = append(hq, ratelimitheader.Quota{Plan: c.plans[q.rule], Remaining: q.remaining, Reset: q.reset})
+			hq = append(hq, ratelimitheader.Quota{Plan: c.planOf(q.rule), Remaining: q.remaining, Reset: q.reset})
 		}
 		var room [256]byte
 		buf, f := ratelimitheader.AppendFields(room[:0], hq, best)
@@ -421,7 +439,7 @@ func (c *Config) responseHeaders(quotas []quota, best int, rateLimit, over bool)
 		hs[3].Key, hs[3].Value = "ratelimit", vals[f.List[0]:f.List[1]]
 		hs[4].Key, hs[4].Value = "ratelimit-policy", vals[f.Policy[0]:f.Policy[1]]
 	}
-	if over {
+	if retry {
 		hs[n-1].Key, hs[n-1].Value = "retry-after", strconv.FormatInt(retryAfterSeconds(b.retry), 10)
 	}
 	return ptrs

@@ -88,7 +88,7 @@ func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
 // (rlscontract.ParseSettlement), and what to do: a charge of its hits (the
 // descriptor's hits_addend, else the request's, at least 1), a refund or a
 // reset. The rule must be a cluster-scope rule that settles (exact mode).
-func (c *Config) settleRule(d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (SettleOp, *config.Rule, error) {
+func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (SettleOp, *config.Rule, error) {
 	es := make([]rlscontract.Entry, len(d.GetEntries()))
 	for i, e := range d.GetEntries() {
 		es[i] = rlscontract.Entry{Key: e.GetKey(), Value: e.GetValue()}
@@ -97,7 +97,7 @@ func (c *Config) settleRule(d *ratelimitv3.RateLimitDescriptor, reqHits uint32) 
 	if err != nil {
 		return SettleOp{}, nil, err
 	}
-	r := c.cluster[set.Rule]
+	r := c.clusterRule(domain, set.Rule)
 	if r == nil || r.Settle == nil || r.Lease != nil {
 		return SettleOp{}, nil, fmt.Errorf("no cluster-scope rule %q that settles after the response", set.Rule)
 	}
@@ -124,8 +124,9 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	ds := req.GetDescriptors()
 	ops := make([]SettleOp, len(ds))
 	rules := make([]*config.Rule, len(ds))
+	cfg := s.cfg.Load()
 	for i, d := range ds {
-		op, r, err := s.cfg.Load().settleRule(d, req.GetHitsAddend())
+		op, r, err := cfg.settleRule(req.GetDomain(), d, req.GetHitsAddend())
 		if err != nil {
 			s.metrics.request(reqInvalid)
 			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: "+err.Error())

@@ -55,6 +55,11 @@ func withParts(text string) string {
 
 var tokenBucketScript = newScript(withParts(tokenBucketLua))
 
+//go:embed fixedwindow.lua
+var fixedWindowLua string
+
+var fixedWindowScript = newScript(fixedWindowLua)
+
 // Op is one bucket update: take Cost tokens (a refund when negative) from the
 // bucket at Key, whose limit is Rate tokens per second up to Burst.
 type Op struct {
@@ -77,6 +82,12 @@ type Op struct {
 	MaxDebt float64
 	// limitArgs, when set, are num(Rate) and num(Burst) (Config.limitArgs).
 	limitArgs *[2]string
+	// Window, when > 0, makes the op a fixed-window count
+	// (fixedwindow.lua): Cost hits added to the counter at Key, which
+	// lives Window seconds and is within its limit up to Count. The
+	// outcome's Tokens are then the count after the call.
+	Window int64
+	Count  uint32
 }
 
 // Outcome is what the script decided for one Op.
@@ -136,6 +147,9 @@ type StoreOptions struct {
 	// configuration (nil: plain TCP).
 	SentinelUsername, SentinelPassword string
 	SentinelTLS                        *tls.Config
+	// Network is "tcp" (the default) or "unix", when Addrs is one Unix
+	// socket path.
+	Network string
 }
 
 // Store runs the token-bucket script on Redis, a Redis Cluster or the
@@ -220,6 +234,7 @@ func (s *Store) clientOption() rueidis.ClientOption {
 		// threaded, reads them in fewer calls too.
 		PipelineMultiplex: -1,
 		MaxFlushDelay:     s.opt.FlushDelay,
+		DialCtxFn:         s.dialFn(),
 	}
 	if s.opt.SentinelMaster != "" {
 		o.Sentinel = rueidis.SentinelOption{
@@ -268,6 +283,20 @@ func (s *Store) connect() {
 	}
 }
 
+// dialFn is the dialer for Network "unix", else nil (rueidis's own).
+func (s *Store) dialFn() func(context.Context, string, *net.Dialer, *tls.Config) (net.Conn, error) {
+	if s.opt.Network != "unix" {
+		return nil
+	}
+	return func(ctx context.Context, dst string, d *net.Dialer, cfg *tls.Config) (net.Conn, error) {
+		c, err := d.DialContext(ctx, "unix", dst)
+		if err != nil || cfg == nil {
+			return c, err
+		}
+		return tls.Client(c, cfg), nil
+	}
+}
+
 // Close stops connecting and closes the client.
 func (s *Store) Close() {
 	s.once.Do(func() { close(s.stop) })
@@ -285,6 +314,9 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 	return s.runScripts(ctx, len(ops), func(i int) (*script, string, []string) {
 		if ops[i].Lease {
 			return leaseScript, ops[i].Key, ops[i].leaseArgs()
+		}
+		if ops[i].Window > 0 {
+			return fixedWindowScript, ops[i].Key, []string{num(ops[i].Cost), strconv.FormatInt(ops[i].Window, 10), strconv.FormatUint(uint64(ops[i].Count), 10)}
 		}
 		return tokenBucketScript, ops[i].Key, ops[i].args()
 	})

@@ -1,0 +1,778 @@
+package main
+
+// The drop-in for envoyproxy/ratelimit (docs/dropin.md): started as
+// "ratelimit" (the image's /bin/ratelimit, the command Envoy Gateway and
+// Istio's sample run), tokengate-rls reads that project's environment
+// instead of flags, its YAML runtime directory or its xDS source, and
+// serves its listeners, health check and answers.
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/rlsxds"
+	"github.com/tokengate/tokengate/internal/rlsyaml"
+)
+
+// isRatelimit reports whether the program was started under
+// envoyproxy/ratelimit's name.
+func isRatelimit(arg0 string) bool { return filepath.Base(arg0) == "ratelimit" }
+
+// ratelimitEnv is envoyproxy/ratelimit's environment, with its defaults.
+type ratelimitEnv struct {
+	host, grpcHost, debugHost string
+	port, grpcPort, debugPort int
+
+	grpcTLS                       bool
+	grpcCert, grpcKey, grpcCA     string
+	grpcClientSAN                 string
+	configType                    string // FILE or GRPC_XDS_SOTW
+	runtimeRoot, runtimeSub       string
+	runtimeApp                    string
+	ignoreDot, watchRoot          bool
+	forceStart, healthyWithConfig bool
+
+	xdsURL, xdsNode                    string
+	xdsTLS                             bool
+	xdsCert, xdsKey, xdsCA, xdsSAN     string
+	xdsRetry, xdsBackoffMax            time.Duration
+	redisSocket, redisType, redisURL   string
+	redisAuth, redisSentinelAuth       string
+	redisTLS, redisTLSSkipVerify       bool
+	redisTLSCert, redisTLSKey, redisCA string
+	redisTimeout                       time.Duration
+
+	prometheus               bool
+	prometheusAddr, promPath string
+	headers                  *rls.HeaderNames
+	cacheKeyPrefix           string
+	globalShadow             bool
+	algorithm                rls.Algorithm
+	logLevel, logFormat      string
+	notes                    []string // settings read but not implemented, for the startup log
+}
+
+// envReader reads typed variables and collects the first error.
+type envReader struct {
+	get func(string) (string, bool)
+	err error
+}
+
+func (r *envReader) str(name, def string) string {
+	if v, ok := r.get(name); ok {
+		return v
+	}
+	return def
+}
+
+func (r *envReader) boolean(name string, def bool) bool {
+	v, ok := r.get(name)
+	if !ok || v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil && r.err == nil {
+		r.err = fmt.Errorf("%s=%q: want true or false", name, v)
+	}
+	return b
+}
+
+func (r *envReader) integer(name string, def int) int {
+	v, ok := r.get(name)
+	if !ok || v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if (err != nil || n < 0 || n > 65535) && r.err == nil {
+		r.err = fmt.Errorf("%s=%q: want a port number", name, v)
+	}
+	return n
+}
+
+func (r *envReader) duration(name string, def time.Duration) time.Duration {
+	v, ok := r.get(name)
+	if !ok || v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if (err != nil || d <= 0) && r.err == nil {
+		r.err = fmt.Errorf("%s=%q: want a positive duration such as 25ms", name, v)
+	}
+	return d
+}
+
+// refused are envoyproxy/ratelimit's settings that would change decisions
+// if ignored: a value other than the default (second) is an error.
+var refused = []struct{ name, def, why string }{
+	{"BACKEND_TYPE", "redis", "only Redis is supported"},
+	{"REDIS_PERSECOND", "false", "one Redis for every unit; per-second limits cannot go to another"},
+	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", "over-limit calls always count in fixed windows"},
+	{"QUOTA_MODE", "false", "quota mode is not supported"},
+	{"MERGE_DOMAIN_CONFIG", "false", "a domain must be in one file"},
+	{"GRPC_UDS", "", "the gRPC listener is TCP (GRPC_HOST, GRPC_PORT)"},
+	{"RESPONSE_DYNAMIC_METADATA", "false", "no dynamic metadata is returned"},
+}
+
+// ignored are settings read and not implemented that do not change
+// decisions: named in the startup log when their value (or, unset, their
+// default def) is not off, which asks for nothing.
+var ignored = []struct{ name, def, off, what string }{
+	{"USE_STATSD", "true", "false", "statsd is not supported; metrics are Prometheus on DEBUG_PORT /metrics (and PROMETHEUS_ADDR with USE_PROMETHEUS)"},
+	{"USE_DOG_STATSD", "false", "false", "statsd is not supported"},
+	{"LOCAL_CACHE_SIZE_IN_BYTES", "0", "0", "no local over-limit cache (the same decisions, from Redis)"},
+	{"EXPIRATION_JITTER_MAX_SECONDS", "300", "300", "fixed-window keys expire at the end of their window"},
+	{"NEAR_LIMIT_RATIO", "0.8", "0.8", "there is no near-limit statistic"},
+	{"REDIS_POOL_SIZE", "10", "10", "one pipelined connection per Redis node"},
+	{"REDIS_PIPELINE_WINDOW", "0", "0", "writes are batched under load (-redis-flush-delay)"},
+	{"REDIS_PIPELINE_LIMIT", "0", "0", "writes are batched under load (-redis-flush-delay)"},
+	{"TRACING_ENABLED", "false", "false", "no tracing"},
+	{"GRPC_MAX_CONNECTION_AGE", "24h", "24h", "connections are not aged"},
+	{"GRPC_MAX_CONNECTION_AGE_GRACE", "1h", "1h", "connections are not aged"},
+	{"EXTRA_TAGS", "", "", "no statsd tags"},
+	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "false", "false", "health follows PING"},
+	{"REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR", "false", "false", "rueidis follows a failover by itself"},
+	{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s", "3s", "reconnects follow XDS_CLIENT_BACKOFF_INITIAL_INTERVAL and _MAX_INTERVAL"},
+	{"CONFIG_GRPC_XDS_NODE_METADATA", "", "", "the xDS node carries only its id"},
+	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", "", "no extra xDS headers"},
+}
+
+// parseRatelimitEnv reads the environment as envoyproxy/ratelimit's
+// settings do, with its defaults, plus TOKENGATE_ALGORITHM.
+func parseRatelimitEnv(get func(string) (string, bool)) (*ratelimitEnv, error) {
+	r := &envReader{get: get}
+	e := &ratelimitEnv{
+		host: r.str("HOST", "0.0.0.0"), port: r.integer("PORT", 8080),
+		grpcHost: r.str("GRPC_HOST", "0.0.0.0"), grpcPort: r.integer("GRPC_PORT", 8081),
+		debugHost: r.str("DEBUG_HOST", "0.0.0.0"), debugPort: r.integer("DEBUG_PORT", 6070),
+		grpcTLS: r.boolean("GRPC_SERVER_USE_TLS", false), grpcCert: r.str("GRPC_SERVER_TLS_CERT", ""),
+		grpcKey: r.str("GRPC_SERVER_TLS_KEY", ""), grpcCA: r.str("GRPC_CLIENT_TLS_CACERT", ""),
+		grpcClientSAN: r.str("GRPC_CLIENT_TLS_SAN", ""),
+		configType:    strings.ToUpper(r.str("CONFIG_TYPE", "FILE")),
+		runtimeRoot:   r.str("RUNTIME_ROOT", "/srv/runtime_data/current"), runtimeSub: r.str("RUNTIME_SUBDIRECTORY", ""),
+		runtimeApp: r.str("RUNTIME_APPDIRECTORY", "config"), ignoreDot: r.boolean("RUNTIME_IGNOREDOTFILES", false),
+		watchRoot: r.boolean("RUNTIME_WATCH_ROOT", true), forceStart: r.boolean("FORCE_START_WITHOUT_INITIAL_CONFIG", false),
+		healthyWithConfig: r.boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false),
+		xdsURL:            r.str("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"), xdsNode: r.str("CONFIG_GRPC_XDS_NODE_ID", "default"),
+		xdsTLS: r.boolean("CONFIG_GRPC_XDS_SERVER_USE_TLS", false), xdsCert: r.str("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", ""),
+		xdsKey: r.str("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", ""), xdsCA: r.str("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ""),
+		xdsSAN:        r.str("CONFIG_GRPC_XDS_SERVER_TLS_SAN", ""),
+		xdsRetry:      r.duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", 10*time.Second),
+		xdsBackoffMax: r.duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", 60*time.Second),
+		redisSocket:   strings.ToLower(r.str("REDIS_SOCKET_TYPE", "unix")), redisType: strings.ToUpper(r.str("REDIS_TYPE", "SINGLE")),
+		redisURL: r.str("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"), redisAuth: r.str("REDIS_AUTH", ""),
+		redisSentinelAuth: r.str("REDIS_SENTINEL_AUTH", ""),
+		redisTLS:          r.boolean("REDIS_TLS", false), redisTLSSkipVerify: r.boolean("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false),
+		redisTLSCert: r.str("REDIS_TLS_CLIENT_CERT", ""), redisTLSKey: r.str("REDIS_TLS_CLIENT_KEY", ""),
+		redisCA: r.str("REDIS_TLS_CACERT", ""),
+		// Not envoyproxy/ratelimit's 10 s: a failing Redis costs a call
+		// tens of milliseconds, and the call is answered UNAVAILABLE.
+		redisTimeout: r.duration("REDIS_TIMEOUT", defaultRedisTimeout),
+		prometheus:   r.boolean("USE_PROMETHEUS", false), prometheusAddr: r.str("PROMETHEUS_ADDR", ":9090"),
+		promPath: r.str("PROMETHEUS_PATH", "/metrics"), cacheKeyPrefix: r.str("CACHE_KEY_PREFIX", ""),
+		globalShadow: r.boolean("SHADOW_MODE", false),
+		logLevel:     strings.ToLower(r.str("LOG_LEVEL", "warn")), logFormat: strings.ToLower(r.str("LOG_FORMAT", "text")),
+	}
+	if r.boolean("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
+		e.headers = &rls.HeaderNames{Limit: r.str("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+			Remaining: r.str("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"), Reset: r.str("LIMIT_RESET_HEADER", "RateLimit-Reset")}
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	switch a := r.str("TOKENGATE_ALGORITHM", "token_bucket"); a {
+	case "token_bucket", "":
+		e.algorithm = rls.TokenBucket
+	case "fixed_window":
+		e.algorithm = rls.FixedWindow
+	default:
+		return nil, fmt.Errorf("TOKENGATE_ALGORITHM=%q: want token_bucket or fixed_window", a)
+	}
+	for _, s := range refused {
+		if v, ok := get(s.name); ok && v != "" && !strings.EqualFold(v, s.def) {
+			return nil, fmt.Errorf("%s=%q is not supported by tokengate-rls: %s (docs/dropin.md#environment)", s.name, v, s.why)
+		}
+	}
+	for _, s := range ignored {
+		v, ok := get(s.name)
+		shown := v
+		if !ok || v == "" {
+			v, shown = s.def, s.def+" (its default)"
+		}
+		if !strings.EqualFold(v, s.off) {
+			e.notes = append(e.notes, s.name+"="+shown+": "+s.what)
+		}
+	}
+	switch e.configType {
+	case "FILE", "GRPC_XDS_SOTW":
+	default:
+		return nil, fmt.Errorf("CONFIG_TYPE=%q: want FILE or GRPC_XDS_SOTW", e.configType)
+	}
+	switch e.redisSocket {
+	case "tcp", "unix":
+	default:
+		return nil, fmt.Errorf("REDIS_SOCKET_TYPE=%q: want tcp or unix", e.redisSocket)
+	}
+	switch e.redisType {
+	case "SINGLE", "CLUSTER", "SENTINEL":
+	default:
+		return nil, fmt.Errorf("REDIS_TYPE=%q: want single, cluster or sentinel", e.redisType)
+	}
+	switch e.logLevel {
+	case "trace", "debug", "info", "warn", "warning", "error", "fatal", "panic":
+	default:
+		return nil, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", e.logLevel)
+	}
+	if e.logFormat != "text" && e.logFormat != "json" {
+		return nil, fmt.Errorf("LOG_FORMAT=%q: want text or json", e.logFormat)
+	}
+	if e.grpcTLS && (e.grpcCert == "" || e.grpcKey == "") {
+		return nil, errors.New("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
+	}
+	return e, nil
+}
+
+// storeOptions are the Redis settings as rls.StoreOptions.
+func (e *ratelimitEnv) storeOptions() (rls.StoreOptions, error) {
+	o := rls.StoreOptions{Timeout: e.redisTimeout, Network: e.redisSocket, FlushDelay: 20 * time.Microsecond}
+	urls := strings.Split(e.redisURL, ",")
+	switch e.redisType {
+	case "CLUSTER":
+		o.Cluster = true
+	case "SENTINEL":
+		// envoyproxy/ratelimit's form: "master,sentinel1:port,sentinel2:port".
+		if len(urls) < 2 {
+			return o, fmt.Errorf("REDIS_URL=%q: REDIS_TYPE=sentinel wants the master's name, then the Sentinels' addresses", e.redisURL)
+		}
+		o.SentinelMaster, urls = urls[0], urls[1:]
+		o.SentinelUsername, o.SentinelPassword = splitAuth(e.redisSentinelAuth)
+	}
+	o.Username, o.Password = splitAuth(e.redisAuth)
+	for i, u := range urls {
+		// radix's URL form, which envoyproxy/ratelimit accepts too:
+		// redis://[user:password@]host:port[/0]; rediss:// is TLS.
+		if !strings.HasPrefix(u, "redis://") && !strings.HasPrefix(u, "rediss://") {
+			continue
+		}
+		pu, err := url.Parse(u)
+		if err != nil {
+			return o, fmt.Errorf("REDIS_URL: %w", err)
+		}
+		if db := strings.Trim(pu.Path, "/"); db != "" && db != "0" {
+			return o, fmt.Errorf("REDIS_URL=%q: database %s: tokengate-rls uses database 0 only", e.redisURL, db)
+		}
+		if pu.User != nil {
+			o.Username = pu.User.Username()
+			o.Password, _ = pu.User.Password()
+		}
+		if pu.Scheme == "rediss" {
+			e.redisTLS = true
+		}
+		urls[i] = pu.Host
+	}
+	o.Addrs = urls
+	if e.redisTLS {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: e.redisTLSSkipVerify} //nolint:gosec // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION asks for it
+		if e.redisCA != "" {
+			pool, err := loadPool(e.redisCA)
+			if err != nil {
+				return o, fmt.Errorf("REDIS_TLS_CACERT: %w", err)
+			}
+			cfg.RootCAs = pool
+		}
+		if e.redisTLSCert != "" {
+			c, err := tls.LoadX509KeyPair(e.redisTLSCert, e.redisTLSKey)
+			if err != nil {
+				return o, fmt.Errorf("REDIS_TLS_CLIENT_CERT: %w", err)
+			}
+			cfg.Certificates = []tls.Certificate{c}
+		}
+		o.TLS = cfg
+	}
+	return o, nil
+}
+
+// splitAuth splits REDIS_AUTH: "password" or "user:password".
+func splitAuth(s string) (user, pass string) {
+	if u, p, ok := strings.Cut(s, ":"); ok {
+		return u, p
+	}
+	return "", s
+}
+
+func loadPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+// healthState is envoyproxy/ratelimit's health: healthy when Redis
+// answers, not after SIGTERM, and, with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED,
+// only once a configuration with a domain is in force. It serves
+// /healthcheck and sets the gRPC health service's "ratelimit" and "".
+type healthState struct {
+	redis      func() bool
+	needConfig bool
+	config     atomic.Bool
+	stopping   atomic.Bool
+	grpc       *health.Server
+}
+
+func (h *healthState) ok() bool {
+	return h.redis() && !h.stopping.Load() && (!h.needConfig || h.config.Load())
+}
+
+// sync sets the gRPC health statuses from ok.
+func (h *healthState) sync() {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if h.ok() {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	h.grpc.SetServingStatus("ratelimit", st)
+	h.grpc.SetServingStatus("", st)
+}
+
+func (h *healthState) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	if !h.ok() {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	_, _ = io.WriteString(w, "OK")
+}
+
+// runRatelimit is run for the drop-in: it serves until ctx is done, then
+// fails its health checks and drains.
+func runRatelimit(ctx context.Context, get func(string) (string, bool), logw io.Writer, listening chan<- [2]string) error {
+	logf := func(format string, args ...any) { fmt.Fprintf(logw, "tokengate-rls: "+format+"\n", args...) }
+	e, err := parseRatelimitEnv(get)
+	if err != nil {
+		return err
+	}
+	for _, n := range e.notes {
+		logf("not implemented: %s", n)
+	}
+	opt := rls.DropinOptions{Algorithm: e.algorithm, CacheKeyPrefix: e.cacheKeyPrefix, Headers: e.headers, GlobalShadow: e.globalShadow}
+
+	// The first configuration: the runtime directory must load (a bad
+	// file stops the start); xDS may come later with FORCE_START_WITHOUT_INITIAL_CONFIG.
+	var cfg *rls.Config
+	dir := filepath.Join(e.runtimeRoot, e.runtimeSub, e.runtimeApp)
+	if e.configType == "FILE" {
+		if cfg, err = loadRuntime(dir, e.ignoreDot, opt); err != nil {
+			return err
+		}
+	} else if cfg, err = rls.NewDropinConfig(nil, opt); err != nil {
+		return err
+	}
+	storeOpt, err := e.storeOptions()
+	if err != nil {
+		return err
+	}
+	metrics := rls.NewMetrics(cfg)
+	storeOpt.Observe = metrics.ObserveRedis
+	store, err := rls.NewStore(storeOpt)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	srv := rls.NewServer(cfg, store, metrics)
+
+	var gopts []grpc.ServerOption
+	if e.grpcTLS {
+		tc, err := serverTLS(e.grpcCert, e.grpcKey, e.grpcCA, e.grpcClientSAN)
+		if err != nil {
+			return err
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	gs := rls.NewGRPCServer(srv, rls.DefaultStreamWorkers, gopts...)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	ready := rls.NewReadiness(store, time.Second, func(msg string) { logf("%s", msg) })
+	defer ready.Stop()
+	hc := &healthState{redis: ready.Ready, needConfig: e.healthyWithConfig, grpc: hs}
+	hc.config.Store(len(cfg.Domains()) > 0)
+	hc.sync()
+
+	setConfig := func(c *rls.Config) {
+		srv.SetConfig(c)
+		hc.config.Store(len(c.Domains()) > 0)
+		hc.sync()
+	}
+	if e.configType == "FILE" {
+		go watchRuntime(ctx, e.runtimeRoot, dir, e.ignoreDot, opt, setConfig, logf)
+	} else {
+		xo, conn, err := e.xdsOptions(opt)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		xo.Set, xo.Logf = setConfig, func(msg string) { logf("xds: %s", msg) }
+		first := make(chan struct{})
+		var once sync.Once
+		set := xo.Set
+		xo.Set = func(c *rls.Config) { set(c); once.Do(func() { close(first) }) }
+		go rlsxds.Run(ctx, xo)
+		if !e.forceStart {
+			// envoyproxy/ratelimit waits for the first configuration.
+			select {
+			case <-first:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+
+	listen := func(host string, port int) (net.Listener, error) {
+		return net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	}
+	gl, err := listen(e.grpcHost, e.grpcPort)
+	if err != nil {
+		return err
+	}
+	httpMux := http.NewServeMux()
+	httpMux.Handle("/healthcheck", hc)
+	admin := rls.AdminHandler(srv, metrics, ready)
+	httpMux.Handle("/json", admin)
+	debugMux := http.NewServeMux()
+	debugMux.Handle("/metrics", admin)
+	debugMux.Handle("/", withPprof(http.NotFoundHandler()))
+	servers := []struct {
+		host string
+		port int
+		h    http.Handler
+	}{{e.host, e.port, httpMux}, {e.debugHost, e.debugPort, debugMux}}
+	var https []*http.Server
+	var httpAddr string
+	errc := make(chan error, 4)
+	for _, s := range servers {
+		l, err := listen(s.host, s.port)
+		if err != nil {
+			gl.Close()
+			return err
+		}
+		if httpAddr == "" {
+			httpAddr = l.Addr().String()
+		}
+		h := &http.Server{Handler: s.h, ReadHeaderTimeout: 5 * time.Second}
+		https = append(https, h)
+		go func() { errc <- h.Serve(l) }()
+	}
+	if e.prometheus {
+		pm := http.NewServeMux()
+		pm.HandleFunc(e.promPath, func(w http.ResponseWriter, r *http.Request) {
+			r2 := r.Clone(r.Context())
+			r2.URL.Path = "/metrics" // the admin handler's path for them
+			admin.ServeHTTP(w, r2)
+		})
+		l, err := net.Listen("tcp", e.prometheusAddr)
+		if err != nil {
+			gl.Close()
+			return err
+		}
+		h := &http.Server{Handler: pm, ReadHeaderTimeout: 5 * time.Second}
+		https = append(https, h)
+		go func() { errc <- h.Serve(l) }()
+	}
+	go func() { errc <- gs.Serve(gl) }()
+
+	// Health follows Redis (Readiness pings every second).
+	go func() {
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				hc.sync()
+			}
+		}
+	}()
+	logf("envoyproxy/ratelimit drop-in: %d domains (%s), %s, gRPC on %s, HTTP on %s, Redis %s %s (timeout %v)",
+		len(cfg.Domains()), e.configType, algorithmName(e.algorithm), gl.Addr(), httpAddr, e.redisType, e.redisURL, e.redisTimeout)
+	if listening != nil {
+		listening <- [2]string{gl.Addr().String(), httpAddr}
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		gs.Stop()
+		for _, h := range https {
+			_ = h.Close()
+		}
+		return err
+	}
+	// As envoyproxy/ratelimit: unhealthy from SIGTERM on, then drain.
+	hc.stopping.Store(true)
+	hc.sync()
+	logf("shutting down")
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		gs.Stop()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for _, h := range https {
+		_ = h.Shutdown(sctx)
+	}
+	return nil
+}
+
+// xdsOptions are the xDS client's, with its connection to
+// CONFIG_GRPC_XDS_SERVER_URL (TLS with CONFIG_GRPC_XDS_SERVER_USE_TLS: the
+// server verified against CONFIG_GRPC_XDS_SERVER_TLS_CACERT, the client
+// certificate CONFIG_GRPC_XDS_CLIENT_TLS_CERT/KEY).
+func (e *ratelimitEnv) xdsOptions(opt rls.DropinOptions) (rlsxds.Options, *grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if e.xdsTLS {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: e.xdsSAN}
+		if e.xdsCA != "" {
+			pool, err := loadPool(e.xdsCA)
+			if err != nil {
+				return rlsxds.Options{}, nil, fmt.Errorf("CONFIG_GRPC_XDS_SERVER_TLS_CACERT: %w", err)
+			}
+			tc.RootCAs = pool
+		}
+		if e.xdsCert != "" {
+			c, err := tls.LoadX509KeyPair(e.xdsCert, e.xdsKey)
+			if err != nil {
+				return rlsxds.Options{}, nil, fmt.Errorf("CONFIG_GRPC_XDS_CLIENT_TLS_CERT: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{c}
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(e.xdsURL, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return rlsxds.Options{}, nil, fmt.Errorf("CONFIG_GRPC_XDS_SERVER_URL=%q: %w", e.xdsURL, err)
+	}
+	return rlsxds.Options{Conn: conn, NodeID: e.xdsNode, Dropin: opt, Backoff: e.xdsRetry, MaxBackoff: e.xdsBackoffMax}, conn, nil
+}
+
+func algorithmName(a rls.Algorithm) string {
+	if a == rls.FixedWindow {
+		return "fixed windows (TOKENGATE_ALGORITHM=fixed_window)"
+	}
+	return "token buckets"
+}
+
+// loadRuntime reads the runtime directory's YAML files into a
+// configuration. A directory that does not exist holds no domains.
+func loadRuntime(dir string, ignoreDot bool, opt rls.DropinOptions) (*rls.Config, error) {
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return rls.NewDropinConfig(nil, opt)
+	}
+	domains, err := rlsyaml.LoadDir(dir, ignoreDot)
+	if err != nil {
+		return nil, err
+	}
+	return rls.NewDropinConfig(domains, opt)
+}
+
+// watchRuntime reloads the runtime directory when it changes, as
+// envoyproxy/ratelimit's runtime watch does: it polls every second a
+// digest of the files' names, sizes, times and the root's symlink target
+// (a Kubernetes ConfigMap volume swaps a symlink). A bad configuration is
+// logged and the one in force kept.
+func watchRuntime(ctx context.Context, root, dir string, ignoreDot bool, opt rls.DropinOptions, set func(*rls.Config), logf func(string, ...any)) {
+	last := runtimeDigest(root, dir)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d := runtimeDigest(root, dir)
+		if d == last {
+			continue
+		}
+		last = d
+		c, err := loadRuntime(dir, ignoreDot, opt)
+		if err != nil {
+			logf("configuration not reloaded, the one in force is kept: %v", err)
+			continue
+		}
+		set(c)
+		logf("configuration reloaded: %d domains", len(c.Domains()))
+	}
+}
+
+func runtimeDigest(root, dir string) [32]byte {
+	h := sha256.New()
+	if t, err := os.Readlink(root); err == nil {
+		fmt.Fprintf(h, "root->%s\n", t)
+	}
+	var lines []string
+	_ = filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if st, err := os.Stat(path); err == nil {
+			lines = append(lines, fmt.Sprintf("%s %d %d", path, st.Size(), st.ModTime().UnixNano()))
+		}
+		return nil
+	})
+	sort.Strings(lines)
+	for _, l := range lines {
+		fmt.Fprintln(h, l)
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
+}
+
+// serverTLS is the gRPC listener's TLS: the certificate, key and client
+// CA re-read when one of the files changes (the next handshake uses
+// them), and with a CA, client certificates required and verified against
+// it (and, with san, carrying that name).
+func serverTLS(certFile, keyFile, caFile, san string) (*tls.Config, error) {
+	kp := &reloadingCert{cert: certFile, key: keyFile}
+	if _, err := kp.get(); err != nil {
+		return nil, fmt.Errorf("GRPC_SERVER_TLS_CERT/KEY: %w", err)
+	}
+	var ca *reloadingPool
+	if caFile != "" {
+		ca = &reloadingPool{file: caFile}
+		if _, err := ca.get(); err != nil {
+			return nil, fmt.Errorf("GRPC_CLIENT_TLS_CACERT: %w", err)
+		}
+	}
+	base := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != nil {
+		base.ClientAuth = tls.RequireAndVerifyClientCert
+		if san != "" {
+			base.VerifyPeerCertificate = func(_ [][]byte, chains [][]*x509.Certificate) error {
+				for _, ch := range chains {
+					if len(ch) > 0 && ch[0].VerifyHostname(san) == nil {
+						return nil
+					}
+				}
+				return fmt.Errorf("client certificate without the name %q (GRPC_CLIENT_TLS_SAN)", san)
+			}
+		}
+	}
+	cfg := base.Clone()
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		c := base.Clone()
+		cert, err := kp.get()
+		if err != nil {
+			return nil, err
+		}
+		c.Certificates = []tls.Certificate{*cert}
+		if ca != nil {
+			if c.ClientCAs, err = ca.get(); err != nil {
+				return nil, err
+			}
+		}
+		return c, nil
+	}
+	return cfg, nil
+}
+
+// reloadingPool is a CA bundle re-read when the file's time or size
+// changes; a file that stops parsing keeps the last good pool.
+type reloadingPool struct {
+	file  string
+	mu    sync.Mutex
+	stamp string
+	pool  *x509.CertPool
+}
+
+func (r *reloadingPool) get() (*x509.CertPool, error) {
+	st, err := os.Stat(r.file)
+	if err != nil && r.pool == nil {
+		return nil, err
+	}
+	stamp := ""
+	if err == nil {
+		stamp = fmt.Sprintf("%d/%d", st.ModTime().UnixNano(), st.Size())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pool != nil && (stamp == r.stamp || err != nil) {
+		return r.pool, nil
+	}
+	pool, perr := loadPool(r.file)
+	if perr != nil {
+		if r.pool != nil {
+			return r.pool, nil
+		}
+		return nil, perr
+	}
+	r.pool, r.stamp = pool, stamp
+	return pool, nil
+}
+
+// reloadingCert is a key pair re-read when a file's time or size changes.
+type reloadingCert struct {
+	cert, key string
+	mu        sync.Mutex
+	stamp     string
+	kp        *tls.Certificate
+}
+
+func (r *reloadingCert) get() (*tls.Certificate, error) {
+	stamp := ""
+	for _, f := range []string{r.cert, r.key} {
+		st, err := os.Stat(f)
+		if err != nil {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.kp != nil {
+				return r.kp, nil // mid-rotation: keep serving the last good pair
+			}
+			return nil, err
+		}
+		stamp += fmt.Sprintf("%d/%d;", st.ModTime().UnixNano(), st.Size())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.kp != nil && stamp == r.stamp {
+		return r.kp, nil
+	}
+	kp, err := tls.LoadX509KeyPair(r.cert, r.key)
+	if err != nil {
+		if r.kp != nil {
+			return r.kp, nil // mid-rotation: keep serving the last good pair
+		}
+		return nil, err
+	}
+	r.kp, r.stamp = &kp, stamp
+	return r.kp, nil
+}

@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/rls"
+)
+
+func envOf(kv ...string) func(string) (string, bool) {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestIsRatelimit(t *testing.T) {
+	for arg0, want := range map[string]bool{"/bin/ratelimit": true, "ratelimit": true, "./tokengate-rls": false, "/bin/ratelimit2": false} {
+		if got := isRatelimit(arg0); got != want {
+			t.Errorf("isRatelimit(%q) = %v, want %v", arg0, got, want)
+		}
+	}
+}
+
+// TestRatelimitEnvDefaults: no variables give envoyproxy/ratelimit's
+// defaults, and the settings it has on by default that tokengate-rls does
+// not implement (statsd) are named.
+func TestRatelimitEnvDefaults(t *testing.T) {
+	e, err := parseRatelimitEnv(envOf())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.port != 8080 || e.grpcPort != 8081 || e.debugPort != 6070 || e.host != "0.0.0.0" {
+		t.Errorf("ports %d %d %d host %q, want 8080 8081 6070 0.0.0.0", e.port, e.grpcPort, e.debugPort, e.host)
+	}
+	if e.redisSocket != "unix" || e.redisType != "SINGLE" || e.redisURL != "/var/run/nutcracker/ratelimit.sock" {
+		t.Errorf("redis %s %s %s, want unix SINGLE /var/run/nutcracker/ratelimit.sock", e.redisSocket, e.redisType, e.redisURL)
+	}
+	if e.runtimeRoot != "/srv/runtime_data/current" || e.runtimeApp != "config" || !e.watchRoot || e.configType != "FILE" {
+		t.Errorf("runtime %q %q %v %q", e.runtimeRoot, e.runtimeApp, e.watchRoot, e.configType)
+	}
+	if e.algorithm != rls.TokenBucket || e.headers != nil || e.redisTimeout != defaultRedisTimeout {
+		t.Errorf("algorithm %v headers %v timeout %v", e.algorithm, e.headers, e.redisTimeout)
+	}
+	if len(e.notes) != 1 || !strings.HasPrefix(e.notes[0], "USE_STATSD=true (its default)") {
+		t.Errorf("notes %q, want USE_STATSD's", e.notes)
+	}
+	e, err = parseRatelimitEnv(envOf("USE_STATSD", "false", "LIMIT_RESPONSE_HEADERS_ENABLED", "true", "LIMIT_REMAINING_HEADER", "X-Left",
+		"TOKENGATE_ALGORITHM", "fixed_window", "HOST", "::", "REDIS_AUTH", "user:secret", "REDIS_TYPE", "cluster", "REDIS_URL", "a:1,b:2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(e.notes) != 0 || e.headers == nil || e.headers.Remaining != "X-Left" || e.headers.Limit != "RateLimit-Limit" || e.algorithm != rls.FixedWindow || e.host != "::" {
+		t.Errorf("parsed %+v", e)
+	}
+	o, err := e.storeOptions()
+	if err != nil || !o.Cluster || len(o.Addrs) != 2 || o.Username != "user" || o.Password != "secret" {
+		t.Errorf("store options %+v, %v", o, err)
+	}
+	e, _ = parseRatelimitEnv(envOf("REDIS_URL", "rediss://u:p@redis.example:6380/0", "REDIS_SOCKET_TYPE", "tcp"))
+	if o, err := e.storeOptions(); err != nil || o.Addrs[0] != "redis.example:6380" || o.Username != "u" || o.Password != "p" || o.TLS == nil {
+		t.Errorf("a rediss URL: %+v, %v", o, err)
+	}
+	e, _ = parseRatelimitEnv(envOf("REDIS_URL", "redis://redis.example:6379/11"))
+	if _, err := e.storeOptions(); err == nil || !strings.Contains(err.Error(), "database 11") {
+		t.Errorf("a URL with database 11: %v, want it refused", err)
+	}
+	e, _ = parseRatelimitEnv(envOf("REDIS_TYPE", "sentinel", "REDIS_URL", "mymaster,s1:26379,s2:26379", "REDIS_SENTINEL_AUTH", "spw"))
+	if o, err := e.storeOptions(); err != nil || o.SentinelMaster != "mymaster" || len(o.Addrs) != 2 || o.SentinelPassword != "spw" {
+		t.Errorf("sentinel: %+v, %v", o, err)
+	}
+}
+
+// TestRatelimitEnvRefused: a setting that would change decisions if it
+// were ignored stops the start, naming it; a bad value too.
+func TestRatelimitEnvRefused(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"BACKEND_TYPE", "memcache"}, "BACKEND_TYPE=\"memcache\" is not supported"},
+		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"}, "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"},
+		{[]string{"REDIS_PERSECOND", "true"}, "REDIS_PERSECOND"},
+		{[]string{"QUOTA_MODE", "true"}, "QUOTA_MODE"},
+		{[]string{"MERGE_DOMAIN_CONFIG", "true"}, "MERGE_DOMAIN_CONFIG"},
+		{[]string{"GRPC_UDS", "/tmp/x.sock"}, "GRPC_UDS"},
+		{[]string{"TOKENGATE_ALGORITHM", "sliding"}, "TOKENGATE_ALGORITHM"},
+		{[]string{"PORT", "http"}, "PORT=\"http\""},
+		{[]string{"REDIS_TYPE", "ring"}, "REDIS_TYPE"},
+		{[]string{"CONFIG_TYPE", "GRPC_XDS_DELTA"}, "CONFIG_TYPE"},
+		{[]string{"GRPC_SERVER_USE_TLS", "true"}, "GRPC_SERVER_TLS_CERT"},
+		{[]string{"REDIS_TIMEOUT", "soon"}, "REDIS_TIMEOUT"},
+	} {
+		_, err := parseRatelimitEnv(envOf(tc.env...))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want it to mention %q", tc.env, err, tc.want)
+		}
+	}
+	if _, err := parseRatelimitEnv(envOf("BACKEND_TYPE", "redis", "QUOTA_MODE", "false")); err != nil {
+		t.Errorf("the defaults, given: %v", err)
+	}
+}
+
+// TestRunRatelimit starts the drop-in as /bin/ratelimit would be, with
+// Redis down: /healthcheck answers 500 and the gRPC health service
+// "ratelimit" NOT_SERVING until Redis answers; it decides the runtime
+// directory's domain, reloads the directory when a file changes, keeps
+// the configuration in force when a new file is bad, and stops when the
+// context ends.
+func TestRunRatelimit(t *testing.T) {
+	redis := redistest.Start(t)
+	redis.Kill()
+	root := t.TempDir()
+	dir := filepath.Join(root, "rl", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, yaml string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	listening := make(chan [2]string, 1)
+	errc := make(chan error, 1)
+	logw := &lockedLog{}
+	pl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	promAddr := pl.Addr().String()
+	pl.Close()
+	go func() {
+		errc <- runRatelimit(ctx, envOf("HOST", "127.0.0.1", "PORT", "0", "GRPC_HOST", "127.0.0.1", "GRPC_PORT", "0",
+			"DEBUG_HOST", "127.0.0.1", "DEBUG_PORT", "0", "USE_STATSD", "false", "REDIS_SOCKET_TYPE", "tcp",
+			"REDIS_URL", redis.Addr, "REDIS_TIMEOUT", "5s", "RUNTIME_ROOT", root, "RUNTIME_SUBDIRECTORY", "rl",
+			"RUNTIME_WATCH_ROOT", "false", "USE_PROMETHEUS", "true", "PROMETHEUS_ADDR", promAddr, "PROMETHEUS_PATH", "/stats"), logw, listening)
+	}()
+	var grpcAddr, httpURL string
+	select {
+	case a := <-listening:
+		grpcAddr, httpURL = a[0], "http://"+a[1]
+	case err := <-errc:
+		t.Fatalf("runRatelimit: %v", err)
+	}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	healthOf := func() healthpb.HealthCheckResponse_ServingStatus {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetStatus()
+	}
+	if code, _ := get(t, httpURL+"/healthcheck"); code != http.StatusInternalServerError {
+		t.Errorf("/healthcheck with Redis down: %d, want 500", code)
+	}
+	if st := healthOf(); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("grpc health with Redis down: %v, want NOT_SERVING", st)
+	}
+	redis.Restart()
+	waitUntil(t, "/healthcheck 200 after Redis starts", func() bool { code, _ := get(t, httpURL+"/healthcheck"); return code == http.StatusOK })
+	waitUntil(t, "grpc health SERVING after Redis starts", func() bool { return healthOf() == healthpb.HealthCheckResponse_SERVING })
+
+	decide := func(domain string) int {
+		code, _ := post(t, httpURL+"/json", `{"domain": "`+domain+`", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`)
+		return code
+	}
+	if a, b := decide("a"), decide("a"); a != http.StatusOK || b != http.StatusTooManyRequests {
+		t.Fatalf("domain a: %d then %d, want 200 then 429", a, b)
+	}
+	if c := decide("b"); c != http.StatusOK {
+		t.Fatalf("domain b before it is configured: %d, want 200", c)
+	}
+	write("b.yaml", "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 0}\n")
+	waitUntil(t, "domain b limited after its file appears", func() bool { return decide("b") == http.StatusTooManyRequests })
+	if code, body := get(t, "http://"+promAddr+"/stats"); code != http.StatusOK || !strings.Contains(body, "tokengate_rls_requests_total") {
+		t.Errorf("PROMETHEUS_PATH /stats: %d %.200s", code, body)
+	}
+	write("c.yaml", "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n")
+	waitUntil(t, "the bad file logged", func() bool { return strings.Contains(logw.String(), "configuration not reloaded") })
+	if !strings.Contains(logw.String(), "fortnight") {
+		t.Errorf("the log does not name the bad unit:\n%s", logw.String())
+	}
+	if c := decide("b"); c != http.StatusTooManyRequests {
+		t.Errorf("after a bad file: domain b %d, want 429 (the configuration in force kept)", c)
+	}
+	cancel()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("runRatelimit after shutdown: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("runRatelimit did not return within 10 s of shutdown")
+	}
+}
+
+// TestHealthAfterSigterm: once shutting down, /healthcheck answers 500
+// and the gRPC health service NOT_SERVING, whatever Redis does.
+func TestHealthAfterSigterm(t *testing.T) {
+	h := &healthState{redis: func() bool { return true }}
+	h.grpc = health.NewServer()
+	h.sync()
+	if !h.ok() {
+		t.Fatal("not ok with Redis answering")
+	}
+	h.stopping.Store(true)
+	h.sync()
+	if h.ok() {
+		t.Error("ok after SIGTERM")
+	}
+	rec := &statusRecorder{}
+	h.ServeHTTP(rec, nil)
+	if rec.code != http.StatusInternalServerError {
+		t.Errorf("/healthcheck after SIGTERM: %d, want 500", rec.code)
+	}
+	r, err := h.grpc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("grpc health after SIGTERM: %v %v, want NOT_SERVING", r, err)
+	}
+}
+
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type statusRecorder struct {
+	code int
+	h    http.Header
+}
+
+func (s *statusRecorder) Header() http.Header {
+	if s.h == nil {
+		s.h = http.Header{}
+	}
+	return s.h
+}
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return len(b), nil
+}
+func (s *statusRecorder) WriteHeader(c int) { s.code = c }
+
+// waitFor polls cond every 50 ms for up to 15 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 15 s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

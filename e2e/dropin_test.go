@@ -1,0 +1,395 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tokengate/tokengate/internal/envoyrl"
+	"github.com/tokengate/tokengate/internal/redistest"
+)
+
+// parityYAML is one domain of envoyproxy/ratelimit's configuration with
+// every feature the parity test exercises: a per-value limit, nested
+// descriptors with a specific value beside a default, a trailing wildcard
+// beside an exact value, replaces, shadow_mode, unlimited, a limit of 0.
+// Units are minutes and hours: a window edge inside a sequence is rare, and
+// detected (the sequence is then run again).
+const parityYAML = `domain: parity
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /api/admin
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: plan
+        rate_limit: {unit: hour, requests_per_unit: 4, name: acme-plan}
+      - key: plan
+        value: gold
+        rate_limit: {unit: hour, requests_per_unit: 6, name: gold}
+  - key: global
+    rate_limit: {unit: minute, requests_per_unit: 5, name: global}
+  - key: special
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+      name: special
+      replaces: [{name: global}]
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 0}
+`
+
+// call is one ShouldRateLimit of a parity sequence.
+type call struct {
+	domain string
+	hits   uint32
+	ds     []*ratelimitv3.RateLimitDescriptor
+}
+
+func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func withHits(d *ratelimitv3.RateLimitDescriptor, h uint64) *ratelimitv3.RateLimitDescriptor {
+	d.HitsAddend = wrapperspb.UInt64(h)
+	return d
+}
+
+func withLimit(d *ratelimitv3.RateLimitDescriptor, n uint32, u typev3.RateLimitUnit) *ratelimitv3.RateLimitDescriptor {
+	d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: u}
+	return d
+}
+
+func times(n int, c call) []call {
+	out := make([]call, n)
+	for i := range out {
+		out[i] = c
+	}
+	return out
+}
+
+func cat(cs ...[]call) []call {
+	var out []call
+	for _, c := range cs {
+		out = append(out, c...)
+	}
+	return out
+}
+
+// paritySequences are the call sequences both services answer; each runs
+// on an empty Redis.
+var paritySequences = []struct {
+	name string
+	// window is the shortest unit of the sequence's limits, in seconds:
+	// a sequence that crossed one of its edges is run again.
+	window int64
+	calls  []call
+}{
+	{"one descriptor", 60, times(5, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "alice")}})},
+	{"values have their own counters", 60, cat(
+		times(4, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "bob")}}),
+		times(4, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "carol")}}))},
+	{"nested, specific value beside the default", 3600, cat(
+		times(6, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("tenant", "acme", "plan", "silver")}}),
+		times(8, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("tenant", "acme", "plan", "gold")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("tenant", "other", "plan", "gold")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("tenant", "acme")}}))},
+	{"wildcard beside an exact value", 60, cat(
+		times(4, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("path", "/api/users")}}),
+		times(3, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("path", "/api/admin")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("path", "/other")}}))},
+	{"replaces", 60, cat(
+		times(3, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("global", "g"), desc("special", "s")}}),
+		times(7, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("global", "g")}}))},
+	{"shadow", 60, times(3, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("shadowed", "s"), desc("user", "dan")}})},
+	{"unlimited", 60, times(4, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("free", "f"), desc("user", "erin")}})},
+	{"unknown domain and descriptors", 60, cat(
+		times(4, call{domain: "nope", ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "frank")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("nobody", "x")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "gina", "extra", "deeper")}}))},
+	{"hits_addend", 60, []call{
+		{hits: 2, ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "hal")}},
+		{ds: []*ratelimitv3.RateLimitDescriptor{withHits(desc("user", "hal"), 0)}},
+		{hits: 2, ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "hal")}},
+		{ds: []*ratelimitv3.RateLimitDescriptor{withHits(desc("user", "hal"), 0)}},
+		{ds: []*ratelimitv3.RateLimitDescriptor{withHits(desc("user", "ivy"), 3)}},
+		{ds: []*ratelimitv3.RateLimitDescriptor{withHits(desc("user", "ivy"), 1)}},
+		{ds: []*ratelimitv3.RateLimitDescriptor{withHits(desc("user", "jo"), 9)}},
+	}},
+	{"limit override", 60, cat(
+		times(4, call{ds: []*ratelimitv3.RateLimitDescriptor{withLimit(desc("user", "kim"), 2, typev3.RateLimitUnit_MINUTE)}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{withLimit(desc("unconfigured", "k"), 1, typev3.RateLimitUnit_HOUR)}}))},
+	{"several descriptors count independently", 60, cat(
+		times(4, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "lee"), desc("path", "/api/lee")}}),
+		times(1, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "lee")}}))},
+	{"zero", 60, times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("zero", "z")}})},
+}
+
+// startDropin runs tokengate-rls as /bin/ratelimit would be run: under
+// the name "ratelimit", with envoyproxy/ratelimit's environment and
+// parityYAML in its runtime directory, and no flags. It returns the gRPC
+// address once /healthcheck answers 200.
+func startDropin(t *testing.T, redisAddr string, env ...string) string {
+	t.Helper()
+	bin := tokengateRLS(t)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "runtime", "ratelimit", "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "runtime", "ratelimit", "config", "parity.yaml"), []byte(parityYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	grpcAddr, httpAddr, debugAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
+	out := &syncBuffer{}
+	cmd := &exec.Cmd{Path: bin, Args: []string{"ratelimit"}, Stdout: out, Stderr: out}
+	cmd.Env = append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOST=127.0.0.1", "PORT=" + port(httpAddr), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port(grpcAddr),
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + port(debugAddr),
+		"USE_STATSD=false", "LOG_LEVEL=warn", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=SINGLE", "REDIS_URL=" + redisAddr,
+		"REDIS_TIMEOUT=" + testRedisTimeout, "RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
+		"RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true",
+	}, env...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("tokengate-rls (as ratelimit) output:\n%s", out.String())
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if resp, err := http.Get("http://" + httpAddr + "/healthcheck"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return grpcAddr
+			}
+		}
+		select {
+		case <-done:
+			t.Fatalf("tokengate-rls as ratelimit exited:\n%s", out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tokengate-rls as ratelimit not healthy after 20 s:\n%s", out.String())
+		}
+	}
+}
+
+func rlsClient(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
+// answer is what the parity test compares of a response.
+type answer struct {
+	overall  string
+	statuses []string // code, current limit, remaining
+	resets   []int64  // duration_until_reset, seconds
+	headers  string   // the RateLimit-* headers but reset
+	reset    int64    // the RateLimit-Reset header
+}
+
+func (a answer) String() string {
+	return a.overall + " " + strings.Join(a.statuses, "; ") + " headers{" + a.headers + "}"
+}
+
+func ask(t *testing.T, c rlsv3.RateLimitServiceClient, k call) answer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	domain := k.domain
+	if domain == "" {
+		domain = "parity"
+	}
+	resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: k.hits, Descriptors: k.ds})
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	a := answer{overall: resp.GetOverallCode().String()}
+	for _, st := range resp.GetStatuses() {
+		s := st.GetCode().String()
+		if l := st.GetCurrentLimit(); l != nil {
+			s += fmt.Sprintf(" limit=%d/%s name=%q", l.GetRequestsPerUnit(), l.GetUnit(), l.GetName())
+		}
+		s += " remaining=" + strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)
+		a.statuses = append(a.statuses, s)
+		a.resets = append(a.resets, st.GetDurationUntilReset().GetSeconds())
+	}
+	var hs []string
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		if strings.EqualFold(h.GetKey(), "RateLimit-Reset") {
+			a.reset, _ = strconv.ParseInt(h.GetValue(), 10, 64)
+			continue
+		}
+		hs = append(hs, h.GetKey()+": "+h.GetValue())
+	}
+	a.headers = strings.Join(hs, ", ")
+	return a
+}
+
+// TestDropinParity runs envoyproxy/ratelimit and tokengate-rls started as
+// /bin/ratelimit with TOKENGATE_ALGORITHM=fixed_window on the same YAML,
+// each on a Redis of its own, and sends both the same call sequences: the
+// answers must be the same, code for code and field for field
+// (duration_until_reset and RateLimit-Reset to within a second: the two
+// calls of a pair are made at different instants). A sequence during which
+// a window edge passed is run again on empty Redis servers.
+func TestDropinParity(t *testing.T) {
+	theirsRedis, oursRedis := redistest.Start(t), redistest.Start(t)
+	theirs := startEnvoyRatelimit(t, theirsRedis.Addr, parityYAML, true)
+	ours := startDropin(t, oursRedis.Addr, "TOKENGATE_ALGORITHM=fixed_window")
+	tc, oc := rlsClient(t, theirs.GRPC), rlsClient(t, ours)
+
+	for _, seq := range paritySequences {
+		t.Run(seq.name, func(t *testing.T) {
+			for attempt := 0; ; attempt++ {
+				if attempt == 3 {
+					t.Fatal("three window edges in a row")
+				}
+				theirsRedis.MustDo("FLUSHALL")
+				oursRedis.MustDo("FLUSHALL")
+				start := time.Now().Unix() / seq.window
+				var diffs []string
+				for i, k := range seq.calls {
+					want, got := ask(t, tc, k), ask(t, oc, k)
+					if want.String() != got.String() {
+						diffs = append(diffs, fmt.Sprintf("call %d:\n  envoyproxy/ratelimit: %v\n  tokengate-rls:        %v", i, want, got))
+					}
+					for j := range want.resets {
+						if j < len(got.resets) && absDiff(want.resets[j], got.resets[j]) > 1 {
+							diffs = append(diffs, fmt.Sprintf("call %d status %d: duration_until_reset %d s, want %d s", i, j, got.resets[j], want.resets[j]))
+						}
+					}
+					if absDiff(want.reset, got.reset) > 1 {
+						diffs = append(diffs, fmt.Sprintf("call %d: RateLimit-Reset %d, want %d", i, got.reset, want.reset))
+					}
+				}
+				if time.Now().Unix()/seq.window != start {
+					t.Logf("a window edge passed during the sequence: again")
+					continue
+				}
+				for _, d := range diffs {
+					t.Error(d)
+				}
+				return
+			}
+		})
+	}
+}
+
+func absDiff(a, b int64) int64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
+}
+
+// TestDropinTokenBuckets runs the same sequences on tokengate-rls in its
+// default mode, token buckets, against the fixed windows of
+// envoyproxy/ratelimit. The admissions of one descriptor per call are the
+// same (a bucket of burst N starts full, and the calls come faster than
+// it refills); the differences are the documented ones
+// (docs/dropin.md#token-buckets): a rejected call takes nothing, so in
+// "several descriptors count independently" the descriptor that was
+// within its limit keeps its tokens, and limit_remaining and
+// duration_until_reset describe the bucket.
+func TestDropinTokenBuckets(t *testing.T) {
+	theirsRedis, oursRedis := redistest.Start(t), redistest.Start(t)
+	theirs := startDropinPeer(t, theirsRedis.Addr)
+	ours := startDropin(t, oursRedis.Addr)
+	tc, oc := rlsClient(t, theirs.GRPC), rlsClient(t, ours)
+
+	// expectDiffer are the sequences whose codes differ, and why; the
+	// codes of every other sequence are the same.
+	expectDiffer := map[string]string{
+		"several descriptors count independently": "a rejected call takes nothing from the other descriptor's bucket",
+		"hits_addend": "a rejected call takes nothing, so a later check (hits_addend 0) finds a token where the window's count is already over",
+	}
+	for _, seq := range paritySequences {
+		t.Run(seq.name, func(t *testing.T) {
+			for attempt := 0; ; attempt++ {
+				if attempt == 3 {
+					t.Fatal("three window edges in a row")
+				}
+				theirsRedis.MustDo("FLUSHALL")
+				oursRedis.MustDo("FLUSHALL")
+				start := time.Now().Unix() / seq.window
+				var same = true
+				var lines []string
+				for i, k := range seq.calls {
+					want, got := ask(t, tc, k), ask(t, oc, k)
+					if want.overall != got.overall {
+						same = false
+					}
+					lines = append(lines, fmt.Sprintf("call %d: windows %s, buckets %s", i, want.overall, got.overall))
+				}
+				if time.Now().Unix()/seq.window != start {
+					continue
+				}
+				why, differ := expectDiffer[seq.name]
+				switch {
+				case !same && !differ:
+					t.Errorf("codes differ from fixed windows:\n%s", strings.Join(lines, "\n"))
+				case same && differ:
+					t.Errorf("codes the same as fixed windows, want them to differ (%s):\n%s", why, strings.Join(lines, "\n"))
+				case differ:
+					t.Logf("%s:\n%s", why, strings.Join(lines, "\n"))
+				}
+				return
+			}
+		})
+	}
+}
+
+// startDropinPeer is envoyproxy/ratelimit on parityYAML.
+func startDropinPeer(t *testing.T, redisAddr string) *envoyrl.Server {
+	t.Helper()
+	return startEnvoyRatelimit(t, redisAddr, parityYAML, true)
+}
