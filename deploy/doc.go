@@ -13,6 +13,13 @@
 //     example configuration in the repository must pass both the schema and
 //     the parser, and a sample of invalid ones must fail both.
 //
+//   - the Helm chart of tokengate-rls (deploy/helm/tokengate-rls) is
+//     rendered with Helm's packages for several sets of values and every
+//     object decoded strictly into its k8s.io/api type (helm_test.go);
+//   - deploy/istio/rls (DestinationRule, EnvoyFilter, WasmPlugin) is decoded
+//     with istio.io/api types and checked against the rendered chart.
+//
 // The OCI image writer for Istio's Wasm image format lives in
-// deploy/wasmimage, with its command in deploy/cmd/wasm-oci.
+// deploy/wasmimage, with its command in deploy/cmd/wasm-oci; the image of
+// tokengate-rls in deploy/rlsimage, with deploy/cmd/rls-image.
 package deploy
