@@ -89,7 +89,7 @@ image: build
 ## image-rls: write build/oci-rls, an OCI image layout of tokengate-rls (static, nonroot, also at /bin/ratelimit) for PLATFORMS, built with Go alone (no Docker).
 PLATFORMS ?= linux/amd64,linux/arm64
 image-rls:
-	cd deploy && $(GO) run ./cmd/rls-image -out ../build/oci-rls -tag $(IMAGE_TAG) -platforms $(PLATFORMS) -version $(IMAGE_TAG) \
+	cd deploy && $(GO) run ./cmd/rls-image -out $(CURDIR)/build/oci-rls -tag $(IMAGE_TAG) -platforms $(PLATFORMS) -version $(IMAGE_TAG) \
 	  $(if $(wildcard /etc/ssl/certs/ca-certificates.crt),-ca-bundle /etc/ssl/certs/ca-certificates.crt)
 
 ## bench: every benchmark of BENCHMARKS.md, printed as one table (installs wrk and redis-server with apt if missing).
