@@ -8,7 +8,7 @@ export GOFLAGS := $(strip $(GOFLAGS) -tags=vtprotobuf)
 WASM      := build/tokengate.wasm
 GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/lite rlscontract config ratelimitheader -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 
-.PHONY: all build build-small test run bench fuzz lint check clean envoy image ratelimit cluster
+.PHONY: all build build-small test run bench fuzz lint check clean envoy image image-rls ratelimit cluster
 
 all: build
 
@@ -40,7 +40,7 @@ test: build ratelimit
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m $(RACE_PKGS)
 	$(GO) test -timeout 30m $$($(GO) list ./... | grep -v -e '/bucket$$' -e '/sharedstate$$' -e '/config$$' -e '/ratelimitheader$$' -e '/rlscontract$$' -e '/filter$$' -e '/filtertest$$')
-	cd deploy && $(GO) test ./...
+	cd deploy && $(GO) test -timeout 30m ./...
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./... > /dev/null
 
 ## ratelimit: install envoyproxy/ratelimit (the RLS peer of the tests and the bench) into build/tools, once per version (tools/ratelimit.sh pins it).
@@ -85,6 +85,12 @@ envoy: build
 IMAGE_TAG ?= latest
 image: build
 	cd deploy && $(GO) run ./cmd/wasm-oci -wasm ../$(WASM) -out ../build/oci -tag $(IMAGE_TAG)
+
+## image-rls: write build/oci-rls, an OCI image layout of tokengate-rls (static, nonroot, also at /bin/ratelimit) for PLATFORMS, built with Go alone (no Docker).
+PLATFORMS ?= linux/amd64,linux/arm64
+image-rls:
+	cd deploy && $(GO) run ./cmd/rls-image -out $(CURDIR)/build/oci-rls -tag $(IMAGE_TAG) -platforms $(PLATFORMS) -version $(IMAGE_TAG) \
+	  $(if $(wildcard /etc/ssl/certs/ca-certificates.crt),-ca-bundle /etc/ssl/certs/ca-certificates.crt)
 
 ## bench: every benchmark of BENCHMARKS.md, printed as one table (installs wrk and redis-server with apt if missing).
 bench: build
