@@ -42,6 +42,26 @@ type dropinItem struct {
 // the service.
 func (s *Server) shouldDropin(ctx context.Context, d *dropin, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	now := time.Now()
+	items, unlimited, err := s.dropinItems(d, req, now)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.runDropin(ctx, d, items); err != nil {
+		for _, it := range items {
+			if it.out.Err != nil {
+				s.metrics.decision(it.limit.rule, codeError, it.op.Cost)
+			}
+		}
+		s.metrics.request(reqUnavailable)
+		return nil, status.Error(codes.Unavailable, "tokengate-rls: redis: "+err.Error())
+	}
+	return s.dropinAnswer(d, items, unlimited, now), nil
+}
+
+// dropinItems resolves each descriptor of req to its limit and op:
+// unlimited ones are flagged, unmatched ones and those another applying
+// limit replaces are left out.
+func (s *Server) dropinItems(d *dropin, req *rlsv3.RateLimitRequest, now time.Time) ([]dropinItem, []bool, error) {
 	ds := req.GetDescriptors()
 	items := make([]dropinItem, 0, len(ds))
 	unlimited := make([]bool, len(ds))
@@ -58,7 +78,7 @@ func (s *Server) shouldDropin(ctx context.Context, d *dropin, req *rlsv3.RateLim
 				var err error
 				if l, err = overrideLimit(req.Domain, ov.GetRequestsPerUnit(), Unit(ov.GetUnit())); err != nil {
 					s.metrics.request(reqInvalid)
-					return nil, status.Error(codes.InvalidArgument, "descriptors["+strconv.Itoa(i)+"]: "+err.Error())
+					return nil, nil, status.Error(codes.InvalidArgument, "descriptors["+strconv.Itoa(i)+"]: "+err.Error())
 				}
 			}
 		} else {
@@ -104,19 +124,14 @@ func (s *Server) shouldDropin(ctx context.Context, d *dropin, req *rlsv3.RateLim
 		}
 		items = kept
 	}
+	return items, unlimited, nil
+}
 
-	if err := s.runDropin(ctx, d, items); err != nil {
-		for _, it := range items {
-			if it.out.Err != nil {
-				s.metrics.decision(it.limit.rule, codeError, it.op.Cost)
-			}
-		}
-		s.metrics.request(reqUnavailable)
-		return nil, status.Error(codes.Unavailable, "tokengate-rls: redis: "+err.Error())
-	}
-
-	resp, parts := newResponse(len(ds))
-	for i := range ds {
+// dropinAnswer builds the response from the decided items, and counts
+// the decisions.
+func (s *Server) dropinAnswer(d *dropin, items []dropinItem, unlimited []bool, now time.Time) *rlsv3.RateLimitResponse {
+	resp, parts := newResponse(len(unlimited))
+	for i := range unlimited {
 		if unlimited[i] {
 			resp.Statuses[i].LimitRemaining = math.MaxUint32
 		}
@@ -167,7 +182,7 @@ func (s *Server) shouldDropin(ctx context.Context, d *dropin, req *rlsv3.RateLim
 	} else {
 		s.metrics.request(reqOK)
 	}
-	return resp, nil
+	return resp
 }
 
 // runDropin runs the items' ops and, for token buckets, gives back what
