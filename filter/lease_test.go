@@ -721,7 +721,10 @@ func TestLeaseMode(t *testing.T) {
 		}
 	})
 
-	denyCfg := strings.Replace(leaseCfg, `"lease_tick_ms":100`, `"lease_tick_ms":100,"on_error":"deny"`, 1)
+	// lease_fallback_ms 0: on_error at the first failure, as before it
+	// existed (the default waits through transient failures:
+	// TestLeaseTransientFailures).
+	denyCfg := strings.Replace(leaseCfg, `"lease_tick_ms":100`, `"lease_tick_ms":100,"on_error":"deny","lease_fallback_ms":0`, 1)
 
 	t.Run("service down: held tokens are spent, then the requests that wait meet on_error", func(t *testing.T) {
 		f := warm(t, denyCfg)
