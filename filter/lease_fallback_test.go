@@ -154,7 +154,15 @@ func (f *leaseFleet) tick(i int) {
 // × T in any window [t0, t1] of the run (admissions at the same instant
 // all counted).
 func (f *leaseFleet) worstWindow() (excess float64, t0, t1 float64) {
+	return f.worstWindowBefore(math.Inf(1))
+}
+
+// worstWindowBefore is worstWindow over the admissions before end.
+func (f *leaseFleet) worstWindowBefore(end float64) (excess float64, t0, t1 float64) {
 	a := f.admitted
+	for len(a) > 0 && a[len(a)-1] >= end {
+		a = a[:len(a)-1]
+	}
 	excess = math.Inf(-1)
 	for i := range a {
 		for j := i; j < len(a); j++ {
@@ -221,6 +229,43 @@ func TestLeaseTransientFailures(t *testing.T) {
 		// periods' refill.
 		if float64(len(f.admitted)) < bound-global.Rate*1 {
 			t.Errorf("%d admitted of a bound of %.0f: the waiting requests were not served by the calls after the failures", len(f.admitted), bound)
+		}
+	})
+
+	t.Run("calls failing for longer than lease_fallback_ms: on_error from then on, and the service back", func(t *testing.T) {
+		// Every call fails from 1 s to 3 s (lease_fallback_ms: 500 by
+		// default, five refill periods).
+		const down, up, fallback = 1.0, 3.0, 0.5
+		var f *leaseFleet
+		f = newLeaseFleet(t, cfg, procs, global, func(_, _ int) bool {
+			return f.now >= epoch+down && f.now < epoch+up
+		})
+		run(f, 5)
+		// Before the fallback time nothing beyond the fleet's bound.
+		if excess, t0, t1 := f.worstWindowBefore(epoch + down + fallback); excess > 1e-9 {
+			t.Errorf("window [%.3f, %.3f] s admitted %.2f over burst + rate × T before the calls had failed for lease_fallback_ms", t0, t1, excess)
+		}
+		var during, after int
+		for _, at := range f.admitted {
+			switch {
+			case at >= epoch+down+fallback && at < epoch+up:
+				during++
+			case at >= epoch+up+1: // a second to settle: the local buckets' admissions are not the service's
+				after++
+			}
+		}
+		// From then on each process's own bucket decides (on_error
+		// local): at most its burst + rate × T each, besides what it
+		// still held of the service's grants (lease_max, 8, each).
+		limit := procs * (global.Burst + global.Rate*(up-down-fallback) + 8)
+		t.Logf("%d admitted, %d while the service was failing past the fallback time (bound %.0f), %d in the last second", len(f.admitted), during, limit, after)
+		if during == 0 || float64(during) > limit {
+			t.Errorf("%d admitted by the local fallback; want some, at most N × (burst + rate × T + lease_max) = %.0f", during, limit)
+		}
+		// The service back: calls go out again and lease (the window
+		// check from then on).
+		if after == 0 || float64(after) > global.Burst+global.Rate {
+			t.Errorf("%d admitted in the last second, want some and at most %.0f", after, global.Burst+global.Rate)
 		}
 	})
 }
