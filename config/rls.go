@@ -34,6 +34,13 @@ type RLSSettings struct {
 	// LeaseTickMs is the refill period of lease-mode rules, the tick
 	// period of every worker when one exists (default 100).
 	LeaseTickMs uint32
+	// LeaseFallbackMs is how long the lease calls of a bucket must have
+	// been failing, with no answer between, before the requests its
+	// allowance cannot cover get OnError (default 5 × LeaseTickMs, 0: at
+	// the first failure). Until then they wait for the next call: a
+	// transient failure never sends them to a fallback that admits beyond
+	// the fleet's bucket (docs/lease.md#failures-path-by-path).
+	LeaseFallbackMs uint32
 }
 
 // RLSProtocol is settings.rls.protocol.
@@ -70,7 +77,7 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields(path, v, "cluster", "authority", "domain", "timeout_ms", "on_error", "protocol", "lease_tick_ms"); err != nil {
+	if err := onlyFields(path, v, "cluster", "authority", "domain", "timeout_ms", "on_error", "protocol", "lease_tick_ms", "lease_fallback_ms"); err != nil {
 		return nil, err
 	}
 	s := &RLSSettings{Domain: "tokengate", TimeoutMs: defaultRLSTimeoutMs, LeaseTickMs: defaultLeaseTickMs}
@@ -111,6 +118,14 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 			return nil, errAt(join(path, "lease_tick_ms"), "must be an integer from 10 to 10000, got "+short(t.Raw))
 		}
 		s.LeaseTickMs = uint32(n)
+	}
+	s.LeaseFallbackMs = defaultLeaseFallbackTicks * s.LeaseTickMs
+	if t := v.Get("lease_fallback_ms"); t.Exists() {
+		n, ok := integer(t)
+		if !ok || n < 0 || n > maxLeaseFallbackMs {
+			return nil, errAt(join(path, "lease_fallback_ms"), "must be an integer from 0 to "+strconv.Itoa(maxLeaseFallbackMs)+", got "+short(t.Raw))
+		}
+		s.LeaseFallbackMs = uint32(n)
 	}
 	switch oe := v.Get("on_error"); {
 	case !oe.Exists(), oe.Type == ljson.String && oe.Str == "allow":
@@ -188,6 +203,10 @@ type LeaseConfig struct {
 const (
 	defaultLeaseTickMs = 100
 	defaultLeaseTTLMs  = 2000
+	// defaultLeaseFallbackTicks is lease_fallback_ms's default in refill
+	// periods: five calls in a row failed.
+	defaultLeaseFallbackTicks = 5
+	maxLeaseFallbackMs        = 60000
 )
 
 // leaseFields parses "mode", "lease_max" and "lease_ttl_ms" into r; the

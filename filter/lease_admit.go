@@ -72,7 +72,8 @@ const (
 	leaseAdmitted leaseOutcome = iota
 	leaseEmpty                 // the global bucket is known empty
 	leaseShort                 // not enough allowance: a refill decides
-	leaseDown                  // not enough, and the service is failing
+	leaseDown                  // not enough, and the service has failed for lease_fallback_ms
+	leaseRecount               // a call it waited for failed: counted again for the next
 	leaseBroken                // shared data failed
 )
 
@@ -116,15 +117,19 @@ func (p *Plugin) leaseAskNew(key string, mayWait bool) leaseAsk {
 // leaseTake debits cost from the allowance under key if it holds that
 // much (as ask says), appending the debit to p.lease.debits. Otherwise it
 // says why: leaseEmpty (with the time until the retry), leaseShort, or,
-// for a request waiting since failedSince, leaseDown if a lease call
-// failed after that. A new request's cost is demand, which the refill is
-// sized from, and so is a waiting one's when the allowance admits it.
+// for a waiting request, when a lease call claimed since it was counted
+// failed: leaseDown if the calls have been failing for lease_fallback_ms,
+// else leaseRecount (counted in Wait again, for the next call). A new
+// request's cost is demand, which the refill is sized from, and so is a
+// waiting one's when the allowance admits it or is counted again.
 //
 // seq is the Claimer a waiting request was counted in Wait under (the
-// exact take claimed next is for it): for askWaiting, an argument; for a
-// new request that starts waiting, the result.
-func (p *Plugin) leaseTake(key string, cost, now float64, ask leaseAsk, seq uint32, failedSince float64) (leaseOutcome, float64, uint32) {
+// exact take claimed next is for it): for askWaiting, an argument (and
+// the result after leaseRecount); for a new request that starts waiting,
+// the result.
+func (p *Plugin) leaseTake(key string, cost, now float64, ask leaseAsk, seq uint32) (leaseOutcome, float64, uint32) {
 	tick := float64(p.lease.refill) / 1000
+	fallback := float64(p.cfg.Settings.RLS.LeaseFallbackMs) / 1000
 	out := leaseShort
 	var retry float64
 	var d leaseDebit
@@ -165,10 +170,20 @@ func (p *Plugin) leaseTake(key string, cost, now float64, ask leaseAsk, seq uint
 				return false
 			}
 			return true
-		case ask == askWaiting && rec.Down > failedSince:
-			out = leaseDown
+		case ask == askWaiting && rec.Down > 0 && rec.Claim == 0 && rec.Claimer != seq:
+			// The last call, claimed since this request was counted,
+			// failed (Down is cleared by an answer).
+			if now-rec.Down >= fallback {
+				out = leaseDown
+				break
+			}
+			// A transient failure: the request waits for the next call,
+			// which is made for it as for a new one. Admitting it on
+			// on_error (allow, or local: this proxy's own bucket) would
+			// admit beyond what the fleet's bucket gave.
+			out = leaseRecount
 		}
-		if out != leaseAdmitted && ask == askWaiting {
+		if out != leaseAdmitted && out != leaseRecount && ask == askWaiting {
 			return false
 		}
 		if rec.Used == 0 {
@@ -178,7 +193,7 @@ func (p *Plugin) leaseTake(key string, cost, now float64, ask leaseAsk, seq uint
 			rec.Since = now
 		}
 		rec.Used += cost
-		if out == leaseShort && ask != askTake {
+		if out == leaseShort && ask != askTake || out == leaseRecount {
 			rec.Wait += cost
 			seq = rec.Claimer
 		}
@@ -233,7 +248,7 @@ func (s *Stream) leaseAdmit(st *reqState) Action {
 	canWait := p.lease.refill > 0 && p.timer.usable() && len(st.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
-		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, p.leaseAskNew(lr.Key, canWait && !r.Shadow), 0, 0)
+		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, p.leaseAskNew(lr.Key, canWait && !r.Shadow), 0)
 		if out != leaseAdmitted && out != leaseBroken {
 			p.leaseRemember(r, lr.Key, lr.Owner)
 		}
@@ -312,11 +327,17 @@ func (s *Stream) leaseWait(pc *pendingCall, g *group, short []int, seqs []uint32
 	rls := p.cfg.Settings.RLS
 	pc.local = cloneReqs(pc.local)
 	pc.lease = cloneDebits(pc.lease)
-	w := &leaseWaiter{s: s, id: s.id, pc: pc,
-		// The refill is asked for at once, or at the end of the refill
-		// period, and answered (or failed) within the timeout: past a
-		// period more, a call was lost without a callback.
-		deadline: now + float64(2*rls.LeaseTickMs+rls.TimeoutMs)/1000}
+	// The refill is asked for at once, or at the end of the refill
+	// period, and answered (or failed) within the timeout: past a period
+	// more, a call was lost without a callback. Calls that fail are
+	// followed by one a period later until they have failed for
+	// lease_fallback_ms: the first failure comes within that wait, and
+	// on_error within another after the fallback time.
+	wait := 2*rls.LeaseTickMs + rls.TimeoutMs
+	if rls.LeaseFallbackMs > 0 {
+		wait = rls.LeaseFallbackMs + 2*wait
+	}
+	w := &leaseWaiter{s: s, id: s.id, pc: pc, deadline: now + float64(wait)/1000}
 	for k, i := range short {
 		lr := &g.reqs[i]
 		b := p.leaseRemember(g.rules[i], lr.Key, lr.Owner)
@@ -389,9 +410,12 @@ func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
 			continue
 		}
 		p.lease.debits = p.lease.debits[:0]
-		out, retry, _ := p.leaseTake(it.b.key, it.cost, now, askWaiting, it.seq, w.pc.now)
+		out, retry, seq := p.leaseTake(it.b.key, it.cost, now, askWaiting, it.seq)
 		it.b.seen = 0 // changed: read it again
 		switch out {
+		case leaseRecount:
+			it.seq = seq
+			waiting = true
 		case leaseAdmitted:
 			it.done = true
 			w.pc.lease = append(w.pc.lease, p.lease.debits[0])
@@ -416,11 +440,43 @@ func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
 		return false
 	case now >= w.deadline:
 		w.outcome = waitLate
+		if r := p.leaseStarved(w, now); r != nil {
+			w.outcome, w.empty, w.retry = waitEmpty, r, float64(p.lease.refill)/1000
+		}
 	default:
 		return true
 	}
 	p.leaseStopWaiting(w)
 	return false
+}
+
+// leaseStarved returns the rule that turns away a request that waited
+// its deadline while the service has not been failing for
+// lease_fallback_ms: the calls it waited for were answered (or failed
+// only now and then), and the fleet's bucket gave its process less than
+// its demand. It gets 429: on_error (allow, or local: this proxy's own
+// bucket) would admit beyond the fleet's limit. nil: on_error decides
+// (the service failing, or lease_fallback_ms 0).
+func (p *Plugin) leaseStarved(w *leaseWaiter, now float64) *rule {
+	fallback := float64(p.cfg.Settings.RLS.LeaseFallbackMs) / 1000
+	if fallback == 0 {
+		return nil
+	}
+	var r *rule
+	for i := range w.items {
+		if it := &w.items[i]; !it.done {
+			v, _, err := p.store.Get(it.b.key)
+			if err != nil {
+				return nil
+			}
+			rec, err := sharedstate.ParseLeaseRecord(v)
+			if err != nil || rec.Down > 0 && now-rec.Down >= fallback {
+				return nil
+			}
+			r = it.b.r
+		}
+	}
+	return r
 }
 
 // leaseStopWaiting uncounts the allowances a request that is done waiting
@@ -478,7 +534,7 @@ func (p *Plugin) leaseFinish(w *leaseWaiter) {
 	case waitDown, waitLate:
 		reason := "lease: the rate-limit service is failing"
 		if w.outcome == waitLate {
-			reason = "lease: no refill within lease_tick_ms + timeout_ms"
+			reason = "lease: no refill in time"
 		}
 		for i := range w.items {
 			if !w.items[i].done {

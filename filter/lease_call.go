@@ -181,11 +181,15 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlscontract.Status, 
 		}
 		rec.Claim = 0
 		if st == nil {
-			// Failed: the requests waiting for this call meet on_error;
-			// the next call goes out once the refill period is over, and
-			// those arriving meanwhile wait for it (a blip costs no
-			// more than the requests that waited for the failed call).
-			rec.Down, rec.Ramp = now, 0
+			// Failed: the next call goes out once the refill period is
+			// over, and the requests waiting for this one wait for it
+			// (leaseTake counts them again) until the calls have failed
+			// for lease_fallback_ms: then they meet on_error. Down is
+			// when this run of failures began.
+			if rec.Down == 0 {
+				rec.Down = now
+			}
+			rec.Ramp = 0
 			return true
 		}
 		if rec.RTT == 0 {

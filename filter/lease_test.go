@@ -721,7 +721,10 @@ func TestLeaseMode(t *testing.T) {
 		}
 	})
 
-	denyCfg := strings.Replace(leaseCfg, `"lease_tick_ms":100`, `"lease_tick_ms":100,"on_error":"deny"`, 1)
+	// lease_fallback_ms 0: on_error at the first failure, as before it
+	// existed (the default waits through transient failures:
+	// TestLeaseTransientFailures).
+	denyCfg := strings.Replace(leaseCfg, `"lease_tick_ms":100`, `"lease_tick_ms":100,"on_error":"deny","lease_fallback_ms":0`, 1)
 
 	t.Run("service down: held tokens are spent, then the requests that wait meet on_error", func(t *testing.T) {
 		f := warm(t, denyCfg)
@@ -999,6 +1002,8 @@ func TestLeaseConfigErrors(t *testing.T) {
 		{"lease_max zero", "cluster", `,"mode":"lease","lease_max":0`, "", `rules[0].lease_max: must be an integer from 1 to 1073741824 (tokens), got 0`},
 		{"ttl too short for the tick", "cluster", `,"mode":"lease","lease_ttl_ms":200`, `,"lease_tick_ms":100`, `lease_ttl_ms (200) must exceed twice settings.rls.lease_tick_ms plus settings.rls.timeout_ms (260)`},
 		{"tick out of range", "cluster", `,"mode":"lease"`, `,"lease_tick_ms":5`, `settings.rls.lease_tick_ms: must be an integer from 10 to 10000, got 5`},
+		{"fallback out of range", "cluster", `,"mode":"lease"`, `,"lease_fallback_ms":60001`, `settings.rls.lease_fallback_ms: must be an integer from 0 to 60000, got 60001`},
+		{"fallback negative", "cluster", `,"mode":"lease"`, `,"lease_fallback_ms":-1`, `settings.rls.lease_fallback_ms: must be an integer from 0 to 60000, got -1`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1012,6 +1017,15 @@ func TestLeaseConfigErrors(t *testing.T) {
 	cfg, err := config.Parse([]byte(strings.NewReplacer("SCOPE", "cluster", "EXTRA", `,"mode":"lease"`, "RLS", "").Replace(base)))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := cfg.Settings.RLS.LeaseFallbackMs; got != 500 {
+		t.Errorf("lease_fallback_ms %d by default, want five refill periods, 500", got)
+	}
+	for rls, want := range map[string]uint32{`,"lease_tick_ms":40`: 200, `,"lease_tick_ms":40,"lease_fallback_ms":0`: 0, `,"lease_fallback_ms":2500`: 2500} {
+		c, err := config.Parse([]byte(strings.NewReplacer("SCOPE", "cluster", "EXTRA", `,"mode":"lease","lease_ttl_ms":1000`, "RLS", rls).Replace(base)))
+		if err != nil || c.Settings.RLS.LeaseFallbackMs != want {
+			t.Errorf("%s: lease_fallback_ms %v (%v), want %d", rls, c, err, want)
+		}
 	}
 	l := cfg.Policies[0].Rules[0].Lease
 	if l == nil || l.Max != 2 || l.TTL != 2 {

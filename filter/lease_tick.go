@@ -223,7 +223,10 @@ type leaseParams struct {
 	timeout float64 // settings.rls.timeout_ms, seconds
 	max     float64 // lease_max, tokens
 	ttl     float64 // lease_ttl_ms, seconds
-	shadow  bool    // a rule of a shadow policy: its requests never wait
+	// fallback is settings.rls.lease_fallback_ms, seconds: how long calls
+	// must have failed before waiting requests get on_error.
+	fallback float64
+	shadow   bool // a rule of a shadow policy: its requests never wait
 }
 
 // leaseParamsOf returns the refill parameters of rule r under rls (nil:
@@ -234,6 +237,7 @@ func leaseParamsOf(r *rule, rls *config.RLSSettings) leaseParams {
 	if rls != nil {
 		pp.tick = float64(rls.LeaseTickMs) / 1000
 		pp.timeout = float64(rls.TimeoutMs) / 1000
+		pp.fallback = float64(rls.LeaseFallbackMs) / 1000
 	}
 	return pp
 }
@@ -358,6 +362,12 @@ func leaseDecide(rec sharedstate.LeaseRecord, pp leaseParams, now float64, urgen
 		return leaseForget, 0, rec
 	default:
 		return leaseKeep, 0, rec
+	}
+	if rec.Down > 0 && now-rec.Hold > pp.fallback {
+		// No call for longer than lease_fallback_ms since the last
+		// failed one: the service has not been seen failing all along,
+		// and its failures start counting again.
+		rec.Down = 0
 	}
 	rec.Claimer = nextClaim(rec.Claimer)
 	rec.Claim = now + pp.timeout + leaseClaimSlack

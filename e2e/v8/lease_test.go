@@ -110,12 +110,14 @@ func released(t *testing.T, what string, r result) result {
 // the allowance with no call on either worker; a spent allowance's request
 // held for the next call, one per period per process whichever workers
 // tick; and the service failing: the request that waits for the next call
-// gets on_error.
+// gets on_error (lease_fallback_ms 0: at the first failure; by default it
+// would wait through five periods of failures, filter's
+// TestLeaseTransientFailures).
 func TestLeaseUnderV8(t *testing.T) {
 	const cfg = `{"rules":[
 	  {"name":"lease-ip","scope":"cluster","mode":"lease","lease_max":8,"lease_ttl_ms":2000,
 	   "limit_keys":["ip:address"],"algorithm_config":{"rps":10,"burst":20}}],
-	  "settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100,"on_error":"deny"}}}`
+	  "settings":{"rls":{"cluster":"rls","timeout_ms":50,"lease_tick_ms":100,"on_error":"deny","lease_fallback_ms":0}}}`
 	const key = "tl:lease-ip:192.0.2.1"
 	a := func(w int) step { return onWorker(w, get("/", "192.0.2.1:1")) }
 	steps := []step{
