@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/rls"
 )
 
 // writePKI writes a CA and two leaf certificates signed by it into dir:
@@ -196,12 +197,14 @@ func TestServerTLSReload(t *testing.T) {
 	dir := t.TempDir()
 	writePKI(t, dir)
 	f := func(n string) string { return filepath.Join(dir, n) }
-	cfg, err := serverTLS(f("server.crt"), f("server.key"), f("ca.crt"), "")
+	st, err := rls.NewServerTLS(rls.TLSFiles{Cert: f("server.crt"), Key: f("server.key"), ClientCA: f("ca.crt")})
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg := st.Config()
 	current := func() ([]byte, *x509.CertPool) {
 		t.Helper()
+		_, _ = st.ReloadIfChanged() // the drop-in's watchTLS, polled once
 		c, err := cfg.GetConfigForClient(nil)
 		if err != nil {
 			t.Fatal(err)
