@@ -354,3 +354,29 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestRatelimitLogSettings: LOG_FORMAT and LOG_LEVEL set the logger's
+// format and least level, as envoyproxy/ratelimit's do.
+func TestRatelimitLogSettings(t *testing.T) {
+	run := func(kv ...string) string {
+		logw := &lockedLog{}
+		// USE_STATSD's default is a warning; a Redis database other than 0
+		// then stops the start before anything listens.
+		env := append([]string{"RUNTIME_ROOT", t.TempDir(), "REDIS_SOCKET_TYPE", "tcp", "REDIS_URL", "redis://127.0.0.1:1/3"}, kv...)
+		if err := runRatelimit(context.Background(), envOf(env...), logw, nil); err == nil {
+			t.Fatal("runRatelimit with REDIS_URL's database 3: no error")
+		}
+		return logw.String()
+	}
+	out := run("LOG_FORMAT", "json")
+	line, _, _ := strings.Cut(out, "\n")
+	if !strings.HasPrefix(line, "{") || !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, "USE_STATSD") {
+		t.Errorf("LOG_FORMAT=json: the first line is not the USE_STATSD warning in JSON:\n%s", out)
+	}
+	if out := run("LOG_FORMAT", "text"); !strings.Contains(out, "level=WARN") || !strings.Contains(out, "USE_STATSD") {
+		t.Errorf("LOG_FORMAT=text: no logfmt warning:\n%s", out)
+	}
+	if out := run("LOG_LEVEL", "error"); out != "" {
+		t.Errorf("LOG_LEVEL=error: warnings logged:\n%s", out)
+	}
+}
