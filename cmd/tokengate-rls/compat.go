@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -24,14 +25,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/tokengate/tokengate/internal/rls"
 	"github.com/tokengate/tokengate/internal/rlsxds"
@@ -335,158 +333,196 @@ func loadPool(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// healthState is envoyproxy/ratelimit's health: healthy when Redis
-// answers, not after SIGTERM, and, with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED,
-// only once a configuration with a domain is in force. It serves
-// /healthcheck and sets the gRPC health service's "ratelimit" and "".
-type healthState struct {
-	redis      func() bool
-	needConfig bool
-	config     atomic.Bool
-	stopping   atomic.Bool
-	grpc       *health.Server
-}
-
-func (h *healthState) ok() bool {
-	return h.redis() && !h.stopping.Load() && (!h.needConfig || h.config.Load())
-}
-
-// sync sets the gRPC health statuses from ok.
-func (h *healthState) sync() {
-	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if h.ok() {
-		st = healthpb.HealthCheckResponse_SERVING
+// slogLevel is LOG_LEVEL as a slog level name: logrus's trace is debug,
+// its fatal and panic are error.
+func (e *ratelimitEnv) slogLevel() string {
+	switch e.logLevel {
+	case "trace":
+		return "debug"
+	case "warning":
+		return "warn"
+	case "fatal", "panic":
+		return "error"
 	}
-	h.grpc.SetServingStatus("ratelimit", st)
-	h.grpc.SetServingStatus("", st)
+	return e.logLevel
 }
 
-func (h *healthState) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	if !h.ok() {
-		w.WriteHeader(http.StatusInternalServerError)
-		return
-	}
-	_, _ = io.WriteString(w, "OK")
+// dropin is the drop-in's state, built by runRatelimit's steps.
+type dropin struct {
+	env     *ratelimitEnv
+	log     *slog.Logger
+	opt     rls.DropinOptions
+	dir     string      // the runtime directory (CONFIG_TYPE=FILE)
+	cfg     *rls.Config // the first configuration
+	metrics *rls.Metrics
+	store   *rls.Store
+	srv     *rls.Server
+	ready   *rls.Readiness
+	tls     *rls.ServerTLS // nil without GRPC_SERVER_USE_TLS
+	gs      *grpc.Server
+	gl      net.Listener
+	https   []*http.Server
+	errc    chan error // a server that stopped serving
 }
 
 // runRatelimit is run for the drop-in: it serves until ctx is done, then
 // fails its health checks and drains.
 func runRatelimit(ctx context.Context, get func(string) (string, bool), logw io.Writer, listening chan<- [2]string) error {
-	logf := func(format string, args ...any) { fmt.Fprintf(logw, "tokengate-rls: "+format+"\n", args...) }
 	e, err := parseRatelimitEnv(get)
 	if err != nil {
 		return err
 	}
+	logger, err := newLogger(logw, e.slogLevel(), e.logFormat)
+	if err != nil {
+		return err
+	}
 	for _, n := range e.notes {
-		logf("not implemented: %s", n)
+		logger.Warn("not implemented: " + n)
 	}
-	opt := rls.DropinOptions{Algorithm: e.algorithm, CacheKeyPrefix: e.cacheKeyPrefix, Headers: e.headers, GlobalShadow: e.globalShadow}
-
-	// The first configuration: the runtime directory must load (a bad
-	// file stops the start); xDS may come later with FORCE_START_WITHOUT_INITIAL_CONFIG.
-	var cfg *rls.Config
-	dir := filepath.Join(e.runtimeRoot, e.runtimeSub, e.runtimeApp)
-	if e.configType == "FILE" {
-		if cfg, err = loadRuntime(dir, e.ignoreDot, opt); err != nil {
-			return err
-		}
-	} else if cfg, err = rls.NewDropinConfig(nil, opt); err != nil {
+	d := &dropin{env: e, log: logger, errc: make(chan error, 4),
+		opt: rls.DropinOptions{Algorithm: e.algorithm, CacheKeyPrefix: e.cacheKeyPrefix, Headers: e.headers, GlobalShadow: e.globalShadow}}
+	if err := d.firstConfig(); err != nil {
 		return err
 	}
-	storeOpt, err := e.storeOptions()
+	if err := d.openStore(); err != nil {
+		return err
+	}
+	defer d.store.Close()
+	defer d.ready.Stop()
+	if err := d.grpcServer(); err != nil {
+		return err
+	}
+	started, stop, err := d.followConfig(ctx)
+	if err != nil || !started {
+		return err
+	}
+	defer stop()
+	httpAddr, err := d.serve()
 	if err != nil {
 		return err
 	}
-	metrics := rls.NewMetrics(cfg)
-	storeOpt.Observe = metrics.ObserveRedis
-	store, err := rls.NewStore(storeOpt)
-	if err != nil {
-		return err
+	if d.tls != nil {
+		go d.watchTLS(ctx)
 	}
-	defer store.Close()
-	srv := rls.NewServer(cfg, store, metrics)
+	logger.Info("envoyproxy/ratelimit drop-in serving", "domains", len(d.cfg.Domains()), "config_type", e.configType,
+		"algorithm", algorithmName(e.algorithm), "grpc", d.gl.Addr().String(), "tls", d.tls != nil, "http", httpAddr,
+		"redis_type", e.redisType, "redis", e.redisURL, "redis_timeout", e.redisTimeout)
+	if listening != nil {
+		listening <- [2]string{d.gl.Addr().String(), httpAddr}
+	}
+	return d.wait(ctx)
+}
 
-	var gopts []grpc.ServerOption
-	if e.grpcTLS {
-		tc, err := serverTLS(e.grpcCert, e.grpcKey, e.grpcCA, e.grpcClientSAN)
-		if err != nil {
-			return err
-		}
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
-	}
-	gs := rls.NewGRPCServer(srv, rls.DefaultStreamWorkers, gopts...)
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(gs, hs)
-	ready := rls.NewReadiness(store, time.Second, func(msg string) { logf("%s", msg) })
-	defer ready.Stop()
-	hc := &healthState{redis: ready.Ready, needConfig: e.healthyWithConfig, grpc: hs}
-	hc.config.Store(len(cfg.Domains()) > 0)
-	hc.sync()
-
-	setConfig := func(c *rls.Config) {
-		srv.SetConfig(c)
-		hc.config.Store(len(c.Domains()) > 0)
-		hc.sync()
-	}
-	if e.configType == "FILE" {
-		go watchRuntime(ctx, e.runtimeRoot, dir, e.ignoreDot, opt, setConfig, logf)
+// firstConfig reads the first configuration: the runtime directory must
+// load (a bad file stops the start); with xDS it is empty until the
+// server sends one.
+func (d *dropin) firstConfig() (err error) {
+	d.dir = filepath.Join(d.env.runtimeRoot, d.env.runtimeSub, d.env.runtimeApp)
+	if d.env.configType == "FILE" {
+		d.cfg, err = loadRuntime(d.dir, d.env.ignoreDot, d.opt)
 	} else {
-		xo, conn, err := e.xdsOptions(opt)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		xo.Set, xo.Logf = setConfig, func(msg string) { logf("xds: %s", msg) }
-		first := make(chan struct{})
-		var once sync.Once
-		set := xo.Set
-		xo.Set = func(c *rls.Config) { set(c); once.Do(func() { close(first) }) }
-		go rlsxds.Run(ctx, xo)
-		if !e.forceStart {
-			// envoyproxy/ratelimit waits for the first configuration.
-			select {
-			case <-first:
-			case <-ctx.Done():
-				return nil
-			}
-		}
+		d.cfg, err = rls.NewDropinConfig(nil, d.opt)
 	}
+	return err
+}
 
-	listen := func(host string, port int) (net.Listener, error) {
-		return net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-	}
-	gl, err := listen(e.grpcHost, e.grpcPort)
+// openStore connects Redis, with the metrics, the rate-limit server and
+// the readiness (Redis answers PING) the health checks follow.
+func (d *dropin) openStore() error {
+	storeOpt, err := d.env.storeOptions()
 	if err != nil {
 		return err
 	}
+	d.metrics = rls.NewMetrics(d.cfg)
+	d.metrics.SetErrorLog(rls.NewErrorLog(d.log, errorLogInterval, nil))
+	storeOpt.Observe = d.metrics.ObserveRedis
+	if d.store, err = rls.NewStore(storeOpt); err != nil {
+		return err
+	}
+	d.srv = rls.NewServer(d.cfg, d.store, d.metrics)
+	d.ready = rls.NewReadiness(d.store, time.Second, func(msg string) { d.log.Warn(msg) })
+	d.holdForConfig(d.cfg)
+	return nil
+}
+
+// holdForConfig keeps the service unhealthy, with
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, while c has no domain.
+func (d *dropin) holdForConfig(c *rls.Config) {
+	d.ready.Hold(d.env.healthyWithConfig && len(c.Domains()) == 0)
+}
+
+// grpcServer builds the gRPC server: RLS, over TLS with
+// GRPC_SERVER_USE_TLS, and the health service, which answers for
+// "ratelimit" too.
+func (d *dropin) grpcServer() error {
+	opts := []grpc.ServerOption{grpc.StatsHandler(d.metrics.StatsHandler())}
+	if d.env.grpcTLS {
+		var err error
+		d.tls, err = rls.NewServerTLS(rls.TLSFiles{Cert: d.env.grpcCert, Key: d.env.grpcKey,
+			ClientCA: d.env.grpcCA, ClientSAN: d.env.grpcClientSAN})
+		if err != nil {
+			return fmt.Errorf("GRPC_SERVER_TLS_CERT, _KEY or GRPC_CLIENT_TLS_CACERT: %w", err)
+		}
+		opts = append(opts, grpc.Creds(d.tls.Credentials(d.metrics)))
+	}
+	d.gs = rls.NewGRPCServer(d.srv, rls.DefaultStreamWorkers, opts...)
+	rls.RegisterHealth(d.gs, d.ready, "ratelimit")
+	return nil
+}
+
+// setConfig puts a new configuration in force.
+func (d *dropin) setConfig(c *rls.Config) {
+	d.srv.SetConfig(c)
+	d.holdForConfig(c)
+}
+
+// followConfig starts following the configuration source: the runtime
+// directory's watch or the xDS client. Without
+// FORCE_START_WITHOUT_INITIAL_CONFIG it waits, as envoyproxy/ratelimit,
+// for xDS's first configuration; started is false when ctx ends first.
+// stop releases the xDS connection.
+func (d *dropin) followConfig(ctx context.Context) (started bool, stop func(), err error) {
+	if d.env.configType == "FILE" {
+		logf := func(format string, args ...any) { d.log.Warn(fmt.Sprintf(format, args...)) }
+		go watchRuntime(ctx, d.env.runtimeRoot, d.dir, d.env.ignoreDot, d.opt, d.setConfig, logf)
+		return true, func() {}, nil
+	}
+	xo, conn, err := d.env.xdsOptions(d.opt)
+	if err != nil {
+		return false, nil, err
+	}
+	first := make(chan struct{})
+	var once sync.Once
+	xo.Set = func(c *rls.Config) { d.setConfig(c); once.Do(func() { close(first) }) }
+	xo.Logf = func(msg string) { d.log.Warn("xds: " + msg) }
+	go rlsxds.Run(ctx, xo)
+	if !d.env.forceStart {
+		select {
+		case <-first:
+		case <-ctx.Done():
+			conn.Close()
+			return false, nil, nil
+		}
+	}
+	return true, func() { conn.Close() }, nil
+}
+
+// serve opens the listeners and serves: gRPC on GRPC_HOST:GRPC_PORT,
+// /healthcheck and /json on HOST:PORT, /metrics and pprof on
+// DEBUG_HOST:DEBUG_PORT, and with USE_PROMETHEUS the metrics on
+// PROMETHEUS_ADDR at PROMETHEUS_PATH. It returns HOST:PORT's address.
+func (d *dropin) serve() (string, error) {
+	e := d.env
+	admin := rls.AdminHandler(d.srv, d.metrics, d.ready)
 	httpMux := http.NewServeMux()
-	httpMux.Handle("/healthcheck", hc)
-	admin := rls.AdminHandler(srv, metrics, ready)
+	httpMux.Handle("/healthcheck", healthcheck(d.ready))
 	httpMux.Handle("/json", admin)
 	debugMux := http.NewServeMux()
 	debugMux.Handle("/metrics", admin)
 	debugMux.Handle("/", withPprof(http.NotFoundHandler()))
-	servers := []struct {
-		host string
-		port int
-		h    http.Handler
-	}{{e.host, e.port, httpMux}, {e.debugHost, e.debugPort, debugMux}}
-	var https []*http.Server
-	var httpAddr string
-	errc := make(chan error, 4)
-	for _, s := range servers {
-		l, err := listen(s.host, s.port)
-		if err != nil {
-			gl.Close()
-			return err
-		}
-		if httpAddr == "" {
-			httpAddr = l.Addr().String()
-		}
-		h := &http.Server{Handler: s.h, ReadHeaderTimeout: 5 * time.Second}
-		https = append(https, h)
-		go func() { errc <- h.Serve(l) }()
-	}
+	addrs := []string{net.JoinHostPort(e.grpcHost, strconv.Itoa(e.grpcPort)),
+		net.JoinHostPort(e.host, strconv.Itoa(e.port)), net.JoinHostPort(e.debugHost, strconv.Itoa(e.debugPort))}
+	handlers := []http.Handler{nil, httpMux, debugMux}
 	if e.prometheus {
 		pm := http.NewServeMux()
 		pm.HandleFunc(e.promPath, func(w http.ResponseWriter, r *http.Request) {
@@ -494,59 +530,95 @@ func runRatelimit(ctx context.Context, get func(string) (string, bool), logw io.
 			r2.URL.Path = "/metrics" // the admin handler's path for them
 			admin.ServeHTTP(w, r2)
 		})
-		l, err := net.Listen("tcp", e.prometheusAddr)
-		if err != nil {
-			gl.Close()
-			return err
-		}
-		h := &http.Server{Handler: pm, ReadHeaderTimeout: 5 * time.Second}
-		https = append(https, h)
-		go func() { errc <- h.Serve(l) }()
+		addrs, handlers = append(addrs, e.prometheusAddr), append(handlers, pm)
 	}
-	go func() { errc <- gs.Serve(gl) }()
+	var ls []net.Listener
+	for _, a := range addrs {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			for _, l := range ls {
+				l.Close()
+			}
+			return "", err
+		}
+		ls = append(ls, l)
+	}
+	d.gl = ls[0]
+	go func() { d.errc <- d.gs.Serve(d.gl) }()
+	for i, h := range handlers[1:] {
+		hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		d.https = append(d.https, hs)
+		l := ls[i+1]
+		go func() { d.errc <- hs.Serve(l) }()
+	}
+	return ls[1].Addr().String(), nil
+}
 
-	// Health follows Redis (Readiness pings every second).
-	go func() {
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				hc.sync()
+// healthcheck is envoyproxy/ratelimit's /healthcheck: 200 "OK" while
+// ready (Redis answers, not shutting down, and with
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED a domain in force), 500
+// otherwise.
+func healthcheck(ready *rls.Readiness) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Ready() {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, "OK")
+	})
+}
+
+// watchTLS reloads the gRPC listener's certificate, key and client CA
+// when the files change, as envoyproxy/ratelimit does; a file missing
+// or bad mid-rotation keeps the ones in use (logged once per error).
+func (d *dropin) watchTLS(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	lastErr := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ok, err := d.tls.ReloadIfChanged()
+		switch {
+		case err != nil && err.Error() != lastErr:
+			lastErr = err.Error()
+			d.log.Error("TLS files not reloaded: the previous ones stay", "error", err)
+		case err == nil:
+			lastErr = ""
+			if ok {
+				d.log.Info("TLS files reloaded", "trigger", "file changed")
 			}
 		}
-	}()
-	logf("envoyproxy/ratelimit drop-in: %d domains (%s), %s, gRPC on %s, HTTP on %s, Redis %s %s (timeout %v)",
-		len(cfg.Domains()), e.configType, algorithmName(e.algorithm), gl.Addr(), httpAddr, e.redisType, e.redisURL, e.redisTimeout)
-	if listening != nil {
-		listening <- [2]string{gl.Addr().String(), httpAddr}
 	}
+}
 
+// wait serves until ctx is done or a server fails; then, as
+// envoyproxy/ratelimit, it is unhealthy from SIGTERM on and drains.
+func (d *dropin) wait(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
-	case err := <-errc:
-		gs.Stop()
-		for _, h := range https {
+	case err := <-d.errc:
+		d.gs.Stop()
+		for _, h := range d.https {
 			_ = h.Close()
 		}
 		return err
 	}
-	// As envoyproxy/ratelimit: unhealthy from SIGTERM on, then drain.
-	hc.stopping.Store(true)
-	hc.sync()
-	logf("shutting down")
+	d.ready.Drain()
+	d.log.Info("shutting down")
 	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
+	go func() { d.gs.GracefulStop(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
-		gs.Stop()
+		d.gs.Stop()
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	for _, h := range https {
+	for _, h := range d.https {
 		_ = h.Shutdown(sctx)
 	}
 	return nil
@@ -655,124 +727,4 @@ func runtimeDigest(root, dir string) [32]byte {
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))
 	return sum
-}
-
-// serverTLS is the gRPC listener's TLS: the certificate, key and client
-// CA re-read when one of the files changes (the next handshake uses
-// them), and with a CA, client certificates required and verified against
-// it (and, with san, carrying that name).
-func serverTLS(certFile, keyFile, caFile, san string) (*tls.Config, error) {
-	kp := &reloadingCert{cert: certFile, key: keyFile}
-	if _, err := kp.get(); err != nil {
-		return nil, fmt.Errorf("GRPC_SERVER_TLS_CERT/KEY: %w", err)
-	}
-	var ca *reloadingPool
-	if caFile != "" {
-		ca = &reloadingPool{file: caFile}
-		if _, err := ca.get(); err != nil {
-			return nil, fmt.Errorf("GRPC_CLIENT_TLS_CACERT: %w", err)
-		}
-	}
-	base := &tls.Config{MinVersion: tls.VersionTLS12}
-	if ca != nil {
-		base.ClientAuth = tls.RequireAndVerifyClientCert
-		if san != "" {
-			base.VerifyPeerCertificate = func(_ [][]byte, chains [][]*x509.Certificate) error {
-				for _, ch := range chains {
-					if len(ch) > 0 && ch[0].VerifyHostname(san) == nil {
-						return nil
-					}
-				}
-				return fmt.Errorf("client certificate without the name %q (GRPC_CLIENT_TLS_SAN)", san)
-			}
-		}
-	}
-	cfg := base.Clone()
-	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
-		c := base.Clone()
-		cert, err := kp.get()
-		if err != nil {
-			return nil, err
-		}
-		c.Certificates = []tls.Certificate{*cert}
-		if ca != nil {
-			if c.ClientCAs, err = ca.get(); err != nil {
-				return nil, err
-			}
-		}
-		return c, nil
-	}
-	return cfg, nil
-}
-
-// reloadingPool is a CA bundle re-read when the file's time or size
-// changes; a file that stops parsing keeps the last good pool.
-type reloadingPool struct {
-	file  string
-	mu    sync.Mutex
-	stamp string
-	pool  *x509.CertPool
-}
-
-func (r *reloadingPool) get() (*x509.CertPool, error) {
-	st, err := os.Stat(r.file)
-	if err != nil && r.pool == nil {
-		return nil, err
-	}
-	stamp := ""
-	if err == nil {
-		stamp = fmt.Sprintf("%d/%d", st.ModTime().UnixNano(), st.Size())
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.pool != nil && (stamp == r.stamp || err != nil) {
-		return r.pool, nil
-	}
-	pool, perr := loadPool(r.file)
-	if perr != nil {
-		if r.pool != nil {
-			return r.pool, nil
-		}
-		return nil, perr
-	}
-	r.pool, r.stamp = pool, stamp
-	return pool, nil
-}
-
-// reloadingCert is a key pair re-read when a file's time or size changes.
-type reloadingCert struct {
-	cert, key string
-	mu        sync.Mutex
-	stamp     string
-	kp        *tls.Certificate
-}
-
-func (r *reloadingCert) get() (*tls.Certificate, error) {
-	stamp := ""
-	for _, f := range []string{r.cert, r.key} {
-		st, err := os.Stat(f)
-		if err != nil {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			if r.kp != nil {
-				return r.kp, nil // mid-rotation: keep serving the last good pair
-			}
-			return nil, err
-		}
-		stamp += fmt.Sprintf("%d/%d;", st.ModTime().UnixNano(), st.Size())
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.kp != nil && stamp == r.stamp {
-		return r.kp, nil
-	}
-	kp, err := tls.LoadX509KeyPair(r.cert, r.key)
-	if err != nil {
-		if r.kp != nil {
-			return r.kp, nil // mid-rotation: keep serving the last good pair
-		}
-		return nil, err
-	}
-	r.kp, r.stamp = &kp, stamp
-	return r.kp, nil
 }

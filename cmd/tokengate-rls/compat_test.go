@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/tokengate/tokengate/internal/redistest"
@@ -219,29 +218,93 @@ func TestRunRatelimit(t *testing.T) {
 	}
 }
 
+// pingOK is a Redis that always answers PING.
+type pingOK struct{}
+
+func (pingOK) Ping(context.Context) error { return nil }
+
 // TestHealthAfterSigterm: once shutting down, /healthcheck answers 500
 // and the gRPC health service NOT_SERVING, whatever Redis does.
 func TestHealthAfterSigterm(t *testing.T) {
-	h := &healthState{redis: func() bool { return true }}
-	h.grpc = health.NewServer()
-	h.sync()
-	if !h.ok() {
-		t.Fatal("not ok with Redis answering")
+	ready := rls.NewReadiness(pingOK{}, 10*time.Millisecond, nil)
+	defer ready.Stop()
+	hs := rls.RegisterHealth(grpc.NewServer(), ready, "ratelimit")
+	waitUntil(t, "ready with Redis answering", ready.Ready)
+	if r, err := hs.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("grpc health with Redis answering: %v %v, want SERVING", r, err)
 	}
-	h.stopping.Store(true)
-	h.sync()
-	if h.ok() {
+	ready.Drain()
+	if ready.Ready() {
 		t.Error("ok after SIGTERM")
 	}
 	rec := &statusRecorder{}
-	h.ServeHTTP(rec, nil)
+	healthcheck(ready).ServeHTTP(rec, nil)
 	if rec.code != http.StatusInternalServerError {
 		t.Errorf("/healthcheck after SIGTERM: %d, want 500", rec.code)
 	}
-	r, err := h.grpc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	r, err := hs.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
 	if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("grpc health after SIGTERM: %v %v, want NOT_SERVING", r, err)
 	}
+}
+
+// TestHealthWithConfig: with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED the
+// drop-in is unhealthy, Redis answering, until a configuration with a
+// domain is in force; both health checks follow the one readiness.
+func TestHealthWithConfig(t *testing.T) {
+	d := &dropin{env: &ratelimitEnv{healthyWithConfig: true}}
+	d.ready = rls.NewReadiness(pingOK{}, 10*time.Millisecond, nil)
+	defer d.ready.Stop()
+	hs := rls.RegisterHealth(grpc.NewServer(), d.ready, "ratelimit")
+	empty, err := rls.NewDropinConfig(nil, rls.DropinOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := configWithDomain(t)
+	code := func() int {
+		rec := &statusRecorder{}
+		healthcheck(d.ready).ServeHTTP(rec, nil)
+		return rec.code
+	}
+	status := func() healthpb.HealthCheckResponse_ServingStatus {
+		r, err := hs.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetStatus()
+	}
+	d.holdForConfig(one)
+	waitUntil(t, "healthy with a domain and Redis answering", func() bool { return code() == http.StatusOK })
+	d.holdForConfig(empty)
+	if c := code(); c != http.StatusInternalServerError {
+		t.Errorf("/healthcheck with no domain: %d, want 500", c)
+	}
+	if st := status(); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("grpc health with no domain: %v, want NOT_SERVING", st)
+	}
+	d.holdForConfig(one)
+	if c, st := code(), status(); c != http.StatusOK || st != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("once a domain is in force again: /healthcheck %d, grpc health %v; want 200, SERVING", c, st)
+	}
+	d.env.healthyWithConfig = false
+	d.holdForConfig(empty)
+	if c := code(); c != http.StatusOK {
+		t.Errorf("without HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, no domain: /healthcheck %d, want 200", c)
+	}
+}
+
+// configWithDomain is a drop-in configuration with domain "a".
+func configWithDomain(t *testing.T) *rls.Config {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := loadRuntime(dir, false, rls.DropinOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 type lockedLog struct {
@@ -289,5 +352,31 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("%s: not within 15 s", what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRatelimitLogSettings: LOG_FORMAT and LOG_LEVEL set the logger's
+// format and least level, as envoyproxy/ratelimit's do.
+func TestRatelimitLogSettings(t *testing.T) {
+	run := func(kv ...string) string {
+		logw := &lockedLog{}
+		// USE_STATSD's default is a warning; a Redis database other than 0
+		// then stops the start before anything listens.
+		env := append([]string{"RUNTIME_ROOT", t.TempDir(), "REDIS_SOCKET_TYPE", "tcp", "REDIS_URL", "redis://127.0.0.1:1/3"}, kv...)
+		if err := runRatelimit(context.Background(), envOf(env...), logw, nil); err == nil {
+			t.Fatal("runRatelimit with REDIS_URL's database 3: no error")
+		}
+		return logw.String()
+	}
+	out := run("LOG_FORMAT", "json")
+	line, _, _ := strings.Cut(out, "\n")
+	if !strings.HasPrefix(line, "{") || !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, "USE_STATSD") {
+		t.Errorf("LOG_FORMAT=json: the first line is not the USE_STATSD warning in JSON:\n%s", out)
+	}
+	if out := run("LOG_FORMAT", "text"); !strings.Contains(out, "level=WARN") || !strings.Contains(out, "USE_STATSD") {
+		t.Errorf("LOG_FORMAT=text: no logfmt warning:\n%s", out)
+	}
+	if out := run("LOG_LEVEL", "error"); out != "" {
+		t.Errorf("LOG_LEVEL=error: warnings logged:\n%s", out)
 	}
 }

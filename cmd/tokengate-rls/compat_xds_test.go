@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/rls"
 )
 
 // writePKI writes a CA and two leaf certificates signed by it into dir:
@@ -196,12 +197,14 @@ func TestServerTLSReload(t *testing.T) {
 	dir := t.TempDir()
 	writePKI(t, dir)
 	f := func(n string) string { return filepath.Join(dir, n) }
-	cfg, err := serverTLS(f("server.crt"), f("server.key"), f("ca.crt"), "")
+	st, err := rls.NewServerTLS(rls.TLSFiles{Cert: f("server.crt"), Key: f("server.key"), ClientCA: f("ca.crt")})
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg := st.Config()
 	current := func() ([]byte, *x509.CertPool) {
 		t.Helper()
+		_, _ = st.ReloadIfChanged() // the drop-in's watchTLS, polled once
 		c, err := cfg.GetConfigForClient(nil)
 		if err != nil {
 			t.Fatal(err)
@@ -236,5 +239,42 @@ func TestServerTLSReload(t *testing.T) {
 	}
 	if leaf3, _ := current(); string(leaf3) != string(leaf2) {
 		t.Error("mid-rotation (a file missing) the last good certificate is not kept")
+	}
+}
+
+// TestServerTLSClientSAN: with GRPC_CLIENT_TLS_SAN the client certificate
+// must carry that name besides chaining to the client CA.
+func TestServerTLSClientSAN(t *testing.T) {
+	dir := t.TempDir()
+	writePKI(t, dir)
+	f := func(n string) string { return filepath.Join(dir, n) }
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(f("ca.crt"))
+	pool.AppendCertsFromPEM(caPEM)
+	clientKP, err := tls.LoadX509KeyPair(f("client.crt"), f("client.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	handshake := func(san string) error {
+		st, err := rls.NewServerTLS(rls.TLSFiles{Cert: f("server.crt"), Key: f("server.key"), ClientCA: f("ca.crt"), ClientSAN: san})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		srv := tls.Server(a, st.Config())
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Handshake(); a.Close() }()
+		cl := tls.Client(b, &tls.Config{RootCAs: pool, ServerName: "localhost", Certificates: []tls.Certificate{clientKP}})
+		_ = cl.Handshake()
+		b.Close() // a server alert written to the pipe finds no reader otherwise
+		return <-errc
+	}
+	if err := handshake("client"); err != nil {
+		t.Errorf("a client certificate carrying the name: %v", err)
+	}
+	if err := handshake("someone-else"); err == nil {
+		t.Error("a client certificate without the name was accepted")
 	}
 }

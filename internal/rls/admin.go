@@ -30,6 +30,7 @@ type Pinger interface {
 type Readiness struct {
 	ready    atomic.Bool // the last PING was answered
 	draining atomic.Bool
+	held     atomic.Bool // Hold: something besides Redis is missing
 	stop     chan struct{}
 	once     sync.Once
 
@@ -70,7 +71,18 @@ func NewReadiness(p Pinger, interval time.Duration, logf func(msg string)) *Read
 
 // Ready reports whether the service can decide: Redis answered the last
 // PING and Drain was not called.
-func (r *Readiness) Ready() bool { return r.ready.Load() && !r.draining.Load() }
+func (r *Readiness) Ready() bool {
+	return r.ready.Load() && !r.draining.Load() && !r.held.Load()
+}
+
+// Hold makes the service not ready while held is true, whatever Redis
+// does, for a condition of the caller's (the drop-in's
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: no configuration yet), and
+// tells the watchers at once.
+func (r *Readiness) Hold(held bool) {
+	r.held.Store(held)
+	r.tell()
+}
 
 // Draining reports whether Drain was called.
 func (r *Readiness) Draining() bool { return r.draining.Load() }

@@ -51,9 +51,10 @@ const RLSService = "envoy.service.ratelimit.v3.RateLimitService"
 // RegisterHealth registers the standard gRPC health service
 // (grpc.health.v1.Health) on gs, answering for the whole server ("")
 // and for RLSService: SERVING while ready says the service can decide,
-// NOT_SERVING otherwise. Envoy's gRPC health checks and Kubernetes' grpc
-// probes ask it.
-func RegisterHealth(gs *grpc.Server, ready *Readiness) *health.Server {
+// NOT_SERVING otherwise, and likewise for the extra service names (the
+// drop-in's "ratelimit", envoyproxy/ratelimit's). Envoy's gRPC health
+// checks and Kubernetes' grpc probes ask it.
+func RegisterHealth(gs *grpc.Server, ready *Readiness, extra ...string) *health.Server {
 	h := health.NewServer()
 	healthpb.RegisterHealthServer(gs, h)
 	ready.Watch(func(ok bool) {
@@ -63,6 +64,9 @@ func RegisterHealth(gs *grpc.Server, ready *Readiness) *health.Server {
 		}
 		h.SetServingStatus("", st)
 		h.SetServingStatus(RLSService, st)
+		for _, name := range extra {
+			h.SetServingStatus(name, st)
+		}
 	})
 	return h
 }

@@ -19,6 +19,9 @@ type TLSFiles struct {
 	// chain to; a client without such a certificate is refused in the
 	// handshake. Empty: clients present none.
 	ClientCA string
+	// ClientSAN, with ClientCA, is a name (DNS name, IP address) the
+	// client certificate must carry besides chaining to ClientCA.
+	ClientSAN string
 }
 
 // ServerTLS is the gRPC listener's TLS configuration, read from its files
@@ -27,6 +30,7 @@ type TLSFiles struct {
 type ServerTLS struct {
 	files TLSFiles
 	cur   atomic.Pointer[tls.Config]
+	stamp []os.FileInfo // the files' state when last read (ReloadIfChanged)
 }
 
 // NewServerTLS reads the files.
@@ -34,7 +38,11 @@ func NewServerTLS(f TLSFiles) (*ServerTLS, error) {
 	if f.Cert == "" || f.Key == "" {
 		return nil, errors.New("tls: both a certificate and a key file are needed")
 	}
+	if f.ClientSAN != "" && f.ClientCA == "" {
+		return nil, errors.New("tls: a client certificate name needs a client CA file")
+	}
 	t := &ServerTLS{files: f}
+	t.stamp, _ = t.fileStamp()
 	if err := t.Reload(); err != nil {
 		return nil, err
 	}
@@ -66,9 +74,69 @@ func (t *ServerTLS) Reload() error {
 			return errors.New("tls: " + t.files.ClientCA + ": no PEM certificate")
 		}
 		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		if san := t.files.ClientSAN; san != "" {
+			c.VerifyPeerCertificate = func(_ [][]byte, chains [][]*x509.Certificate) error {
+				for _, ch := range chains {
+					if len(ch) > 0 && ch[0].VerifyHostname(san) == nil {
+						return nil
+					}
+				}
+				return errors.New("tls: the client certificate does not carry the name " + san)
+			}
+		}
 	}
 	t.cur.Store(c)
 	return nil
+}
+
+// ReloadIfChanged reloads the files when one of them looks different
+// from when they were last read (another file behind the name, as when
+// a Kubernetes Secret volume swaps its symbolic link, another size or
+// modification time). It reports whether it reloaded; on error (a file
+// missing or bad mid-rotation) the configuration in use stays and the
+// next call tries again. One goroutine at a time may call it.
+func (t *ServerTLS) ReloadIfChanged() (bool, error) {
+	stamp, err := t.fileStamp()
+	if err != nil {
+		return false, err
+	}
+	if sameFiles(stamp, t.stamp) {
+		return false, nil
+	}
+	if err := t.Reload(); err != nil {
+		return false, err
+	}
+	t.stamp = stamp
+	return true, nil
+}
+
+// fileStamp is the files' state: which file, its size and its time.
+func (t *ServerTLS) fileStamp() ([]os.FileInfo, error) {
+	var out []os.FileInfo
+	for _, p := range []string{t.files.Cert, t.files.Key, t.files.ClientCA} {
+		if p == "" {
+			continue
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fi)
+	}
+	return out, nil
+}
+
+// sameFiles reports whether two stamps describe the same files unchanged.
+func sameFiles(a, b []os.FileInfo) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !os.SameFile(a[i], b[i]) || a[i].Size() != b[i].Size() || !a[i].ModTime().Equal(b[i].ModTime()) {
+			return false
+		}
+	}
+	return true
 }
 
 // Files returns the files the configuration is read from.
@@ -79,13 +147,18 @@ func (t *ServerTLS) Files() TLSFiles { return t.files }
 // counted in m (tokengate_rls_tls_handshake_errors_total) and logged
 // through m's error log.
 func (t *ServerTLS) Credentials(m *Metrics) credentials.TransportCredentials {
-	base := &tls.Config{
+	return countingCreds{credentials.NewTLS(t.Config()), m}
+}
+
+// Config returns a TLS configuration that, at each handshake, uses the
+// configuration in use then (GetConfigForClient).
+func (t *ServerTLS) Config() *tls.Config {
+	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			return t.cur.Load(), nil
 		},
 	}
-	return countingCreds{credentials.NewTLS(base), m}
 }
 
 // countingCreds count and log failed server handshakes.
