@@ -77,113 +77,129 @@ func main() {
 // listening is not nil it receives the gRPC and admin addresses once both
 // listen. SIGHUP, from the start of run until it returns, reloads the
 // configuration and the TLS files.
+// options are the service's settings: its flags, each also settable
+// from the environment (flagsFromEnv).
+type options struct {
+	configPath  string
+	redisAddrs  string
+	cluster     bool
+	timeout     time.Duration
+	flushDelay  time.Duration
+	listen      string
+	admin       string
+	drain       time.Duration
+	drainDelay  time.Duration
+	workers     uint
+	pprofOn     bool
+	tlsCert     string
+	tlsKey      string
+	tlsClientCA string
+	watch       time.Duration
+	logLevel    string
+	logFormat   string
+	redisSec    redisSecurity
+}
+
+// parseOptions reads the flags, then the environment for those the command
+// line left unset, and checks them.
+func parseOptions(args []string, logw io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("tokengate-rls", flag.ContinueOnError)
+	fs.SetOutput(logw)
+	fs.StringVar(&o.configPath, "config", "", "the JSON configuration `file` (the filter's format; required); reloaded on SIGHUP and when it changes")
+	fs.StringVar(&o.redisAddrs, "redis", "127.0.0.1:6379", "Redis `address`es, comma-separated (several need -redis-cluster)")
+	fs.BoolVar(&o.cluster, "redis-cluster", false, "the addresses are seed nodes of a Redis Cluster")
+	fs.DurationVar(&o.timeout, "redis-timeout", defaultRedisTimeout, "bound on each of a request's Redis round trips (the take, and the refund if any); "+
+		"keep clients' timeouts above twice this plus the network")
+	fs.DurationVar(&o.flushDelay, "redis-flush-delay", 20*time.Microsecond, "how long a Redis connection's writer may wait, under concurrent load, to batch commands into one write (0: none)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service and the gRPC health service")
+	fs.StringVar(&o.admin, "admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /live, /ready and /json (empty: none)")
+	fs.DurationVar(&o.drain, "drain", 5*time.Second, "how long shutdown waits for calls in flight")
+	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long the service keeps serving, not ready (/ready 503, gRPC health NOT_SERVING), before it stops accepting calls")
+	fs.UintVar(&o.workers, "stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
+	o.redisSec.flags(fs)
+	fs.BoolVar(&o.pprofOn, "pprof", false, "serve Go's profiles (net/http/pprof) on the admin listener under /debug/pprof/")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM `file` of the gRPC listener's certificate chain (with -tls-key: gRPC over TLS); re-read when it changes")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM `file` of the gRPC listener's private key")
+	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CAs client certificates must chain to: clients without one are refused")
+	fs.DurationVar(&o.watch, "watch-interval", 2*time.Second, "how often the -config file and the TLS files are checked for changes (0: only SIGHUP reloads)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "least `level` logged: debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text (logfmt) or json")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := flagsFromEnv(fs, os.LookupEnv); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.flushDelay < 0 {
+		return nil, fmt.Errorf("-redis-flush-delay %v: must not be negative", o.flushDelay)
+	}
+	if o.workers > 1<<16 {
+		return nil, fmt.Errorf("-stream-workers %d: at most 65536", o.workers)
+	}
+	if o.drainDelay < 0 || o.watch < 0 {
+		return nil, errors.New("-drain-delay and -watch-interval must not be negative")
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") || o.tlsClientCA != "" && o.tlsCert == "" {
+		return nil, errors.New("-tls-cert and -tls-key go together, and -tls-client-ca needs them")
+	}
+	if o.configPath == "" {
+		return nil, errors.New("-config is required")
+	}
+	return o, nil
+}
+
 func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2]string) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	fs := flag.NewFlagSet("tokengate-rls", flag.ContinueOnError)
-	fs.SetOutput(logw)
-	configPath := fs.String("config", "", "the JSON configuration `file` (the filter's format; required); reloaded on SIGHUP and when it changes")
-	redisAddrs := fs.String("redis", "127.0.0.1:6379", "Redis `address`es, comma-separated (several need -redis-cluster)")
-	cluster := fs.Bool("redis-cluster", false, "the addresses are seed nodes of a Redis Cluster")
-	timeout := fs.Duration("redis-timeout", defaultRedisTimeout, "bound on each of a request's Redis round trips (the take, and the refund if any); "+
-		"keep clients' timeouts above twice this plus the network")
-	flushDelay := fs.Duration("redis-flush-delay", 20*time.Microsecond, "how long a Redis connection's writer may wait, under concurrent load, to batch commands into one write (0: none)")
-	listen := fs.String("listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service and the gRPC health service")
-	admin := fs.String("admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /live, /ready and /json (empty: none)")
-	drain := fs.Duration("drain", 5*time.Second, "how long shutdown waits for calls in flight")
-	drainDelay := fs.Duration("drain-delay", 5*time.Second, "on SIGTERM, how long the service keeps serving, not ready (/ready 503, gRPC health NOT_SERVING), before it stops accepting calls")
-	workers := fs.Uint("stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
-	var redisSec redisSecurity
-	redisSec.flags(fs)
-	pprofOn := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) on the admin listener under /debug/pprof/")
-	tlsCert := fs.String("tls-cert", "", "PEM `file` of the gRPC listener's certificate chain (with -tls-key: gRPC over TLS); re-read when it changes")
-	tlsKey := fs.String("tls-key", "", "PEM `file` of the gRPC listener's private key")
-	tlsClientCA := fs.String("tls-client-ca", "", "PEM `file` of the CAs client certificates must chain to: clients without one are refused")
-	watch := fs.Duration("watch-interval", 2*time.Second, "how often the -config file and the TLS files are checked for changes (0: only SIGHUP reloads)")
-	logLevel := fs.String("log-level", "info", "least `level` logged: debug, info, warn or error")
-	logFormat := fs.String("log-format", "text", "log `format`: text (logfmt) or json")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := flagsFromEnv(fs, os.LookupEnv); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if *flushDelay < 0 {
-		return fmt.Errorf("-redis-flush-delay %v: must not be negative", *flushDelay)
-	}
-	if *workers > 1<<16 {
-		return fmt.Errorf("-stream-workers %d: at most 65536", *workers)
-	}
-	if *drainDelay < 0 || *watch < 0 {
-		return errors.New("-drain-delay and -watch-interval must not be negative")
-	}
-	if (*tlsCert == "") != (*tlsKey == "") || *tlsClientCA != "" && *tlsCert == "" {
-		return errors.New("-tls-cert and -tls-key go together, and -tls-client-ca needs them")
-	}
-	logger, err := newLogger(logw, *logLevel, *logFormat)
+	o, err := parseOptions(args, logw)
 	if err != nil {
 		return err
 	}
-	if *configPath == "" {
-		return errors.New("-config is required")
+	logger, err := newLogger(logw, o.logLevel, o.logFormat)
+	if err != nil {
+		return err
 	}
-	data, err := os.ReadFile(*configPath)
+	data, err := os.ReadFile(o.configPath)
 	if err != nil {
 		return err
 	}
 	cfg, err := rls.ParseConfig(data)
 	if err != nil {
-		return fmt.Errorf("%s: %w", *configPath, err)
+		return fmt.Errorf("%s: %w", o.configPath, err)
 	}
 	var serverTLS *rls.ServerTLS
-	if *tlsCert != "" {
-		if serverTLS, err = rls.NewServerTLS(rls.TLSFiles{Cert: *tlsCert, Key: *tlsKey, ClientCA: *tlsClientCA}); err != nil {
+	if o.tlsCert != "" {
+		if serverTLS, err = rls.NewServerTLS(rls.TLSFiles{Cert: o.tlsCert, Key: o.tlsKey, ClientCA: o.tlsClientCA}); err != nil {
 			return err
 		}
 	}
 	metrics := rls.NewMetrics(cfg)
 	metrics.SetErrorLog(rls.NewErrorLog(logger, errorLogInterval, nil))
-	if !*cluster {
-		metrics.SetRedisNode(*redisAddrs)
+	if !o.cluster {
+		metrics.SetRedisNode(o.redisAddrs)
 	}
-	storeOpt := rls.StoreOptions{
-		Addrs:      strings.Split(*redisAddrs, ","),
-		Cluster:    *cluster,
-		Timeout:    *timeout,
-		Observe:    metrics.ObserveRedis,
-		FlushDelay: *flushDelay,
-	}
-	if err := redisSec.apply(&storeOpt, os.Getenv); err != nil {
-		return err
-	}
-	store, err := rls.NewStore(storeOpt)
+	store, err := openStore(o, metrics)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
 
-	gl, err := net.Listen("tcp", *listen)
+	gl, al, err := o.listeners()
 	if err != nil {
 		return err
-	}
-	var al net.Listener
-	if *admin != "" {
-		if al, err = net.Listen("tcp", *admin); err != nil {
-			gl.Close()
-			return err
-		}
 	}
 	srv := rls.NewServer(cfg, store, metrics)
 	opts := []grpc.ServerOption{grpc.StatsHandler(metrics.StatsHandler())}
 	if serverTLS != nil {
 		opts = append(opts, grpc.Creds(serverTLS.Credentials(metrics)))
 	}
-	gs := rls.NewGRPCServer(srv, uint32(*workers), opts...)
+	gs := rls.NewGRPCServer(srv, uint32(o.workers), opts...)
 	// RLQS beside RLS v3 (docs/rlqs.md); its streams expire their
 	// assignments on shutdown.
 	quota := rlqs.Register(ctx, gs, cfg, store)
@@ -197,7 +213,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	adminAddr := ""
 	if al != nil {
 		handler := rls.AdminHandler(srv, metrics, ready)
-		if *pprofOn {
+		if o.pprofOn {
 			handler = withPprof(handler)
 		}
 		hs = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
@@ -205,43 +221,62 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 		adminAddr = al.Addr().String()
 	}
 	logger.Info("serving", "rules", len(cfg.Rules()), "grpc", gl.Addr().String(), "tls", serverTLS != nil,
-		"client_certs", *tlsClientCA != "", "admin", adminAddr, "redis", *redisAddrs, "cluster", *cluster, "redis_timeout", *timeout)
+		"client_certs", o.tlsClientCA != "", "admin", adminAddr, "redis", o.redisAddrs, "cluster", o.cluster, "redis_timeout", o.timeout)
 	if listening != nil {
 		listening <- [2]string{gl.Addr().String(), adminAddr}
 	}
 
-	w := &watcher{log: logger, metrics: metrics, srv: srv, quota: quota, tls: serverTLS, path: *configPath, data: data}
-	w.stamp()
-	var tick <-chan time.Time
-	if *watch > 0 {
-		t := time.NewTicker(*watch)
-		defer t.Stop()
-		tick = t.C
+	w := &watcher{log: logger, metrics: metrics, srv: srv, quota: quota, tls: serverTLS, path: o.configPath, data: data}
+	if err := w.serve(ctx, hup, o.watch, errc); err != nil {
+		gs.Stop()
+		if hs != nil {
+			_ = hs.Close()
+		}
+		return err
 	}
-	for done := false; !done; {
-		select {
-		case <-ctx.Done():
-			done = true
-		case <-hup:
-			w.reload("SIGHUP")
-		case <-tick:
-			w.poll()
-		case err := <-errc:
-			gs.Stop()
-			if hs != nil {
-				_ = hs.Close()
-			}
-			return err
+	return shutdown(logger, o, ready, health, gs, hs, errc)
+}
+
+// listeners opens the gRPC listener and, unless -admin is empty, the
+// admin one (nil then).
+func (o *options) listeners() (gl, al net.Listener, err error) {
+	if gl, err = net.Listen("tcp", o.listen); err != nil {
+		return nil, nil, err
+	}
+	if o.admin != "" {
+		if al, err = net.Listen("tcp", o.admin); err != nil {
+			gl.Close()
+			return nil, nil, err
 		}
 	}
+	return gl, al, nil
+}
 
+// openStore makes the Redis store the options describe; it connects in
+// the background.
+func openStore(o *options, metrics *rls.Metrics) (*rls.Store, error) {
+	storeOpt := rls.StoreOptions{
+		Addrs:      strings.Split(o.redisAddrs, ","),
+		Cluster:    o.cluster,
+		Timeout:    o.timeout,
+		Observe:    metrics.ObserveRedis,
+		FlushDelay: o.flushDelay,
+	}
+	if err := o.redisSec.apply(&storeOpt, os.Getenv); err != nil {
+		return nil, err
+	}
+	return rls.NewStore(storeOpt)
+}
+
+// shutdown stops the service gracefully after SIGTERM or SIGINT.
+func shutdown(logger *slog.Logger, o *options, ready *rls.Readiness, health interface{ Shutdown() }, gs *grpc.Server, hs *http.Server, errc <-chan error) error {
 	// Not ready first, so that health checks and load balancers send no
 	// new calls; serve those that still come for -drain-delay; then stop
 	// accepting and wait up to -drain for the calls in flight.
-	logger.Info("shutting down: not ready", "drain_delay", *drainDelay, "drain", *drain)
+	logger.Info("shutting down: not ready", "drain_delay", o.drainDelay, "drain", o.drain)
 	ready.Drain()
-	if *drainDelay > 0 {
-		t := time.NewTimer(*drainDelay)
+	if o.drainDelay > 0 {
+		t := time.NewTimer(o.drainDelay)
 		select {
 		case <-t.C:
 		case err := <-errc:
@@ -254,15 +289,15 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	go func() { gs.GracefulStop(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(*drain):
-		logger.Warn("calls still in flight after -drain: stopping them", "drain", *drain)
+	case <-time.After(o.drain):
+		logger.Warn("calls still in flight after -drain: stopping them", "drain", o.drain)
 		gs.Stop()
 	}
 	logger.Info("stopped")
 	if hs == nil {
 		return nil
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), *drain)
+	sctx, cancel := context.WithTimeout(context.Background(), o.drain)
 	defer cancel()
 	return hs.Shutdown(sctx)
 }
@@ -323,6 +358,30 @@ type watcher struct {
 	data    []byte        // the configuration file's bytes in use
 	cfgStat os.FileInfo   // at the last look
 	tlsStat []os.FileInfo // at the last look
+}
+
+// serve reloads on SIGHUP and, every interval (0: never), when the files
+// changed, until ctx is done (nil) or a listener fails (its error).
+func (w *watcher) serve(ctx context.Context, hup <-chan os.Signal, interval time.Duration, errc <-chan error) error {
+	w.stamp()
+	var tick <-chan time.Time
+	if interval > 0 {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-hup:
+			w.reload("SIGHUP")
+		case <-tick:
+			w.poll()
+		case err := <-errc:
+			return err
+		}
+	}
 }
 
 // stamp remembers the files' state as it is now.
