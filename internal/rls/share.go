@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -63,58 +62,20 @@ type ShareResult struct {
 }
 
 // Share runs ops in one pipeline (spread over a cluster's masters by key)
-// and returns their results in order, bounded by the store's timeout.
+// and returns their results in order, as Run runs its ops (runEach: the
+// deadline, NOSCRIPT, retries and the guard of silent nodes alike).
 func (s *Store) Share(ctx context.Context, ops []ShareOp) []ShareResult {
 	out := make([]ShareResult, len(ops))
-	cp := s.client.Load()
-	if cp == nil {
-		for i := range out {
-			out[i].Err = ErrNotConnected
+	s.runEach(ctx, len(ops), func(i int) (*script, string, []string) {
+		return shareScript, ops[i].Key, ops[i].args()
+	}, func(i int, r rueidis.RedisResult, err error) error {
+		if err == nil {
+			out[i] = shareResult(r)
+		} else {
+			out[i] = ShareResult{Err: err}
 		}
-		s.observe(0, ErrNotConnected)
-		return out
-	}
-	c := *cp
-	start := time.Now()
-	ctx, cancel := s.bound(ctx, start)
-	defer cancel()
-	build := func(sha bool, i int) rueidis.Completed {
-		if sha {
-			return c.B().Evalsha().Sha1(shareScript.sha).Numkeys(1).Key(ops[i].Key).Arg(ops[i].args()...).Build()
-		}
-		return c.B().Eval().Script(shareScript.text).Numkeys(1).Key(ops[i].Key).Arg(ops[i].args()...).Build()
-	}
-	cmds := make(rueidis.Commands, len(ops))
-	for i := range ops {
-		cmds[i] = build(true, i)
-	}
-	var retry []int
-	for i, r := range c.DoMulti(ctx, cmds...) {
-		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
-			retry = append(retry, i)
-			continue
-		}
-		out[i] = shareResult(r)
-	}
-	if len(retry) > 0 {
-		cmds = cmds[:0]
-		for _, i := range retry {
-			cmds = append(cmds, build(false, i))
-		}
-		for j, r := range c.DoMulti(ctx, cmds...) {
-			out[retry[j]] = shareResult(r)
-		}
-	}
-	if s.opt.Observe != nil {
-		var err error
-		for _, o := range out {
-			if o.Err != nil {
-				err = o.Err
-				break
-			}
-		}
-		s.opt.Observe(time.Since(start), err)
-	}
+		return out[i].Err
+	})
 	return out
 }
 

@@ -323,22 +323,42 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 }
 
 // runScripts runs n scripts, call(i) naming the i-th with its key and
-// arguments, in one pipeline (spread over the cluster's masters by key),
-// and returns their outcomes in order. A NOSCRIPT answer is retried with
-// EVAL; a failure that certainly ran nothing (Store.retryable) is retried
-// once while the deadline leaves time. The whole is bounded by the
-// caller's deadline or the store's timeout, whichever is first, and no
-// call is sent to a Redis node that does not answer (guard.go): it fails
-// at once with ErrBacklog instead.
+// arguments, as runEach does, and returns their outcomes in order.
 func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script, string, []string)) []Outcome {
 	out := make([]Outcome, n)
+	s.runEach(ctx, n, call, func(i int, r rueidis.RedisResult, err error) error {
+		if err == nil {
+			out[i] = outcome(r)
+		} else {
+			out[i] = Outcome{Err: err}
+		}
+		return out[i].Err
+	})
+	return out
+}
+
+// runEach runs n scripts, call(i) naming the i-th with its key and
+// arguments, in one pipeline (spread over the cluster's masters by key),
+// and hands each answer to set: the reply, or the error that kept the
+// command from being sent; set returns the error the answer means. A
+// NOSCRIPT answer is retried with EVAL; a failure that certainly ran
+// nothing (Store.retryable) is retried once while the deadline leaves
+// time. The whole is bounded by the caller's deadline or the store's
+// timeout, whichever is first, and no call is sent to a Redis node that
+// does not answer (guard.go): it fails at once with ErrBacklog instead.
+func (s *Store) runEach(ctx context.Context, n int, call func(i int) (*script, string, []string), set func(i int, r rueidis.RedisResult, err error) error) {
+	var errBuf [2]error
+	errs := errBuf[:0]
+	for range n {
+		errs = append(errs, nil)
+	}
 	cp := s.client.Load()
 	if cp == nil {
-		for i := range out {
-			out[i].Err = ErrNotConnected
+		for i := range n {
+			errs[i] = set(i, rueidis.RedisResult{}, ErrNotConnected)
 		}
 		s.observe(0, ErrNotConnected)
-		return out
+		return
 	}
 	c := *cp
 	start := time.Now()
@@ -370,39 +390,37 @@ func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script
 	for i := range n {
 		idx = append(idx, i)
 	}
+	record := func(i int, r rueidis.RedisResult, err error) { errs[i] = set(i, r, err) }
 	for attempt := 0; attempt < 3 && len(idx) > 0; attempt++ {
 		for _, i := range idx {
 			cmds[i] = build(i)
 		}
-		s.do(ctx, cmds, idx, out)
+		s.do(ctx, cmds, idx, record)
 		var retry []int
 		for _, i := range idx {
-			if e, ok := rueidis.IsRedisErr(out[i].Err); ok && e.IsNoScript() && !eval[i] {
+			if e, ok := rueidis.IsRedisErr(errs[i]); ok && e.IsNoScript() && !eval[i] {
 				eval[i] = true
 				retry = append(retry, i)
-			} else if attempt == 0 && s.retryable(ctx, out[i].Err) {
+			} else if attempt == 0 && s.retryable(ctx, errs[i]) {
 				retry = append(retry, i)
 			}
 		}
 		idx = retry
 	}
-	if s.opt.Observe != nil {
-		var err error
-		for _, o := range out {
-			if o.Err != nil {
-				err = o.Err
-				break
-			}
+	var err error
+	for _, e := range errs {
+		if e != nil {
+			err = e
+			break
 		}
-		s.opt.Observe(time.Since(start), err)
 	}
-	return out
+	s.observe(time.Since(start), err)
 }
 
 // do sends cmds[i] for every i of idx in one pipeline, except those for
-// a node that does not answer (guard.go), and writes their outcomes to
-// out.
-func (s *Store) do(ctx context.Context, cmds rueidis.Commands, idx []int, out []Outcome) {
+// a node that does not answer (guard.go), and hands each answer (or
+// ErrBacklog) to record.
+func (s *Store) do(ctx context.Context, cmds rueidis.Commands, idx []int, record func(i int, r rueidis.RedisResult, err error)) {
 	type sent struct {
 		i    int
 		l    *lane
@@ -413,7 +431,7 @@ func (s *Store) do(ctx context.Context, cmds rueidis.Commands, idx []int, out []
 	for _, i := range idx {
 		l := s.lanes.of(cmds[i].Slot())
 		if !l.admit() {
-			out[i] = Outcome{Err: ErrBacklog}
+			record(i, rueidis.RedisResult{}, ErrBacklog)
 			continue
 		}
 		ss = append(ss, sent{i: i, l: l, mark: l.enter()})
@@ -429,7 +447,7 @@ func (s *Store) do(ctx context.Context, cmds rueidis.Commands, idx []int, out []
 		}
 	}
 	for j, r := range (*s.client.Load()).DoMulti(ctx, send...) {
-		out[ss[j].i] = outcome(r)
+		record(ss[j].i, r, nil)
 		ss[j].l.leave(ss[j].mark, r.NonRedisError())
 	}
 }
