@@ -355,9 +355,8 @@ type watcher struct {
 	quota   *rlqs.Server
 	tls     *rls.ServerTLS
 	path    string
-	data    []byte        // the configuration file's bytes in use
-	cfgStat os.FileInfo   // at the last look
-	tlsStat []os.FileInfo // at the last look
+	data    []byte      // the configuration file's bytes in use
+	cfgStat os.FileInfo // at the last look
 }
 
 // serve reloads on SIGHUP and, every interval (0: never), when the files
@@ -384,51 +383,28 @@ func (w *watcher) serve(ctx context.Context, hup <-chan os.Signal, interval time
 	}
 }
 
-// stamp remembers the files' state as it is now.
+// stamp remembers the configuration file's state as it is now.
 func (w *watcher) stamp() {
 	w.cfgStat, _ = os.Stat(w.path)
-	w.tlsStat = w.tlsStats()
-}
-
-func (w *watcher) tlsStats() []os.FileInfo {
-	if w.tls == nil {
-		return nil
-	}
-	f := w.tls.Files()
-	var out []os.FileInfo
-	for _, p := range []string{f.Cert, f.Key, f.ClientCA} {
-		fi, _ := os.Stat(p)
-		out = append(out, fi)
-	}
-	return out
-}
-
-// changed reports whether a file looks different from before: another
-// file (a ConfigMap's new symbolic link target), another size or time.
-func changed(a, b os.FileInfo) bool {
-	if a == nil || b == nil {
-		return a != b
-	}
-	return !os.SameFile(a, b) || a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime())
 }
 
 // poll reloads what changed since the last look; a configuration file
 // whose bytes are those in use is not reloaded.
 func (w *watcher) poll() {
 	fi, _ := os.Stat(w.path)
-	if changed(fi, w.cfgStat) {
+	if rls.FileChanged(fi, w.cfgStat) {
 		w.cfgStat = fi
 		if data, err := os.ReadFile(w.path); err != nil || !bytes.Equal(data, w.data) {
 			w.reloadConfig("file changed")
 		}
 	}
-	ts := w.tlsStats()
-	for i := range ts {
-		if changed(ts[i], w.tlsStat[i]) {
-			w.tlsStat = ts
-			w.reloadTLS("file changed")
-			break
-		}
+	if w.tls == nil {
+		return
+	}
+	if ok, err := w.tls.ReloadIfChanged(); err != nil {
+		w.log.Error("TLS files not reloaded: the previous ones stay", "trigger", "file changed", "error", err)
+	} else if ok {
+		w.log.Info("TLS files reloaded", "trigger", "file changed")
 	}
 }
 

@@ -132,15 +132,22 @@ func sameFiles(a, b []os.FileInfo) bool {
 		return false
 	}
 	for i := range a {
-		if !os.SameFile(a[i], b[i]) || a[i].Size() != b[i].Size() || !a[i].ModTime().Equal(b[i].ModTime()) {
+		if FileChanged(a[i], b[i]) {
 			return false
 		}
 	}
 	return true
 }
 
-// Files returns the files the configuration is read from.
-func (t *ServerTLS) Files() TLSFiles { return t.files }
+// FileChanged reports whether a file looks different from before (nil:
+// missing): another file behind the name (a ConfigMap's or Secret's new
+// symbolic link target), another size or modification time.
+func FileChanged(a, b os.FileInfo) bool {
+	if a == nil || b == nil {
+		return a != b
+	}
+	return !os.SameFile(a, b) || a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime())
+}
 
 // Credentials returns the gRPC server's transport credentials: TLS with
 // the configuration in use at each handshake. A failed handshake is
