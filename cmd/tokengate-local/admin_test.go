@@ -13,11 +13,9 @@ import (
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
-// TestSharedDataRedacted (issue 22, item 11): /shared_data shows no API
-// key, client address or slot seed unless -show-identities, for slot keys
-// (the owner in the value) and unbounded keys (the identity in the key)
-// alike. It showed them all.
-func TestSharedDataRedacted(t *testing.T) {
+// builtModule reads the module make build wrote.
+func builtModule(t *testing.T) []byte {
+	t.Helper()
 	path, err := wasmbuild.Path()
 	if err != nil {
 		t.Fatal(err)
@@ -26,6 +24,15 @@ func TestSharedDataRedacted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return wasm
+}
+
+// TestSharedDataRedacted (issue 22, item 11): /shared_data shows no API
+// key, client address or slot seed unless -show-identities, for slot keys
+// (the owner in the value) and unbounded keys (the identity in the key)
+// alike. It showed them all.
+func TestSharedDataRedacted(t *testing.T) {
+	wasm := builtModule(t)
 	const apiKey = "sk-live-4242-secret"
 	h, err := wasmhost.New(context.Background(), wasmhost.Options{Wasm: wasm, Workers: 1, LogSink: func(wasmhost.LogLevel, string) {},
 		PluginConfig: []byte(`{"rules":[

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/wasmbuild"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
 
@@ -19,14 +18,7 @@ import (
 // /stats of the configuration they are about. Both grepped for the rule
 // name ("per-ip"), which the metric names spell with '_'.
 func TestTourStatsGrep(t *testing.T) {
-	path, err := wasmbuild.Path()
-	if err != nil {
-		t.Fatal(err)
-	}
-	wasm, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	wasm := builtModule(t)
 	grep := regexp.MustCompile(`/stats \| grep ([^\s]+)`)
 	for _, tc := range []struct{ doc, envoy string }{
 		{"../../README.md", "../../envoy.yaml"},
