@@ -166,17 +166,8 @@ func parseStatus(b []byte) (Status, error) {
 		case num == 3 && wt == wireVarint:
 			s.LimitRemaining = uint32(v)
 		case num == 4 && wt == wireBytes:
-			var sec, nanos int64
-			err := fields(data, func(num int, wt int, v uint64, _ []byte) error {
-				switch {
-				case num == 1 && wt == wireVarint:
-					sec = int64(v)
-				case num == 2 && wt == wireVarint:
-					nanos = int64(int32(v))
-				}
-				return nil
-			})
-			s.UntilReset = float64(sec) + float64(nanos)/1e9
+			var err error
+			s.UntilReset, err = seconds(data)
 			return err
 		case num == 5 && wt == wireBytes:
 			s.HasQuota = true
@@ -187,17 +178,8 @@ func parseStatus(b []byte) (Status, error) {
 				case num == 3 && wt == wireBytes:
 					s.Quota.ID = string(d)
 				case num == 2 && wt == wireBytes:
-					var sec, nanos int64
-					err := fields(d, func(num int, wt int, v uint64, _ []byte) error {
-						switch {
-						case num == 1 && wt == wireVarint:
-							sec = int64(v)
-						case num == 2 && wt == wireVarint:
-							nanos = int64(int32(v))
-						}
-						return nil
-					})
-					s.Quota.ValidUntil = float64(sec) + float64(nanos)/1e9
+					var err error
+					s.Quota.ValidUntil, err = seconds(d)
 					return err
 				}
 				return nil
@@ -206,6 +188,22 @@ func parseStatus(b []byte) (Status, error) {
 		return nil
 	})
 	return s, err
+}
+
+// seconds decodes a google.protobuf.Duration or Timestamp (seconds = 1,
+// nanos = 2) into seconds.
+func seconds(b []byte) (float64, error) {
+	var sec, nanos int64
+	err := fields(b, func(num int, wt int, v uint64, _ []byte) error {
+		switch {
+		case num == 1 && wt == wireVarint:
+			sec = int64(v)
+		case num == 2 && wt == wireVarint:
+			nanos = int64(int32(v))
+		}
+		return nil
+	})
+	return float64(sec) + float64(nanos)/1e9, err
 }
 
 // Frame prefixes a message for unary gRPC: no compression, 4-byte
