@@ -25,7 +25,7 @@ func FuzzParseConfig(f *testing.F) {
 		`{"name":"a","algorithm_config":{"rps":1e-320,"burst":1}}`,
 		`{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":1}}],"rls_descriptors":[{"domain":"d","descriptors":[{"key":"k","value":"v","shadow":true,"rule":{"name":"b","algorithm_config":{"rps":1,"burst":2}},"descriptors":[{"key":"j","rule":{"name":"c","algorithm_config":{"rps":1,"burst":1}}}]}]}]}`,
 		`{"rls_descriptors":[{"domain":"d","descriptors":[{"key":"remote_address","rule":{"name":"b","algorithm_config":{"rps":1,"burst":2}}}]}]}`,
-		`{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":9,"cost_source":"response_sse:/a/0+/b","pre_charge":2,"max_debt":0,"count_statuses":["4xx",200]}},` +
+		`{"rules":[{"name":"a","algorithm_config":{"rps":1,"burst":9,"cost_source":"response_sse:/a/0+/b","pre_charge":2,"count_statuses":["4xx",200]}},` +
 			`{"name":"b","algorithm":"concurrency","algorithm_config":{"max_in_flight":2,"lease_seconds":1}}]}`,
 	} {
 		f.Add([]byte(s))

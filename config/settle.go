@@ -195,9 +195,17 @@ func (r *Rule) settleSpec() *SettleSpec {
 	return r.Settle
 }
 
+// maxDebtRemoved is why an algorithm_config's max_debt is refused: it set
+// a floor below which a reported cost was forgiven, and a cost is now
+// always carried in full (docs/configuration.md, "Reserving at
+// admission").
+const maxDebtRemoved = "is no longer accepted: a reported cost is always carried in full and the debt is repaid by the refill, " +
+	"never forgiven (a bucket in debt already refuses new requests); remove it, and to bound what one request may take, " +
+	"reserve its estimate at admission (estimate_source, pre_charge) and cap the upstream's usage (max_tokens)"
+
 // settleConfig reads the settlement fields of an algorithm_config (the
 // cost_source has been read): count_statuses, reset_on_statuses,
-// pre_charge and max_debt.
+// pre_charge and estimate_source; max_debt is refused (maxDebtRemoved).
 func settleConfig(path string, v ljson.Result, r *Rule) error {
 	for _, f := range []struct {
 		name string
@@ -223,8 +231,11 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 		return errAt(path+".max_reserved", "cannot be combined with count_statuses, reset_on_statuses or a response_* cost_source: "+
 			"a reservation holds requests against a debt the bucket already carries; settle in a rule of its own")
 	}
+	if v.Get("max_debt").Exists() {
+		return errAt(path+".max_debt", maxDebtRemoved)
+	}
 	response := r.Settle != nil && r.Settle.Response != ResponseNone
-	for _, f := range []string{"pre_charge", "max_debt", "estimate_source", "strip_accept_encoding"} {
+	for _, f := range []string{"pre_charge", "estimate_source", "strip_accept_encoding"} {
 		if v.Get(f).Exists() && !response {
 			return errAt(path+"."+f, `applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`)
 		}
@@ -265,23 +276,10 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 		}
 		r.Settle.StripAcceptEncoding = sa.Bool()
 	}
-	// Every reported cost is carried: the debt it leaves is repaid by the
-	// refill, not forgiven, unless max_debt sets a floor.
+	// Every reported cost is carried in full: the debt it leaves is repaid
+	// by the refill, never forgiven (issue 22). The floor is only the
+	// largest value a balance is stored with, -1e12 tokens.
 	r.Limit.MaxDebt = maxBurst
-	if md := v.Get("max_debt"); md.Exists() {
-		n, err := nonNegative(path+".max_debt", md, maxBurst)
-		if err != nil {
-			return err
-		}
-		r.Limit.MaxDebt = n
-	}
-	if r.Limit.MaxDebt == 0 && r.Settle.PreCharge == 0 {
-		// Admission then needs only a positive balance, and no settlement
-		// can take it below zero: the refill makes it positive again an
-		// instant after every charge, so the limit would limit nothing.
-		return errAt(path+".max_debt", "0 needs pre_charge > 0: with neither a debt nor an admission cost, "+
-			"the balance is back above zero an instant after every charge and every request is admitted")
-	}
 	r.Cost.Kind, r.Cost.PreCharge, r.Cost.Burst = CostResponse, r.Settle.PreCharge, r.Limit.Burst
 	return nil
 }

@@ -8,7 +8,7 @@ import (
 
 func TestParseSettleConfig(t *testing.T) {
 	cfg, err := config.Parse([]byte(`{"rules":[
-		{"name":"llm","algorithm_config":{"rps":1,"burst":100,"cost_source":"response_sse:/message/usage/input_tokens+/usage/output_tokens","pre_charge":5,"max_debt":0}},
+		{"name":"llm","algorithm_config":{"rps":1,"burst":100,"cost_source":"response_sse:/message/usage/input_tokens+/usage/output_tokens","pre_charge":5}},
 		{"name":"login","algorithm_config":{"rps":1,"burst":3,"count_statuses":[401,"403","5xx"],"reset_on_statuses":"2xx"}},
 		{"name":"hdr","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:X-Usage"}},
 		{"name":"est","algorithm_config":{"rps":10,"burst":1000,"cost_source":"response_json:/usage/total_tokens","estimate_source":"header:X-Max-Tokens","strip_accept_encoding":true}},
@@ -19,7 +19,7 @@ func TestParseSettleConfig(t *testing.T) {
 	r := cfg.Rules()
 	llm := r[0]
 	if s := llm.Settle; s == nil || s.Response != config.ResponseSSE || len(s.Pointers) != 2 || s.PreCharge != 5 ||
-		llm.Limit.MaxDebt != 0 || llm.Cost.Kind != config.CostResponse || llm.Cost.PreCharge != 5 {
+		llm.Limit.MaxDebt != 1e12 || llm.Cost.Kind != config.CostResponse || llm.Cost.PreCharge != 5 {
 		t.Errorf("llm: got %+v %+v %+v", llm.Settle, llm.Limit, llm.Cost)
 	}
 	login := r[1].Settle
@@ -48,6 +48,7 @@ func TestParseSettleConfig(t *testing.T) {
 
 func TestParseSettleConfigErrors(t *testing.T) {
 	rls := `,"settings":{"rls":{"cluster":"rls"}}}`
+	const removed = "is no longer accepted: a reported cost is always carried in full and the debt is repaid by the refill, never forgiven (a bucket in debt already refuses new requests); remove it, and to bound what one request may take, reserve its estimate at admission (estimate_source, pre_charge) and cap the upstream's usage (max_tokens)"
 	tests := []struct{ name, config, expectedErr string }{
 		{"overlap", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"count_statuses":"4xx","reset_on_statuses":[401]}}`,
 			`algorithm_config.reset_on_statuses: must not share a status with count_statuses: a status either counts or resets`},
@@ -57,8 +58,15 @@ func TestParseSettleConfigErrors(t *testing.T) {
 			`algorithm_config.pre_charge: applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`},
 		{"pre_charge over burst", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","pre_charge":4}}`,
 			`algorithm_config.pre_charge: must be from 0 to 3, got 4`},
-		{"no debt and no pre_charge", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","max_debt":0,"pre_charge":0}}`,
-			`algorithm_config.max_debt: 0 needs pre_charge > 0: with neither a debt nor an admission cost, the balance is back above zero an instant after every charge and every request is admitted`},
+		// Issue 22: max_debt forgave what lay below its floor; a reported
+		// cost is now carried in full, so the field is refused, whatever
+		// its value, with the replacement named.
+		{"max_debt", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","max_debt":10}}`,
+			`algorithm_config.max_debt: ` + removed},
+		{"max_debt 0 and no pre_charge", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","max_debt":0,"pre_charge":0}}`,
+			`algorithm_config.max_debt: ` + removed},
+		{"max_debt without a response cost", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"max_debt":0}}`,
+			`algorithm_config.max_debt: ` + removed},
 		{"estimate without a response cost", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"estimate_source":"header:x-max-tokens"}}`,
 			`algorithm_config.estimate_source: applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`},
 		{"bad estimate", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","estimate_source":"fixed"}}`,

@@ -17,15 +17,15 @@ import (
 
 // clusterSettleConfig has three cluster-scope rules that settle in
 // tokengate-rls, by path: an LLM rule charged what the response reports
-// (pre_charge 0: the service takes 1 hit at admission; max_debt 100, a floor
-// set here, not the default since issue 22), a login rule that
+// (pre_charge 0: the service takes 1 hit at admission; the debt is carried
+// in full, as no floor forgives it since issue 22), a login rule that
 // counts only 401s, and one that also resets on a 200. The rates are so
 // low (the least tokengate accepts) that no refill shows in six decimals
 // between two writes of a bucket, so the Redis
 // values are exact.
 const clusterSettleConfig = `{"rules":[
   {"name":"llm","scope":"cluster","limit_keys":["header:x-api-key"],"match":{"path":"/llm"},
-   "algorithm_config":{"tokens_per_second":1e-7,"burst":100,"cost_source":"response_json:/usage/total_tokens","pre_charge":0,"max_debt":100}},
+   "algorithm_config":{"tokens_per_second":1e-7,"burst":100,"cost_source":"response_json:/usage/total_tokens","pre_charge":0}},
   {"name":"login","scope":"cluster","limit_keys":["header:x-api-key"],"match":{"path":"/login"},
    "algorithm_config":{"tokens_per_second":3e-9,"burst":3,"count_statuses":[401]}},
   {"name":"relogin","scope":"cluster","limit_keys":["header:x-api-key"],"match":{"path":"/relogin"},
@@ -85,9 +85,9 @@ func redisTokens(t *testing.T, redis *redistest.Server, key string) string {
 // TestClusterSettle: cluster-scope rules settle after the response in
 // tokengate-rls, through the built module, on a real Redis. A response
 // reporting 42 tokens leaves the global bucket at exactly 100 - 42 (1 hit
-// at admission, 41 in the settlement); one reporting 2000 takes it into
-// debt, stopped at -max_debt, and the next request gets 429 from the
-// service. Successes of a count_statuses rule are refunded in the service
+// at admission, 41 in the settlement); one reporting 2000 takes it into a
+// debt of the full 2000 (nothing forgiven: issue 22), and the next request
+// gets 429 from the service. Successes of a count_statuses rule are refunded in the service
 // (three failures still exhaust it, a success after them gets 429), and a
 // reset_on_statuses success deletes the key. One settlement call per
 // stream, none failed; the response was never held for it. It runs over
@@ -148,12 +148,12 @@ func testClusterSettle(t *testing.T, protocol string) {
 		settled("tb:{llm:k1}", "58.000000", calls)
 		step("/llm?tokens=2000", "k1", "", 200)
 		calls++
-		settled("tb:{llm:k1}", "-100.000000", calls) // max_debt 100
+		settled("tb:{llm:k1}", "-1942.000000", calls) // 58 - 2000, carried in full
 		r := step("/llm?tokens=1", "k1", "", 429)
 		if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra < 1 {
 			t.Errorf("429 in debt: Retry-After %q", r.header.Get("Retry-After"))
 		}
-		if got := redisTokens(t, redis, "tb:{llm:k1}"); got != "-100.000000" {
+		if got := redisTokens(t, redis, "tb:{llm:k1}"); got != "-1942.000000" {
 			t.Errorf("a rejected request changed the bucket: %q", got)
 		}
 		if got := metric(t, h, "llm", "settle_charged"); got != 2 {
@@ -207,7 +207,7 @@ func testClusterSettle(t *testing.T, protocol string) {
 // belonged to was 200 all the same: nothing waits for a settlement.
 func TestClusterSettleFailureCounted(t *testing.T) {
 	redis := redistest.Start(t)
-	service := strings.Replace(clusterSettleConfig, `,"cost_source":"response_json:/usage/total_tokens","pre_charge":0,"max_debt":100`, "", 1)
+	service := strings.Replace(clusterSettleConfig, `,"cost_source":"response_json:/usage/total_tokens","pre_charge":0`, "", 1)
 	rls := startTokengateRLS(t, service, redis.Addr)
 	h, srv := startSettleFleetHost(t, clusterSettleConfig, rlsBootstrap(rls.Addr), settleUpstream())
 	if r := mustDo(t, srv.Client(), srv, "/llm?tokens=42", map[string]string{"x-api-key": "k1"}); r.status != 200 {

@@ -114,21 +114,21 @@ func TestResponseTrailersSettleOnce(t *testing.T) {
 }
 
 // TestDebtWithoutPreCharge: pre_charge 0 admits only while the balance is
-// positive. Burst 10, responses reporting 100: the first request is
-// admitted and takes the balance to -10 (max_debt 10, a floor set here:
-// since issue 22 neither pre_charge 0 nor a floor is the default); the
+// positive. Burst 10, a response reporting 20: the first request is
+// admitted and takes the balance to -10, carried in full (since issue 22
+// pre_charge 0 is not the default, and no floor forgives a debt); the
 // second is already 429 with a Retry-After of the debt over the rate; at
 // a balance of exactly 0 still 429; above it, admitted.
 func TestDebtWithoutPreCharge(t *testing.T) {
 	up := usageUpstream(t)
 	cfg := `{"rules":[{"name":"llm","limit_keys":["ip:address"],` +
-		`"algorithm_config":{"tokens_per_second":1,"burst":10,"cost_source":"response_json:/usage/total_tokens","pre_charge":0,"max_debt":10}}]}`
+		`"algorithm_config":{"tokens_per_second":1,"burst":10,"cost_source":"response_json:/usage/total_tokens","pre_charge":0}}]}`
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
 			clk := wasmhost.NewFakeClock(t0)
 			h, srv, ms := settleHost(t, cfg, up, false, sem.kong, clk)
 			c := srv.Client()
-			if r := mustDo(t, c, srv, "/?tokens=100", nil); r.status != 200 {
+			if r := mustDo(t, c, srv, "/?tokens=20", nil); r.status != 200 {
 				t.Fatalf("first: %d", r.status)
 			}
 			waitStreamsEnded(t, h, 1)

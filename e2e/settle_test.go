@@ -217,12 +217,13 @@ func TestResponseHeaderCost(t *testing.T) {
 }
 
 // TestDebt: a response that costs more than the bucket holds takes it into
-// debt (down to -max_debt); the next requests get 429 with a Retry-After of
+// debt, carried in full (issue 22: a floor, max_debt, forgave the rest and
+// is refused now); the next requests get 429 with a Retry-After of
 // debt/rate (plus the jitter of up to 50%), and pass once it is repaid.
 func TestDebt(t *testing.T) {
 	up := usageUpstream(t)
 	cfg := `{"rules":[{"name":"llm","limit_keys":["ip:address"],"algorithm":"token_bucket",` +
-		`"algorithm_config":{"tokens_per_second":2,"burst":20,"cost_source":"response_json:/usage/total_tokens","max_debt":10,"pre_charge":0}}],` +
+		`"algorithm_config":{"tokens_per_second":2,"burst":20,"cost_source":"response_json:/usage/total_tokens","pre_charge":0}}],` +
 		`"settings":{"rule_headers":true}}`
 	for _, sem := range semantics {
 		t.Run(sem.name, func(t *testing.T) {
@@ -244,21 +245,20 @@ func TestDebt(t *testing.T) {
 			if r.status != 429 || ra < 3 || ra > 4 {
 				t.Fatalf("got %d Retry-After %q, want 429 with 3..4", r.status, r.header.Get("Retry-After"))
 			}
-			// The debt stops at -max_debt: a huge report costs 10 more, not
-			// 100. (3 s repay the debt exactly; admission needs a positive
-			// balance, so a millisecond more.)
-			clk.Advance(3*time.Second + time.Millisecond)
+			// A report far above the burst is carried in full: 2 tokens
+			// (4 s repay the debt of 6 and refill 2) less 100 leave -98.
+			clk.Advance(4 * time.Second)
 			if r := mustDo(t, c, srv, "/?tokens=100", nil); r.status != 200 {
 				t.Fatalf("repaid: got %d, want 200", r.status)
 			}
-			if got := tokensOf(t, ms, "llm"); got != -10 {
-				t.Fatalf("tokens: got %v, want -10 (max_debt)", got)
+			if got := tokensOf(t, ms, "llm"); got != -98 {
+				t.Fatalf("tokens: got %v, want -98 (2 - 100, nothing forgiven)", got)
 			}
-			clk.Advance(4 * time.Second)
+			clk.Advance(40 * time.Second)
 			if r := mustDo(t, c, srv, "/?tokens=1", nil); r.status != 429 {
-				t.Fatalf("-2 after 4 s: got %d, want 429", r.status)
+				t.Fatalf("-18 after 40 s: got %d, want 429", r.status)
 			}
-			clk.Advance(time.Second)
+			clk.Advance(9 * time.Second)
 			if r := mustDo(t, c, srv, "/?tokens=1", nil); r.status != 429 {
 				t.Fatalf("at exactly 0: got %d, want 429 (admitted only above zero)", r.status)
 			}

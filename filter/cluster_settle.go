@@ -22,8 +22,8 @@ import (
 //     hits_addend the extra tokens rounded up: what Envoy's own
 //     apply_on_stream_done sends, so envoyproxy/ratelimit counts it too;
 //     the call carries the header "tokengate-settle: 1", which tells
-//     tokengate-rls to take them whatever the bucket holds, down to
-//     -max_debt, instead of deciding;
+//     tokengate-rls to take them whatever the bucket holds, in full,
+//     instead of deciding;
 //   - a refund: [tokengate_rule, key, (tokengate_settle, refund),
 //     (tokengate_amount, N)] (hits_addend is unsigned); a service that does
 //     not know these entries (envoyproxy/ratelimit) matches no limit and

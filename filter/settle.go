@@ -40,7 +40,7 @@ import (
 // An unreported cost is what admission reserved, or default_cost if more
 // (charge.unreported). The difference between the cost and what admission
 // took is refunded or charged (sharedstate.Updater.Settle); a charge takes
-// the bucket into debt, carried in full unless max_debt sets a floor. The
+// the bucket into debt, carried in full (nothing forgives it). The
 // response itself is never paused or buffered: every callback returns
 // Continue.
 //

@@ -74,12 +74,13 @@ func TestSettleExactlyOnce(t *testing.T) {
 	}
 }
 
-// TestResponseCostNeedsAPositiveBalance: with pre_charge 0 (and a max_debt
-// of the burst, both set: neither is the default since issue 22) a request is
+// TestResponseCostNeedsAPositiveBalance: with pre_charge 0 a request is
 // admitted only while the balance is above zero: burst 10 and responses
-// that report 100 each admit one request, then 429 until the debt is
-// repaid; at exactly 0 too. With max_debt 0 a pre_charge keeps the limit
-// working (max_debt 0 alone is refused: TestParseSettleConfigErrors).
+// that report 100 each admit one request, which leaves a debt of the full
+// 100 (carried, never forgiven: max_debt, which set a floor, is refused
+// since issue 22), then 429 until the refill has repaid it; at exactly 0
+// too. With a pre_charge the next request needs that much again, after
+// the debt is repaid in full.
 func TestResponseCostNeedsAPositiveBalance(t *testing.T) {
 	const cfg = `{"name":"llm","algorithm_config":{"rps":1,"burst":10,"cost_source":"response_header:x-usage"%s}}`
 	report := func(f *fixture) filter.Action {
@@ -90,12 +91,12 @@ func TestResponseCostNeedsAPositiveBalance(t *testing.T) {
 		st.end()
 		return res.RequestAction
 	}
-	f := newFixture(t, strings.Replace(cfg, "%s", `,"pre_charge":0,"max_debt":10`, 1))
+	f := newFixture(t, strings.Replace(cfg, "%s", `,"pre_charge":0`, 1))
 	if report(f) != filter.Continue {
 		t.Fatal("first request rejected")
 	}
-	if tok, _ := f.state("tb:llm:"); tok != -10 {
-		t.Fatalf("after 100 reported: %v tokens, want -10 (max_debt = burst)", tok)
+	if tok, _ := f.state("tb:llm:"); tok != -90 {
+		t.Fatalf("after 100 reported: %v tokens, want -90 (10 - 100, carried in full)", tok)
 	}
 	for i := 0; i < 5; i++ {
 		if report(f) == filter.Continue {
@@ -103,10 +104,10 @@ func TestResponseCostNeedsAPositiveBalance(t *testing.T) {
 		}
 		f.now += 1
 	}
-	// 5 s later the balance is -5; 5 more bring it to exactly 0: still no.
-	f.now += 5
-	if tok, _ := f.state("tb:llm:"); tok != -10 {
-		t.Fatalf("rejections took tokens: %v, want -10", tok)
+	// 5 s later the balance is -85; 85 more bring it to exactly 0: still no.
+	f.now += 85
+	if tok, _ := f.state("tb:llm:"); tok != -90 {
+		t.Fatalf("rejections took tokens: %v, want -90", tok)
 	}
 	if res := f.get(); res.RequestAction == filter.Continue || res.Response.Local == nil || res.Response.Local.Status != 429 {
 		t.Fatalf("at a balance of 0: got %v %+v, want 429", res.RequestAction, res.Response.Local)
@@ -116,17 +117,16 @@ func TestResponseCostNeedsAPositiveBalance(t *testing.T) {
 		t.Fatal("a positive balance (0.001) rejected")
 	}
 
-	// max_debt 0 with a pre_charge: admission takes 5, a report of 100
-	// empties the bucket (the rest is forgiven), and the next request needs
-	// 5 again.
-	f = newFixture(t, strings.Replace(cfg, "%s", `,"max_debt":0,"pre_charge":5`, 1))
+	// A pre_charge: admission takes 5, a report of 100 charges 95 more
+	// (the balance is 10 - 100), and the next request needs 5 again.
+	f = newFixture(t, strings.Replace(cfg, "%s", `,"pre_charge":5`, 1))
 	if report(f) != filter.Continue {
 		t.Fatal("first request rejected")
 	}
-	if tok, _ := f.state("tb:llm:"); tok != 0 {
-		t.Fatalf("after 100 reported: %v tokens, want 0", tok)
+	if tok, _ := f.state("tb:llm:"); tok != -90 {
+		t.Fatalf("after 100 reported: %v tokens, want -90", tok)
 	}
-	f.now += 4.9
+	f.now += 94.9
 	if report(f) == filter.Continue {
 		t.Fatal("4.9 tokens admitted a pre_charge of 5")
 	}

@@ -21,7 +21,7 @@ import (
 // admission cost here; when the stream ends, the filter sends one more
 // ShouldRateLimit with the stream's settlements, and settle.lua applies
 // each to its bucket atomically: an extra charge (which may take the
-// bucket into debt, down to -max_debt), a refund (capped at burst), or a
+// bucket into debt, carried in full), a refund (capped at burst), or a
 // reset (the key is deleted: a full bucket).
 
 //go:embed settle.lua

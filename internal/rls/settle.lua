@@ -4,9 +4,12 @@
 -- KEYS[1]  the bucket, "tb:{<rule>:<composite key>}" (tokenbucket.lua's)
 -- ARGV[1]  rate, tokens per second (> 0)
 -- ARGV[2]  burst, capacity in tokens (> 0)
--- ARGV[3]  max_debt (>= 0): how far below zero a charge may go
--- ARGV[4]  "charge": take ARGV[5] tokens whatever the bucket holds, down to
---          -max_debt (what lies beyond is forgiven; bucket.Limit.Charge);
+-- ARGV[3]  the rule's debt bound (bucket.Limit.MaxDebt): for a rule that
+--          settles, the storage bound 1e12, since a reported cost is
+--          carried in full (no configuration sets a floor; max_debt is
+--          refused)
+-- ARGV[4]  "charge": take ARGV[5] tokens whatever the bucket holds, in
+--          full down to that bound (bucket.Limit.Charge);
 --          "refund": give ARGV[5] tokens back, capped at burst
 --          (bucket.Limit.Refund); "reset": delete the key, which stands
 --          for a full bucket (bucket.Limit.Reset)

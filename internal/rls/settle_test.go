@@ -106,7 +106,7 @@ func TestSettleScriptMatchesBucket(t *testing.T) {
 // settleConfig has cluster rules that settle, one that does not, and a
 // lease-mode rule.
 const settleConfig = `{"rules":[
-  {"name":"llm","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"tokens_per_second":0.000001,"burst":100,"cost_source":"response_json:/usage/total_tokens","max_debt":20}},
+  {"name":"llm","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"tokens_per_second":0.000001,"burst":100,"cost_source":"response_json:/usage/total_tokens"}},
   {"name":"login","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"tokens_per_second":0.000001,"burst":3,"count_statuses":[401]}},
   {"name":"plain","scope":"cluster","algorithm_config":{"tokens_per_second":0.000001,"burst":3}}],
  "settings":{"rls":{"cluster":"rls"}}}`
@@ -120,7 +120,8 @@ func settleDesc(rule, key string, kv ...string) *ratelimitv3.RateLimitDescriptor
 }
 
 // TestServerSettle: a settlement call (the filter's header) charges extra
-// hits into debt down to -max_debt, refunds capped at burst and resets;
+// hits into debt, carried in full (issue 22: no floor forgives a report far
+// above the burst), refunds capped at burst and resets;
 // the same plain descriptor without the header is a take, which a bucket
 // in debt rejects. Malformed settlements and rules that do not settle are
 // INVALID_ARGUMENT, with nothing applied.
@@ -153,17 +154,17 @@ func TestServerSettle(t *testing.T) {
 	if err != nil || len(r.Statuses) != 1 || r.Statuses[0].LimitRemaining != 0 {
 		t.Fatalf("charge: %v %v", r, err)
 	}
-	if got := tokens("tb:{llm:192.0.2.1}"); got != "-20.000000" {
-		t.Fatalf("after 1 + 150: %q, want -20 (max_debt)", got)
+	if got := tokens("tb:{llm:192.0.2.1}"); got != "-51.000000" {
+		t.Fatalf("after 1 + 150: %q, want -51 (100 - 151, nothing forgiven)", got)
 	}
 	if r := ask(t, e.client, "tokengate", ours("llm", "192.0.2.1", 1)); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("a take in debt: %v, want OVER_LIMIT", r)
 	}
-	if _, err := settle(settleDesc("llm", "192.0.2.1", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "30.5")); err != nil {
+	if _, err := settle(settleDesc("llm", "192.0.2.1", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "61.5")); err != nil {
 		t.Fatal(err)
 	}
 	if got := tokens("tb:{llm:192.0.2.1}"); got != "10.500000" {
-		t.Fatalf("after a refund of 30.5: %q, want 10.5", got)
+		t.Fatalf("after a refund of 61.5: %q, want 10.5", got)
 	}
 	// A refund is capped at burst; a reset deletes the key.
 	if _, err := settle(settleDesc("llm", "192.0.2.1", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "1000")); err != nil {

@@ -77,8 +77,9 @@ type Op struct {
 	// the refill may reach (LeaseOp.Share): an exact take only gets the
 	// tokens no holder's share keeps. 0: no shares.
 	LeaseShare float64
-	// MaxDebt is how far below zero a settlement may take the bucket
-	// (settle.go): the rule's max_debt, 0 for a rule that never settles.
+	// MaxDebt is how far below zero the bucket may go (settle.go): the
+	// rule's bucket.Limit.MaxDebt, the storage bound 1e12 for a rule that
+	// settles (its debt is carried in full), 0 for one without debt.
 	MaxDebt float64
 	// limitArgs, when set, are num(Rate) and num(Burst) (Config.limitArgs).
 	limitArgs *[2]string
