@@ -190,6 +190,12 @@ const (
 	// admission reserves SettleSpec.PreCharge, or the request's estimate
 	// (Estimate).
 	CostResponse
+	// CostRequestJSON is an estimate read from the request's JSON body
+	// (CostSource.Estimate "request_json:<pointers>",
+	// SettleSpec.EstimatePointers):
+	// the filter reserves pre_charge when the headers arrive and the rest
+	// of the estimate when the body has.
+	CostRequestJSON
 )
 
 // CostSource says how many tokens a request takes.
@@ -208,9 +214,9 @@ type CostSource struct {
 	// (SettleSpec.PreCharge).
 	PreCharge float64
 	// Estimate and EstimateName, for CostResponse, are where the request
-	// states its own estimate ("estimate_source": CostHeader or CostQuery;
-	// CostFixed for none). A valid estimate above PreCharge is reserved
-	// instead, at most Burst.
+	// states its own estimate ("estimate_source": CostHeader, CostQuery
+	// or CostRequestJSON; CostFixed for none). A valid estimate above
+	// PreCharge is reserved instead, at most Burst.
 	Estimate     CostKind
 	EstimateName string
 	// Burst caps an estimate (the rule's burst).

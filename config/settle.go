@@ -39,6 +39,11 @@ type SettleSpec struct {
 	// settled when the stream ends. A request that states a larger
 	// estimate (CostSource.Estimate) reserves that instead.
 	PreCharge float64
+	// EstimatePointers are the JSON pointers of an estimate read from the
+	// request body (CostSource.Estimate CostRequestJSON,
+	// "request_json:<pointers>"); the estimate is the sum of the numbers
+	// found at them.
+	EstimatePointers []ljson.Pointer
 	// StripAcceptEncoding reports whether the request's Accept-Encoding is
 	// replaced by "identity" ("strip_accept_encoding", response_json and
 	// response_sse only), so that the upstream answers a body the filter
@@ -164,10 +169,19 @@ func responseCost(path string, s string, r *Rule) (bool, error) {
 		spec.Header = lite.ToLowerASCII(arg)
 		return true, nil
 	}
+	ps, err := pointers(path, kind, arg)
+	spec.Pointers = ps
+	return true, err
+}
+
+// pointers parses arg, up to maxPointers JSON pointers joined by '+', of a
+// source named kind (response_json, response_sse, request_json).
+func pointers(path, kind, arg string) ([]ljson.Pointer, error) {
 	parts := strings.Split(arg, "+")
 	if len(parts) > maxPointers {
-		return true, errAt(path, "at most "+strconv.Itoa(maxPointers)+" JSON pointers joined by '+', got "+strconv.Itoa(len(parts)))
+		return nil, errAt(path, "at most "+strconv.Itoa(maxPointers)+" JSON pointers joined by '+', got "+strconv.Itoa(len(parts)))
 	}
+	ps := make([]ljson.Pointer, 0, len(parts))
 	for i, part := range parts {
 		p, ok := ljson.ParsePointer(part)
 		if !ok {
@@ -178,13 +192,13 @@ func responseCost(path string, s string, r *Rule) (bool, error) {
 			if len(parts) > 1 {
 				got += " (pointer " + strconv.Itoa(i+1) + " of " + strconv.Quote(clip(arg)) + ")"
 			}
-			return true, errAt(path, kind+" needs JSON pointers such as \"/usage/total_tokens\" (1 to "+
+			return nil, errAt(path, kind+" needs JSON pointers such as \"/usage/total_tokens\" (1 to "+
 				strconv.Itoa(ljson.MaxPointerTokens)+" tokens of at most "+strconv.Itoa(ljson.MaxPointerToken)+
 				" bytes, joined by '+'), got "+got)
 		}
-		spec.Pointers = append(spec.Pointers, p)
+		ps = append(ps, p)
 	}
-	return true, nil
+	return ps, nil
 }
 
 // settleSpec returns r.Settle, creating it.
@@ -259,11 +273,17 @@ func settleConfig(path string, v ljson.Result, r *Rule) error {
 	}
 	if es := v.Get("estimate_source"); es.Exists() {
 		kind, name, ok := CostFixed, "", es.Type == ljson.String
-		if ok {
+		if arg, isJSON := strings.CutPrefix(es.Str, "request_json:"); ok && isJSON {
+			ps, err := pointers(path+".estimate_source", "request_json", arg)
+			if err != nil {
+				return err
+			}
+			kind, r.Settle.EstimatePointers = CostRequestJSON, ps
+		} else if ok {
 			kind, name, ok = parseCostSource(es.Str)
 		}
 		if !ok || kind == CostFixed {
-			return errAt(path+".estimate_source", `must be "header:<name>" or "query:<name>", got `+short(es.Raw))
+			return errAt(path+".estimate_source", `must be "header:<name>", "query:<name>" or "request_json:<JSON pointers>", got `+short(es.Raw))
 		}
 		r.Cost.Estimate, r.Cost.EstimateName = kind, name
 	}

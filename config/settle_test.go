@@ -12,7 +12,8 @@ func TestParseSettleConfig(t *testing.T) {
 		{"name":"login","algorithm_config":{"rps":1,"burst":3,"count_statuses":[401,"403","5xx"],"reset_on_statuses":"2xx"}},
 		{"name":"hdr","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:X-Usage"}},
 		{"name":"est","algorithm_config":{"rps":10,"burst":1000,"cost_source":"response_json:/usage/total_tokens","estimate_source":"header:X-Max-Tokens","strip_accept_encoding":true}},
-		{"name":"cc","algorithm":"concurrency","algorithm_config":{"max_in_flight":7}}]}`))
+		{"name":"cc","algorithm":"concurrency","algorithm_config":{"max_in_flight":7}},
+		{"name":"body","algorithm_config":{"rps":10,"burst":1000,"cost_source":"response_json:/usage/total_tokens","estimate_source":"request_json:/max_tokens+/max_output_tokens"}}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +45,9 @@ func TestParseSettleConfig(t *testing.T) {
 	if r[4].InFlight == nil || r[4].InFlight.Max != 7 || r[4].InFlight.Lease != 600 {
 		t.Errorf("cc: %+v", r[4].InFlight)
 	}
+	if body := r[5]; body.Cost.Estimate != config.CostRequestJSON || len(body.Settle.EstimatePointers) != 2 || body.Cost.PreCharge != 100 {
+		t.Errorf("body: %+v %+v", body.Cost, body.Settle)
+	}
 }
 
 func TestParseSettleConfigErrors(t *testing.T) {
@@ -70,9 +74,13 @@ func TestParseSettleConfigErrors(t *testing.T) {
 		{"estimate without a response cost", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"estimate_source":"header:x-max-tokens"}}`,
 			`algorithm_config.estimate_source: applies only to a cost known after the response (cost_source "response_header:...", "response_json:..." or "response_sse:...")`},
 		{"bad estimate", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","estimate_source":"fixed"}}`,
-			`algorithm_config.estimate_source: must be "header:<name>" or "query:<name>", got "fixed"`},
+			`algorithm_config.estimate_source: must be "header:<name>", "query:<name>" or "request_json:<JSON pointers>", got "fixed"`},
+		{"bad request_json pointer", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","estimate_source":"request_json:max_tokens"}}`,
+			`algorithm_config.estimate_source: request_json needs JSON pointers such as "/usage/total_tokens" (1 to 8 tokens of at most 64 bytes, joined by '+'), got "max_tokens"`},
+		{"request_json in cluster scope", `{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":30,"cost_source":"response_json:/u","estimate_source":"request_json:/max_tokens"}}]` + rls,
+			`rule "a": "scope": "cluster" cannot take its estimate from the request body ("estimate_source": "request_json:..."): the service decides when the headers arrive; state the estimate in a header ("header:<name>") or make the rule local (docs/configuration.md)`},
 		{"estimate not a string", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","estimate_source":5}}`,
-			`algorithm_config.estimate_source: must be "header:<name>" or "query:<name>", got 5`},
+			`algorithm_config.estimate_source: must be "header:<name>", "query:<name>" or "request_json:<JSON pointers>", got 5`},
 		{"strip on a header cost", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:x-u","strip_accept_encoding":true}}`,
 			`algorithm_config.strip_accept_encoding: applies only to a cost read from the body (response_json or response_sse)`},
 		{"strip not a bool", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","strip_accept_encoding":"yes"}}`,

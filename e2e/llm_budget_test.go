@@ -51,6 +51,13 @@ func (g *gateUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // so that all of them are in flight together, as the issue's 200 were.
 func parallelAttack(t *testing.T, h *wasmhost.Host, srv *httptest.Server, up *gateUpstream, n int, header map[string]string) int64 {
 	t.Helper()
+	return parallelAttackBody(t, h, srv, up, n, header, "")
+}
+
+// parallelAttackBody is parallelAttack with a POST of body (a GET without
+// one when body is empty).
+func parallelAttackBody(t *testing.T, h *wasmhost.Host, srv *httptest.Server, up *gateUpstream, n int, header map[string]string, body string) int64 {
+	t.Helper()
 	c := clientFrom("127.0.0.1", n)
 	c.Timeout = 60 * time.Second // a bound for a hung request, not a speed
 	var wg sync.WaitGroup
@@ -59,7 +66,7 @@ func parallelAttack(t *testing.T, h *wasmhost.Host, srv *httptest.Server, up *ga
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := do(c, srv, "/v1/chat/completions", header)
+			r, err := doBody(c, srv, "/v1/chat/completions", header, body)
 			switch {
 			case err != nil:
 				failed.Add(1)
@@ -93,15 +100,23 @@ func parallelAttack(t *testing.T, h *wasmhost.Host, srv *httptest.Server, up *ga
 // budget covers, 2. Every admitted request is then charged in full: the
 // debt is carried (1000 - 10 × 500 = -4000 on a clock that does not move),
 // to be repaid by the refill. It used to admit all 200, 100,000 tokens, and
-// stop the debt at -1000. Both shared-data semantics.
+// stop the debt at -1000. With the estimate in the JSON body
+// ("max_tokens": 500, estimate_source request_json:/max_tokens) the module
+// holds each body and reserves the rest of its 500 when it has arrived:
+// what the budget covers, 2, again; a body without the field keeps the
+// default reservation. Both shared-data semantics.
 func TestParallelResponseCostBounded(t *testing.T) {
 	for _, tt := range []struct {
 		name, extra string
 		header      map[string]string
+		body        string
 		admitted    int64
 	}{
-		{"defaults", "", nil, 10},
-		{"estimate header", `,"estimate_source":"header:x-max-tokens"`, map[string]string{"x-max-tokens": "500"}, 2},
+		{"defaults", "", nil, "", 10},
+		{"estimate header", `,"estimate_source":"header:x-max-tokens"`, map[string]string{"x-max-tokens": "500"}, "", 2},
+		{"estimate in the body", `,"estimate_source":"request_json:/max_tokens+/max_output_tokens"`, map[string]string{"content-type": "application/json"},
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500}`, 2},
+		{"body without an estimate", `,"estimate_source":"request_json:/max_tokens"`, nil, `{"model":"m","messages":[]}`, 10},
 	} {
 		for _, sem := range semantics {
 			t.Run(tt.name+"/"+sem.name, func(t *testing.T) {
@@ -109,7 +124,7 @@ func TestParallelResponseCostBounded(t *testing.T) {
 				clk := wasmhost.NewFakeClock(t0)
 				cfg := strings.Replace(llmBudgetRule, "EXTRA", tt.extra, 1)
 				h, srv, ms := settleHostWith(t, cfg, up, true, sem.kong, clk)
-				got := parallelAttack(t, h, srv, up, 200, tt.header)
+				got := parallelAttackBody(t, h, srv, up, 200, tt.header, tt.body)
 				if got != tt.admitted {
 					t.Errorf("admitted %d of 200, want %d", got, tt.admitted)
 				}
@@ -260,6 +275,57 @@ func TestClusterParallelResponseCostBounded(t *testing.T) {
 			}
 			if v, _ := h.Metric("tokengate.rls_settle_errors"); v != 0 {
 				t.Errorf("rls_settle_errors: %d", v)
+			}
+		})
+	}
+}
+
+// TestBodyEstimateReservation: what one request with its estimate in the
+// JSON body reserves while it is in flight (burst 1000, pre_charge 100):
+// the estimate when it is larger than pre_charge, at most the burst;
+// pre_charge for a body that is not JSON, lacks the field, states less,
+// or is larger than the module holds (filter.MaxEstimateBody, 512 KiB:
+// the field comes after that). Every admitted request is then charged the
+// 500 its response reports.
+func TestBodyEstimateReservation(t *testing.T) {
+	const cfg = `{"rules":[{"name":"llm","algorithm_config":{"tokens_per_second":10,"burst":1000,` +
+		`"cost_source":"response_json:/usage/total_tokens","estimate_source":"request_json:/max_tokens+/max_output_tokens"}}]}`
+	pad := strings.Repeat("x", 512<<10)
+	for _, tt := range []struct {
+		name, body string
+		reserved   float64
+	}{
+		{"max_tokens", `{"max_tokens":700,"messages":[]}`, 700},
+		{"two pointers summed", `{"max_output_tokens":300,"max_tokens":200}`, 500},
+		{"above the burst", `{"max_tokens":5000}`, 1000},
+		{"below pre_charge", `{"max_tokens":30}`, 100},
+		{"not JSON", `max_tokens=700`, 100},
+		{"not a number", `{"max_tokens":"700"}`, 100},
+		{"negative", `{"max_tokens":-700}`, 100},
+		{"larger than the module holds", `{"messages":"` + pad + `","max_tokens":700}`, 100},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			up := &gateUpstream{open: make(chan struct{})}
+			h, srv, ms := settleHostWith(t, cfg, up, true, false, wasmhost.NewFakeClock(t0))
+			done := make(chan response, 1)
+			go func() {
+				r, err := doBody(srv.Client(), srv, "/v1/chat/completions", nil, tt.body)
+				if err != nil {
+					r.status = -1
+				}
+				done <- r
+			}()
+			waitFor(t, func() bool { return up.arrived.Load() == 1 })
+			if b, ok := findBucket(t, ms, "llm", ""); !ok || b.tokens != 1000-tt.reserved {
+				t.Errorf("in flight: tokens %v, want %v (%v reserved)", b.tokens, 1000-tt.reserved, tt.reserved)
+			}
+			close(up.open)
+			if r := <-done; r.status != 200 {
+				t.Fatalf("got %d, want 200", r.status)
+			}
+			waitStreamsEnded(t, h, 1)
+			if b, ok := findBucket(t, ms, "llm", ""); !ok || b.tokens != 500 {
+				t.Errorf("settled: tokens %v, want 500 (the usage, in full)", b.tokens)
 			}
 		})
 	}

@@ -113,7 +113,16 @@ type response struct {
 // do sends a GET of path to srv with the client c and header, and reads the
 // whole response.
 func do(c *http.Client, srv *httptest.Server, path string, header map[string]string) (response, error) {
-	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+	return doBody(c, srv, path, header, "")
+}
+
+// doBody is do with a POST of body, or a GET when body is empty.
+func doBody(c *http.Client, srv *httptest.Server, path string, header map[string]string, body string) (response, error) {
+	method, rd := http.MethodGet, io.Reader(nil)
+	if body != "" {
+		method, rd = http.MethodPost, strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, srv.URL+path, rd)
 	if err != nil {
 		return response{}, err
 	}

@@ -159,6 +159,15 @@ type bodyReader interface {
 	ResponseBody(start, max int) ([]byte, bool)
 }
 
+// requestBodyReader is implemented by hosts that can read the request body
+// buffered for the running proxy_on_request_body (filter/abi). Without it a
+// request_json estimate is never read, and pre_charge is reserved.
+type requestBodyReader interface {
+	// RequestBody returns up to max bytes of the buffered request body
+	// from start, valid as ResponseBody's are.
+	RequestBody(start, max int) ([]byte, bool)
+}
+
 // requestHeaderSetter is implemented by hosts that can replace a request
 // header before the request goes upstream (filter/abi, over
 // proxy_replace_header_map_value). Without it strip_accept_encoding does
@@ -208,6 +217,7 @@ type bytesViewer interface {
 func (p *Plugin) findCapabilities(h Host) {
 	p.caller, _ = h.(Caller)
 	p.br, _ = h.(bodyReader)
+	p.rbr, _ = h.(requestBodyReader)
 	p.rhs, _ = h.(requestHeaderSetter)
 	p.hbs, _ = h.(headerBytesSetter)
 	p.ps, _ = h.(propertyStringer)
@@ -235,6 +245,8 @@ func (p *Plugin) checkCapabilities() {
 			k = 2
 		case r.Settle != nil && r.Settle.Response >= config.ResponseJSON && p.br == nil:
 			k = 3
+		case awaitsEstimate(r) && p.rbr == nil:
+			k = 4
 		}
 		if k >= 0 && logged&(1<<k) == 0 {
 			logged |= 1 << k
@@ -250,4 +262,5 @@ var capabilityNotes = [...]string{
 	" holds requests (max_reserved), which needs a timer and stream resumption the host lacks: they are rejected instead",
 	" leases, which needs a timer the host lacks: no refill ahead, a request short of allowance makes its own call",
 	" reads its cost in the response body, which the host cannot: the cost is what the request reserved, or default_cost if more",
+	" reads its estimate in the request body, which the host cannot: it reserves pre_charge",
 }

@@ -126,6 +126,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		return Continue
 	}
 	p.buf.nowSet = false
+	s.hasBody = !endOfStream
 	st := &p.st
 	st.begin(request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, v6Prefix: cfg.Settings.IPv6Prefix, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
 		jwtMeta: cfg.Settings.JWTPayloadInMetadata})

@@ -36,14 +36,19 @@ type Plugin struct {
 	// the callback being run.
 	st  reqState
 	buf scratch
+	// est and estShadow are the buckets a request's body estimate takes
+	// from (estimate.go), reused from one request to the next.
+	est, estShadow group
 
 	// The host's optional capabilities, found once by NewPlugin (host.go);
 	// nil when the host lacks them. caller: callouts and stream resumption
 	// (cluster and lease rules, held requests); br: the response body
 	// (response_json and response_sse costs); rhs: request headers
-	// (strip_accept_encoding); hbs, ps, bv, bl save copies.
+	// (strip_accept_encoding); rbr: the request body (request_json
+	// estimates); hbs, ps, bv, bl save copies.
 	caller Caller
 	br     bodyReader
+	rbr    requestBodyReader
 	rhs    requestHeaderSetter
 	hbs    headerBytesSetter
 	ps     propertyStringer
@@ -214,6 +219,8 @@ type Stream struct {
 	// settle is what the stream settles and releases when it ends
 	// (settle.go); nil for a request that needs nothing of the kind.
 	settle *settleState
+	// hasBody: proxy_on_request_headers said a body follows.
+	hasBody bool
 }
 
 // quotaOf is what the RateLimit headers say about r's bucket after a

@@ -60,6 +60,10 @@ type settleState struct {
 	awaiting []charge
 	remote   []rlscontract.Descriptor
 	leases   []lease
+	// estimating: a charge awaits its estimate from the request body,
+	// bodySize bytes of which the host has buffered (estimate.go).
+	estimating bool
+	bodySize   int
 	// status is the response's :status, 0 before proxy_on_response_headers.
 	status int
 	ended  bool
@@ -73,6 +77,9 @@ type charge struct {
 	pre float64             // what admission took
 	// done: settled already.
 	done bool
+	// estimate: the charge awaits its estimate from the request body
+	// (estimate.go); its scans read the body until then.
+	estimate bool
 	// body: the cost is read from the body; scanning: still reading it.
 	body, scanning bool
 	scans          []ljson.PointerScanner
@@ -108,7 +115,9 @@ func (s *Stream) track(g *group) {
 		if pre == admitPositive {
 			pre = 0 // pre_charge 0: admission took nothing a balance shows
 		}
-		st.charges = append(st.charges, charge{r: r, req: req, pre: pre})
+		est := s.hasBody && awaitsEstimate(r)
+		st.charges = append(st.charges, charge{r: r, req: req, pre: pre, estimate: est})
+		st.estimating = st.estimating || est
 		s.identity(r)
 	}
 }

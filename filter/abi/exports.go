@@ -89,11 +89,28 @@ func proxyOnResponseHeaders(id, numHeaders, endOfStream uint32) (act uint32) {
 	return uint32(s.OnResponseHeaders(int(numHeaders), endOfStream != 0))
 }
 
+// proxyOnRequestBody holds the body only of a request that awaits its
+// estimate from it (filter/estimate.go).
+//
 //go:wasmexport proxy_on_request_body
-func proxyOnRequestBody(id, size, endOfStream uint32) uint32 { return uint32(filter.Continue) }
+func proxyOnRequestBody(id, size, endOfStream uint32) (act uint32) {
+	enter()
+	defer guard("proxy_on_request_body", func() { act = uint32(filter.Continue) })
+	if s, ok := streams.get(id); ok {
+		return uint32(s.OnRequestBody(int(size), endOfStream != 0))
+	}
+	return uint32(filter.Continue)
+}
 
 //go:wasmexport proxy_on_request_trailers
-func proxyOnRequestTrailers(id, n uint32) uint32 { return uint32(filter.Continue) }
+func proxyOnRequestTrailers(id, n uint32) (act uint32) {
+	enter()
+	defer guard("proxy_on_request_trailers", func() { act = uint32(filter.Continue) })
+	if s, ok := streams.get(id); ok {
+		return uint32(s.OnRequestTrailers(int(n)))
+	}
+	return uint32(filter.Continue)
+}
 
 // proxyOnResponseBody reads the body only for a rule whose cost the body
 // reports; it always continues (the response is never held).

@@ -226,12 +226,24 @@ func (*host) SendLocalResponse(status uint32, details string, body []byte, heade
 // running proxy_on_response_body, from start, into one static window (see
 // memory.go): valid until the next ResponseBody call or the callback ends.
 func (*host) ResponseBody(start, max int) ([]byte, bool) {
+	return bodyBytes(bufferResponseBody, start, max)
+}
+
+// RequestBody reads up to max bytes of the request body the host buffered
+// for the running proxy_on_request_body, as ResponseBody does.
+func (*host) RequestBody(start, max int) ([]byte, bool) {
+	return bodyBytes(bufferRequestBody, start, max)
+}
+
+// bodyBytes reads up to max bytes of a body buffer from start into the
+// static window.
+func bodyBytes(buffer uint32, start, max int) ([]byte, bool) {
 	if max <= 0 {
 		return nil, true
 	}
 	unpin()
 	wantWindow = true
-	st := proxyGetBufferBytes(bufferResponseBody, uint32(start), uint32(max), &ret.data, &ret.size)
+	st := proxyGetBufferBytes(buffer, uint32(start), uint32(max), &ret.data, &ret.size)
 	wantWindow = false
 	if st != statusOK {
 		return nil, false

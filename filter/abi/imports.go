@@ -72,6 +72,7 @@ const (
 	mapHTTPCallRespHeaders  = 6
 	mapHTTPCallRespTrailers = 7
 
+	bufferRequestBody          = 0
 	bufferResponseBody         = 1
 	bufferHTTPCallResponseBody = 4
 	streamRequest              = 0

@@ -1,0 +1,212 @@
+package filter
+
+import (
+	"math"
+
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/sharedstate"
+)
+
+// Estimates from the request body
+//
+// A response-cost rule with "estimate_source": "request_json:<pointers>"
+// (an OpenAI-style "max_tokens") cannot know its estimate when the headers
+// arrive: the body comes after them. Admission therefore happens in two
+// steps. proxy_on_request_headers decides as for any rule, reserving
+// pre_charge (track marks the charge as awaiting its estimate when a body
+// follows). proxy_on_request_body then holds the body (Pause: the host
+// buffers it, Envoy's StopIterationAndBuffer) until it has ended, reads
+// the numbers at the pointers (a scanner of bounded memory, a window of the
+// host's buffer at a time), and takes the rest of the estimate from the
+// same bucket: min(estimate, burst) - pre_charge, when the estimate is the
+// larger. A bucket that cannot pay it rejects the request then, with the
+// rejection any rule sends; everything its settling rules took at the
+// headers is given back. So the reservations admitted never exceed what
+// the bucket holds, as with an estimate in a header.
+//
+// A body that is not JSON, lacks every pointer or states no valid number
+// keeps pre_charge; so does a body larger than MaxEstimateBody, which is
+// let go as soon as the host has buffered more than that, so the host never
+// holds more of it for this filter.
+//
+// The headers were passed on when proxy_on_request_headers returned, as
+// Envoy requires for the body to reach the filter at all (a Pause there
+// withholds the body too): the upstream may see a request's headers before
+// the filter refuses its body, and sees the stream reset then.
+
+// MaxEstimateBody is the largest request body the filter holds to read an
+// estimate from (512 KiB). Envoy's buffer limit
+// (per_connection_buffer_limit_bytes, 1 MiB by default) must exceed it by
+// at least one read, or Envoy answers 413 before the filter lets the body
+// go.
+const MaxEstimateBody = 512 << 10
+
+// OnRequestBody is proxy_on_request_body: the body of a request that awaits
+// its estimate is held until it ends (or passes MaxEstimateBody), then the
+// estimate is reserved (reserveEstimate). Any other body goes on.
+func (s *Stream) OnRequestBody(size int, endOfStream bool) (act Action) {
+	p := s.p
+	defer p.recoverTo("proxy_on_request_body", func() { act = Continue })
+	st := s.settle
+	if st == nil || !st.estimating || st.ended {
+		return Continue
+	}
+	st.bodySize = size
+	switch {
+	case size > MaxEstimateBody:
+		st.estimating = false // pre_charge stands
+		return Continue
+	case !endOfStream:
+		return Pause
+	}
+	return s.reserveEstimate()
+}
+
+// OnRequestTrailers is proxy_on_request_trailers: the body has ended.
+func (s *Stream) OnRequestTrailers(numTrailers int) (act Action) {
+	defer s.p.recoverTo("proxy_on_request_trailers", func() { act = Continue })
+	if st := s.settle; st != nil && st.estimating && !st.ended {
+		return s.reserveEstimate()
+	}
+	return Continue
+}
+
+// reserveEstimate reads the estimates in the buffered body and takes what
+// they add to the reservations, all or nothing for the enforced rules (the
+// shadow ones are observed).
+func (s *Stream) reserveEstimate() Action {
+	p := s.p
+	st := s.settle
+	st.estimating = false
+	p.buf.nowSet = false
+	s.readEstimates(st)
+	enforce, shadow := &p.est, &p.estShadow
+	enforce.reset()
+	shadow.reset()
+	for i := range st.charges {
+		c := &st.charges[i]
+		if !c.estimate {
+			continue
+		}
+		c.estimate = false
+		e, ok := c.estimated()
+		if !ok || e <= c.pre {
+			continue
+		}
+		g := enforce
+		if c.r.Shadow {
+			g = shadow
+		}
+		req := c.req
+		if req.Slotted {
+			req.Key, req.Alt = req.Stored, "" // the bucket admission took from
+		}
+		req.Cost = min(e, c.r.Limit.Burst) - c.pre
+		g.rules = append(g.rules, c.r)
+		g.reqs = append(g.reqs, req)
+		g.vals = append(g.vals, [2]int{i, i}) // the charge's index
+	}
+	now := p.time()
+	if len(shadow.reqs) > 0 && p.observe(shadow, now) {
+		s.raise(shadow)
+	}
+	if len(enforce.reqs) == 0 {
+		return Continue
+	}
+	req := request{host: p.host, ps: p.ps, xffHops: p.cfg.Settings.XFFTrustedHops, v6Prefix: p.cfg.Settings.IPv6Prefix,
+		xffCIDRs: p.cfg.Settings.XFFTrustedCIDRs, jwtMeta: p.cfg.Settings.JWTPayloadInMetadata}
+	out, _, _ := p.take(enforce, now)
+	switch {
+	case out.Err != nil:
+		act := s.undecided(&req, enforce, now, out.Err)
+		if act != Continue {
+			s.refundCharges()
+		}
+		return act
+	case !out.Allowed:
+		s.refundCharges()
+		return s.reject(&req, enforce)
+	}
+	s.raise(enforce)
+	for i, r := range enforce.rules {
+		for k := range s.quotas {
+			if s.quotas[k].Plan == &r.plan {
+				s.quotas[k] = quotaOf(r, enforce.res[i])
+			}
+		}
+	}
+	return Continue
+}
+
+// raise records, for the charges of g (located by g.vals), that admission
+// took the estimate: the settlement compares the usage with it.
+func (s *Stream) raise(g *group) {
+	for i := range g.reqs {
+		c := &s.settle.charges[g.vals[i][0]]
+		c.pre += g.reqs[i].Cost
+	}
+}
+
+// refundCharges gives back what the enforced settling rules took at the
+// headers of a request refused when its body arrived: it never reaches the
+// upstream. Shadow rules keep theirs, as on any local reply (dropCharges).
+func (s *Stream) refundCharges() {
+	for i := range s.settle.charges {
+		if c := &s.settle.charges[i]; !c.r.Shadow && !c.done {
+			s.apply(c, sharedstate.SettleRefund, c.pre)
+		}
+	}
+}
+
+// readEstimates feeds the buffered request body, a window at a time, to the
+// pointer scanners of every charge awaiting its estimate.
+func (s *Stream) readEstimates(st *settleState) {
+	for i := range st.charges {
+		if c := &st.charges[i]; c.estimate {
+			ps := c.r.Settle.EstimatePointers
+			c.scans = make([]ljson.PointerScanner, len(ps))
+			for k := range ps {
+				c.scans[k].Reset(ps[k])
+			}
+		}
+	}
+	rb := s.p.rbr
+	for start := 0; rb != nil && start < st.bodySize; {
+		b, ok := rb.RequestBody(start, min(bodyWindow, st.bodySize-start))
+		if !ok || len(b) == 0 {
+			break
+		}
+		start += len(b)
+		for i := range st.charges {
+			if c := &st.charges[i]; c.estimate {
+				for k := range c.scans {
+					c.scans[k].Write(b)
+				}
+			}
+		}
+	}
+}
+
+// estimated is the estimate c's scanners found: the sum of the numbers at
+// its pointers, if any was found and all found are non-negative and finite
+// and the sum is a valid cost.
+func (c *charge) estimated() (float64, bool) {
+	sum, any := 0.0, false
+	for k := range c.scans {
+		c.scans[k].End()
+		v, ok := c.scans[k].Found()
+		if !ok {
+			continue
+		}
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return 0, false
+		}
+		sum, any = sum+v, true
+	}
+	c.scans = c.scans[:0]
+	return sum, any && sum >= minCost && !math.IsInf(sum, 0)
+}
+
+// awaitsEstimate reports whether r takes its estimate from the request body.
+func awaitsEstimate(r *rule) bool { return r.Cost.Estimate == config.CostRequestJSON }
