@@ -42,8 +42,13 @@ import (
 // go.
 const MaxEstimateBody = 512 << 10
 
-// OnRequestBody is proxy_on_request_body: the body of a request that awaits
-// its estimate is held until it ends (or passes MaxEstimateBody), then the
+// BodyEnded is the size OnRequestBody is given by proxy_on_request_trailers:
+// the body has ended, at the size its last call saw.
+const BodyEnded = -1
+
+// OnRequestBody is proxy_on_request_body (and, with BodyEnded,
+// proxy_on_request_trailers): the body of a request that awaits its
+// estimate is held until it ends (or passes MaxEstimateBody), then the
 // estimate is reserved (reserveEstimate). Any other body goes on.
 func (s *Stream) OnRequestBody(size int, endOfStream bool) (act Action) {
 	p := s.p
@@ -52,7 +57,9 @@ func (s *Stream) OnRequestBody(size int, endOfStream bool) (act Action) {
 	if st == nil || !st.estimating || st.ended {
 		return Continue
 	}
-	st.bodySize = size
+	if size != BodyEnded {
+		st.bodySize = size
+	}
 	switch {
 	case size > MaxEstimateBody:
 		st.estimating = false // pre_charge stands
@@ -61,15 +68,6 @@ func (s *Stream) OnRequestBody(size int, endOfStream bool) (act Action) {
 		return Pause
 	}
 	return s.reserveEstimate()
-}
-
-// OnRequestTrailers is proxy_on_request_trailers: the body has ended.
-func (s *Stream) OnRequestTrailers(numTrailers int) (act Action) {
-	defer s.p.recoverTo("proxy_on_request_trailers", func() { act = Continue })
-	if st := s.settle; st != nil && st.estimating && !st.ended {
-		return s.reserveEstimate()
-	}
-	return Continue
 }
 
 // reserveEstimate reads the estimates in the buffered body and takes what

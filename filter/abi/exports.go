@@ -102,12 +102,14 @@ func proxyOnRequestBody(id, size, endOfStream uint32) (act uint32) {
 	return uint32(filter.Continue)
 }
 
+// proxyOnRequestTrailers ends the body of a request that awaits its
+// estimate (filter.Stream.OnRequestBody recovers its own panics).
+//
 //go:wasmexport proxy_on_request_trailers
-func proxyOnRequestTrailers(id, n uint32) (act uint32) {
+func proxyOnRequestTrailers(id, n uint32) uint32 {
 	enter()
-	defer guard("proxy_on_request_trailers", func() { act = uint32(filter.Continue) })
 	if s, ok := streams.get(id); ok {
-		return uint32(s.OnRequestTrailers(int(n)))
+		return uint32(s.OnRequestBody(filter.BodyEnded, true))
 	}
 	return uint32(filter.Continue)
 }
