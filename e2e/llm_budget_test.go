@@ -330,3 +330,50 @@ func TestBodyEstimateReservation(t *testing.T) {
 		})
 	}
 }
+
+// TestBodyEstimateOnASlottedKey: the rest of the estimate is taken from
+// the very slot admission took pre_charge from (a rule keyed by API key,
+// in the bounded key space). A second request of the key whose estimate
+// the slot cannot pay while the first is in flight is answered 429 once
+// its body has arrived, never reaches the upstream, and gets its
+// pre_charge back; another key is untouched.
+func TestBodyEstimateOnASlottedKey(t *testing.T) {
+	const cfg = `{"rules":[{"name":"llm","limit_keys":["header:x-api-key"],"algorithm_config":{"tokens_per_second":10,"burst":1000,` +
+		`"cost_source":"response_json:/usage/total_tokens","estimate_source":"request_json:/max_tokens"}}]}`
+	up := &gateUpstream{open: make(chan struct{})}
+	h, srv, ms := settleHostWith(t, cfg, up, true, false, wasmhost.NewFakeClock(t0))
+	c := srv.Client()
+	first := make(chan response, 1)
+	go func() {
+		r, err := doBody(c, srv, "/v1/chat/completions", map[string]string{"x-api-key": "k1"}, `{"max_tokens":700}`)
+		if err != nil {
+			r.status = -1
+		}
+		first <- r
+	}()
+	waitFor(t, func() bool { return up.arrived.Load() == 1 })
+	if b, ok := findBucket(t, ms, "llm", "k1"); !ok || b.tokens != 300 || !strings.HasPrefix(b.key, "tb:llm:$") {
+		t.Fatalf("k1 in flight: %+v %v, want 300 tokens in a slot", b, ok)
+	}
+	r, err := doBody(c, srv, "/v1/chat/completions", map[string]string{"x-api-key": "k1"}, `{"max_tokens":700}`)
+	if err != nil || r.status != 429 || r.header.Get("Retry-After") == "" {
+		t.Fatalf("second request of k1: %d %v (Retry-After %q), want 429 with Retry-After", r.status, err, r.header.Get("Retry-After"))
+	}
+	if b, _ := findBucket(t, ms, "llm", "k1"); b.tokens != 300 {
+		t.Errorf("after the refusal: k1 has %v tokens, want 300 (its pre_charge given back)", b.tokens)
+	}
+	if got := up.arrived.Load(); got != 1 {
+		t.Errorf("%d requests reached the upstream, want 1", got)
+	}
+	close(up.open)
+	if r := <-first; r.status != 200 {
+		t.Fatalf("first request: %d", r.status)
+	}
+	if r := mustDo(t, c, srv, "/v1/chat/completions", map[string]string{"x-api-key": "k2"}); r.status != 200 {
+		t.Fatalf("k2: %d", r.status)
+	}
+	waitStreamsEnded(t, h, 3)
+	if b, _ := findBucket(t, ms, "llm", "k1"); b.tokens != 500 {
+		t.Errorf("k1 settled: %v tokens, want 500", b.tokens)
+	}
+}
