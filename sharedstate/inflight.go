@@ -170,7 +170,11 @@ func (u *Updater) lookInflight(key string, gen int64) (inflightSlot, error) {
 // A slotted identity uses the candidate slot it owns; else one that is
 // missing, corrupt or counts nothing (taken over); else it shares the
 // candidate with fewer requests in flight, which can only make the limit
-// stricter.
+// stricter. A slot with a count in flight is never taken over, unlike a
+// live bucket (TakeAll evicts the fuller of two): Release gives a count
+// back to the slot it was taken in whoever owns it by then, so the evicted
+// identity's releases would come off the newcomer's count
+// (TestAcquireTakesOverIdleSlot).
 func (u *Updater) Acquire(reqs []InFlight, now float64) (rejected, mismatches int, err error) {
 	now = Quantize(now)
 	if !(now > 0) || math.IsInf(now, 1) {

@@ -103,6 +103,66 @@ func TestAcquireSlots(t *testing.T) {
 	})
 }
 
+// TestAcquireTakesOverIdleSlot pins what a concurrency slot owned by
+// another identity does on a key collision: one with nothing in flight
+// (nothing counted in this lease period or the previous one, or only
+// counts the lease has dropped) is taken over, the newcomer written as its
+// owner, so that it gets its own max_in_flight rather than a share; one
+// with a request in flight, even from the previous period, is shared and
+// keeps its owner, never evicted: Release does not look at the owner, so
+// the evicted identity's releases would come off the newcomer's count and
+// let it exceed its limit. A release by the former owner of a count the
+// lease dropped leaves the newcomer's count alone.
+func TestAcquireTakesOverIdleSlot(t *testing.T) {
+	const gen = "17369400" // floor(t0 / 100)
+	for _, tt := range []struct {
+		name, s1, s2     string
+		stored, s1After string
+	}{
+		{"idle in this period", "0:0:" + gen + ":other", "", "s1", "1:0:" + gen + ":me"},
+		{"counts dropped by the lease", "3:2:17369398:other", "", "s1", "1:0:" + gen + ":me"},
+		{"idle in the previous period", "0:0:17369399:other", "", "s1", "1:0:" + gen + ":me"},
+		{"in flight since the previous period", "1:0:17369399:other", "1:0:" + gen + ":third", "s1", "1:1:" + gen + ":other"},
+		{"both live: shared, owner kept", "0:1:" + gen + ":other", "2:0:" + gen + ":third", "s1", "1:1:" + gen + ":other"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			forEachSemantics(t, func(t *testing.T, m *MemStore) {
+				u := &Updater{Store: m}
+				put(t, m, "s1", tt.s1)
+				if tt.s2 != "" {
+					put(t, m, "s2", tt.s2)
+				}
+				r := []InFlight{{Key: "s1", Alt: "s2", Owner: "me", Slotted: true, Max: 5, Lease: 100}}
+				if rej, _, err := u.Acquire(r, t0); err != nil || rej != -1 || r[0].Stored != tt.stored {
+					t.Fatalf("got %d %v stored %q; want admitted in %s", rej, err, r[0].Stored, tt.stored)
+				}
+				if got := stored(t, m, "s1"); got != tt.s1After {
+					t.Errorf("s1: got %q, want %q", got, tt.s1After)
+				}
+			})
+		})
+	}
+	// The former owner's count was dropped by the lease (admitted two
+	// periods ago); its late release must not come off the newcomer's.
+	forEachSemantics(t, func(t *testing.T, m *MemStore) {
+		u := &Updater{Store: m}
+		olds := []InFlight{{Key: "s1", Alt: "s2", Owner: "other", Slotted: true, Max: 5, Lease: 100}}
+		if rej, _, err := u.Acquire(olds, t0-200); err != nil || rej != -1 || olds[0].Stored != "s1" {
+			t.Fatalf("former owner: %d %v stored %q", rej, err, olds[0].Stored)
+		}
+		r := []InFlight{{Key: "s1", Alt: "s2", Owner: "me", Slotted: true, Max: 5, Lease: 100}}
+		if rej, _, err := u.Acquire(r, t0); err != nil || rej != -1 || r[0].Stored != "s1" {
+			t.Fatalf("newcomer: %d %v stored %q, want s1 taken over", rej, err, r[0].Stored)
+		}
+		if _, err := u.Release(&olds[0], t0); err != nil {
+			t.Fatal(err)
+		}
+		if got := stored(t, m, "s1"); got != "1:0:"+gen+":me" {
+			t.Errorf("after the former owner's late release: %q, want the newcomer's 1 kept", got)
+		}
+	})
+}
+
 // TestAcquireHammer: P goroutines acquire and release one key through
 // Envoy-like CAS; the number held at once never exceeds Max and the count
 // ends at zero.
