@@ -108,6 +108,21 @@ type Request struct {
 	// BodyChunk is the response body chunk proxy_on_response_body sees
 	// (ResponseBody).
 	BodyChunk []byte
+	// Body is the request body buffered so far, which
+	// proxy_on_request_body reads (RequestBody), as Envoy gives a filter
+	// that buffers it everything received.
+	Body []byte
+}
+
+// RequestBody returns up to max bytes of Request.Body from start, copied
+// into the arena.
+func (h *Host) RequestBody(start, max int) ([]byte, bool) {
+	b := h.Request.Body
+	if start > len(b) {
+		start = len(b)
+	}
+	end := min(len(b), start+max)
+	return h.hand(string(b[start:end])), true
 }
 
 // ResponseBody returns up to max bytes of Request.BodyChunk from start,
