@@ -116,7 +116,7 @@ func TestAcquireSlots(t *testing.T) {
 func TestAcquireTakesOverIdleSlot(t *testing.T) {
 	const gen = "17369400" // floor(t0 / 100)
 	for _, tt := range []struct {
-		name, s1, s2     string
+		name, s1, s2    string
 		stored, s1After string
 	}{
 		{"idle in this period", "0:0:" + gen + ":other", "", "s1", "1:0:" + gen + ":me"},
