@@ -90,3 +90,32 @@ func TestDropinDuplicateComposite(t *testing.T) {
 		t.Fatalf("got %v, want d.a_b_c: duplicate descriptor", err)
 	}
 }
+
+// TestDetailedName: a detailed series is named as envoyproxy/ratelimit
+// names a detailed stat (domain, then ".key_value" per entry, an empty
+// value leaving "key_"), cut to maxDetailedLabel bytes at a character
+// boundary, so that long values cannot make a series' label unbounded.
+func TestDetailedName(t *testing.T) {
+	long := strings.Repeat("é", 200) // 400 bytes
+	tests := []struct {
+		name    string
+		entries []Entry
+		want    string
+	}{
+		{"one", []Entry{{Key: "user", Value: "alice"}}, "edge.user_alice"},
+		{"nested", []Entry{{Key: "tenant", Value: "acme"}, {Key: "plan", Value: "gold"}}, "edge.tenant_acme.plan_gold"},
+		{"empty value", []Entry{{Key: "a", Value: ""}}, "edge.a_"},
+		{"cut", []Entry{{Key: "k", Value: long}}, "edge.k_" + strings.Repeat("é", (maxDetailedLabel-len("edge.k_"))/2)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := detailedName("edge", tt.entries)
+			if got != tt.want {
+				t.Errorf("got %q (%d bytes), want %q", got, len(got), tt.want)
+			}
+			if len(got) > maxDetailedLabel {
+				t.Errorf("%d bytes, above %d", len(got), maxDetailedLabel)
+			}
+		})
+	}
+}
