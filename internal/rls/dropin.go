@@ -75,7 +75,9 @@ type RateLimit struct {
 	// Shadow is the descriptor's shadow_mode: decided and counted, never
 	// OVER_LIMIT.
 	Shadow bool
-	// DetailedMetric is the descriptor's detailed_metric (metrics only).
+	// DetailedMetric is the descriptor's detailed_metric: its decisions
+	// are also counted in series named by the request's values
+	// (tokengate_rls_detailed_*; metrics only, decisions do not change).
 	DetailedMetric bool
 }
 
