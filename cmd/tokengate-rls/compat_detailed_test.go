@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -16,6 +16,7 @@ import (
 
 	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/testport"
 )
 
 // TestRatelimitDetailedMetric: started as /bin/ratelimit on a YAML whose
@@ -33,12 +34,7 @@ func TestRatelimitDetailedMetric(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	promAddr := pl.Addr().String()
-	pl.Close()
+	promAddr := "127.0.0.1:" + strconv.Itoa(testport.Free(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	listening := make(chan [2]string, 1)
 	errc := make(chan error, 1)
