@@ -107,7 +107,8 @@ type Metrics struct {
 	detailedFolded               prometheus.Counter
 	detailed                     sync.Map // detailedKey -> *ruleCounters
 	detailedMu                   sync.Mutex
-	detailedCount, detailedMax   int // guarded by detailedMu
+	detailedCount, detailedMax   int         // guarded by detailedMu
+	detailedFull                 atomic.Bool // detailedCount has reached detailedMax
 
 	// node is the node label of Redis errors that name none (the single
 	// node of a plain Redis); errLog, when set, logs errors.
@@ -213,6 +214,7 @@ func (m *Metrics) SetDetailedLimit(n int) {
 	}
 	m.detailedMu.Lock()
 	m.detailedMax = n
+	m.detailedFull.Store(m.detailedCount >= n)
 	m.detailedMu.Unlock()
 }
 
@@ -227,12 +229,18 @@ func (m *Metrics) detailedCounters(r *config.Rule, desc string) (c *ruleCounters
 	if v, ok := m.detailed.Load(k); ok {
 		return v.(*ruleCounters), false
 	}
+	if m.detailedFull.Load() { // spraying clients do not contend on the lock
+		if v, ok := m.detailed.Load(detailedKey{r.Name, DetailedOverflow}); ok {
+			return v.(*ruleCounters), true
+		}
+	}
 	m.detailedMu.Lock()
 	defer m.detailedMu.Unlock()
 	if v, ok := m.detailed.Load(k); ok {
 		return v.(*ruleCounters), false
 	}
 	if m.detailedCount >= m.detailedMax {
+		m.detailedFull.Store(true)
 		k.desc, folded = DetailedOverflow, true
 		if v, ok := m.detailed.Load(k); ok {
 			return v.(*ruleCounters), true
