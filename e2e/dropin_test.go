@@ -27,7 +27,9 @@ import (
 // parityYAML is one domain of envoyproxy/ratelimit's configuration with
 // every feature the parity test exercises: a per-value limit, nested
 // descriptors with a specific value beside a default, a trailing wildcard
-// beside an exact value, replaces, shadow_mode, unlimited, a limit of 0.
+// beside an exact value, replaces, shadow_mode, unlimited, a limit of 0,
+// and keys and values holding '_', which envoyproxy/ratelimit matches as
+// one composite "key_value" (a key ending in '*' is a pattern too).
 // Units are minutes and hours: a window edge inside a sequence is rare, and
 // detected (the sequence is then run again).
 const parityYAML = `domain: parity
@@ -63,6 +65,16 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: zero
     rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: api_key
+    value: v1_*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: org_id
+    value: acme
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: team_lead
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: sess*
+    rate_limit: {unit: minute, requests_per_unit: 1}
 `
 
 // call is one ShouldRateLimit of a parity sequence.
@@ -153,6 +165,21 @@ var paritySequences = []struct {
 		times(4, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "lee"), desc("path", "/api/lee")}}),
 		times(1, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "lee")}}))},
 	{"zero", 60, times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("zero", "z")}})},
+	{"'_' in keys and values: composite matching", 60, cat(
+		times(3, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "v1_a")}}),
+		times(3, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("api", "key_v1_b")}}),
+		times(3, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("api_key_v1", "c")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "v2_a")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("org", "id_acme")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("org_id_acme", "x")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("org_id", "acme_")}}),
+		times(4, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("team", "lead")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("team_lead", "x_y")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("session", "s1")}}),
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("sess", "")}}))},
+	{"'_' in keys and values: one window counter", 60, cat(
+		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "v1_z")}}),
+		times(1, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("api", "key_v1_z")}}))},
 }
 
 // startDropin runs tokengate-rls as /bin/ratelimit would be run: under
@@ -351,6 +378,7 @@ func TestDropinTokenBuckets(t *testing.T) {
 	expectDiffer := map[string]string{
 		"several descriptors count independently": "a rejected call takes nothing from the other descriptor's bucket",
 		"hits_addend": "a rejected call takes nothing, so a later check (hits_addend 0) finds a token where the window's count is already over",
+		"'_' in keys and values: one window counter": "a window's counter key joins keys and values with '_', so {api_key, v1_z} and {api, key_v1_z} count in one window; a bucket's key keeps them apart",
 	}
 	for _, seq := range paritySequences {
 		t.Run(seq.name, func(t *testing.T) {

@@ -70,6 +70,7 @@ type ratelimitEnv struct {
 	cacheKeyPrefix           string
 	globalShadow             bool
 	algorithm                rls.Algorithm
+	detailedMax              int // TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS
 	logLevel, logFormat      string
 	notes                    []string // settings read but not implemented, for the startup log
 }
@@ -158,6 +159,11 @@ var ignored = []struct{ name, def, off, what string }{
 	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", "", "no extra xDS headers"},
 }
 
+// maxDetailedDescriptors bounds TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS:
+// each descriptor is 8 series, so a million is already more than a
+// Prometheus server should scrape from one target.
+const maxDetailedDescriptors = 1000000
+
 // parseRatelimitEnv reads the environment as envoyproxy/ratelimit's
 // settings do, with its defaults, plus TOKENGATE_ALGORITHM.
 func parseRatelimitEnv(get func(string) (string, bool)) (*ratelimitEnv, error) {
@@ -208,6 +214,14 @@ func parseRatelimitEnv(get func(string) (string, bool)) (*ratelimitEnv, error) {
 		e.algorithm = rls.FixedWindow
 	default:
 		return nil, fmt.Errorf("TOKENGATE_ALGORITHM=%q: want token_bucket or fixed_window", a)
+	}
+	e.detailedMax = rls.DefaultDetailedDescriptors
+	if v := r.str("TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS", ""); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > maxDetailedDescriptors {
+			return nil, fmt.Errorf("TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS=%q: want a number of descriptors from 0 to %d", v, maxDetailedDescriptors)
+		}
+		e.detailedMax = n
 	}
 	for _, s := range refused {
 		if v, ok := get(s.name); ok && v != "" && !strings.EqualFold(v, s.def) {
@@ -434,6 +448,7 @@ func (d *dropin) openStore() error {
 		return err
 	}
 	d.metrics = rls.NewMetrics(d.cfg)
+	d.metrics.SetDetailedLimit(d.env.detailedMax)
 	d.metrics.SetErrorLog(rls.NewErrorLog(d.log, errorLogInterval, nil))
 	storeOpt.Observe = d.metrics.ObserveRedis
 	if d.store, err = rls.NewStore(storeOpt); err != nil {

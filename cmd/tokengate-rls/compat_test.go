@@ -55,6 +55,12 @@ func TestRatelimitEnvDefaults(t *testing.T) {
 	if e.algorithm != rls.TokenBucket || e.headers != nil || e.redisTimeout != defaultRedisTimeout {
 		t.Errorf("algorithm %v headers %v timeout %v", e.algorithm, e.headers, e.redisTimeout)
 	}
+	if e.detailedMax != rls.DefaultDetailedDescriptors {
+		t.Errorf("detailed metric cap %d, want %d", e.detailedMax, rls.DefaultDetailedDescriptors)
+	}
+	if e, err := parseRatelimitEnv(envOf("TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS", "0")); err != nil || e.detailedMax != 0 {
+		t.Errorf("TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS=0: %v", err)
+	}
 	if len(e.notes) != 1 || !strings.HasPrefix(e.notes[0], "USE_STATSD=true (its default)") {
 		t.Errorf("notes %q, want USE_STATSD's", e.notes)
 	}
@@ -103,6 +109,8 @@ func TestRatelimitEnvRefused(t *testing.T) {
 		{[]string{"CONFIG_TYPE", "GRPC_XDS_DELTA"}, "CONFIG_TYPE"},
 		{[]string{"GRPC_SERVER_USE_TLS", "true"}, "GRPC_SERVER_TLS_CERT"},
 		{[]string{"REDIS_TIMEOUT", "soon"}, "REDIS_TIMEOUT"},
+		{[]string{"TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS", "-1"}, "TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS"},
+		{[]string{"TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS", "lots"}, "TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS"},
 	} {
 		_, err := parseRatelimitEnv(envOf(tc.env...))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

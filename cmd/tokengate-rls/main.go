@@ -202,7 +202,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	gs := rls.NewGRPCServer(srv, uint32(o.workers), opts...)
 	// RLQS beside RLS v3 (docs/rlqs.md); its streams expire their
 	// assignments on shutdown.
-	quota := rlqs.Register(ctx, gs, cfg, store)
+	quota := rlqs.Register(ctx, gs, cfg, store, metrics.Registry())
 	ready := rls.NewReadiness(store, time.Second, func(msg string) { logger.Warn(msg) })
 	defer ready.Stop()
 	health := rls.RegisterHealth(gs, ready)

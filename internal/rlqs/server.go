@@ -22,6 +22,7 @@ import (
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -51,6 +52,9 @@ type Options struct {
 	// Grace is how long a replaced or released share stays held: the bound
 	// on an answer's way to its Envoy (default 1 s).
 	Grace time.Duration
+	// Metrics, when set, count the streams, reports and actions (else
+	// they are counted in series registered nowhere).
+	Metrics *Metrics
 }
 
 // Server answers StreamRateLimitQuotas. It is safe for concurrent use.
@@ -72,14 +76,18 @@ func New(stop context.Context, cfg *rls.Config, store Sharer, opt Options) *Serv
 	if opt.Grace <= 0 {
 		opt.Grace = time.Second
 	}
+	if opt.Metrics == nil {
+		opt.Metrics = NewMetrics(nil)
+	}
 	s := &Server{store: store, stop: stop, opt: opt}
 	s.SetConfig(cfg)
 	return s
 }
 
-// Register registers a new server on gs (the gRPC server of RLS v3).
-func Register(stop context.Context, gs *grpc.Server, cfg *rls.Config, store Sharer) *Server {
-	s := New(stop, cfg, store, Options{})
+// Register registers a new server on gs (the gRPC server of RLS v3), its
+// metrics in reg (the RLS metrics' registry; nil: none).
+func Register(stop context.Context, gs *grpc.Server, cfg *rls.Config, store Sharer, reg prometheus.Registerer) *Server {
+	s := New(stop, cfg, store, Options{Metrics: NewMetrics(reg)})
 	rlqsv3.RegisterRateLimitQuotaServiceServer(gs, s)
 	return s
 }
@@ -124,12 +132,15 @@ func fillInterval(rate float64) int64 {
 
 // bucketState is one bucket a stream reports.
 type bucketState struct {
-	id        *rlqsv3.BucketId
-	rule      *config.Rule
-	key       string
-	reports   int
-	interval  int64 // the Envoy's reporting interval, whole seconds
-	assigned  bool
+	id       *rlqsv3.BucketId
+	rule     *config.Rule
+	key      string
+	reports  int
+	interval int64 // the Envoy's reporting interval, whole seconds
+	assigned bool
+	// gauged reports whether the bucket is counted in
+	// tokengate_rls_rlqs_buckets_assigned.
+	gauged    bool
 	abandoned bool
 }
 
@@ -157,6 +168,14 @@ func (s *Server) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_Strea
 		}
 	}()
 	buckets := map[string]*bucketState{}
+	m := s.opt.Metrics
+	m.streams.Inc()
+	defer func() {
+		m.streams.Dec()
+		for _, b := range buckets {
+			s.unassign(b)
+		}
+	}()
 	domain := ""
 	for {
 		select {
@@ -191,6 +210,7 @@ func (s *Server) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_Strea
 // report decides one report message.
 func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQuotaUsageReports, buckets map[string]*bucketState) *rlqsv3.RateLimitQuotaResponse {
 	resp := &rlqsv3.RateLimitQuotaResponse{}
+	met := s.opt.Metrics
 	now := s.now()
 	nowArg := ""
 	if s.opt.Now != nil {
@@ -201,10 +221,14 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 	var opBuckets []*bucketState
 	for _, u := range m.GetBucketQuotaUsages() {
 		s.Reports.Add(1)
+		met.reports.Inc()
 		id := u.GetBucketId()
 		name, comp := bucketKey(id)
 		b := buckets[name+"\x00"+comp]
 		if b == nil || b.abandoned {
+			if b != nil {
+				s.unassign(b) // abandoned, its release failed
+			}
 			b = &bucketState{id: id, interval: defaultInterval}
 			buckets[name+"\x00"+comp] = b
 		}
@@ -222,6 +246,7 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 		if b.rule == nil {
 			// No rule: not limited, as RLS leaves an unmatched descriptor.
 			resp.BucketAction = append(resp.BucketAction, blanket(id, typev3.RateLimitStrategy_ALLOW_ALL, int64(ttl)))
+			met.assignments[actAllowAll].Inc()
 			continue
 		}
 		lim := b.rule.Limit
@@ -243,6 +268,7 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 		return resp
 	}
 	s.Ops.Add(uint64(len(ops)))
+	met.shares.Add(float64(len(ops)))
 	for i, r := range s.store.Share(ctx, ops) {
 		b := opBuckets[i]
 		switch {
@@ -250,19 +276,43 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 			// Nothing new: the Envoy keeps its assignment until its TTL,
 			// which its share in Redis outlives.
 			s.Errors.Add(1)
+			met.errors.Inc()
 		case ops[i].Release:
 			resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id,
 				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
+			met.abandons.Inc()
+			s.unassign(b)
 			delete(buckets, bucketMapKey(b.id))
 		case r.Units == 0:
 			resp.BucketAction = append(resp.BucketAction, blanket(b.id, typev3.RateLimitStrategy_DENY_ALL, int64(ops[i].TTL)))
-			b.assigned = true
+			met.assignments[actDenyAll].Inc()
+			s.assign(b)
 		default:
 			resp.BucketAction = append(resp.BucketAction, tokenBucket(b.id, r.MaxTokens, r.Units, ops[i].Fill, int64(ops[i].TTL)))
-			b.assigned = true
+			met.assignments[actTokenBucket].Inc()
+			s.assign(b)
 		}
 	}
 	return resp
+}
+
+// assign marks b assigned, counting it in tokengate_rls_rlqs_buckets_assigned
+// the first time.
+func (s *Server) assign(b *bucketState) {
+	b.assigned = true
+	if !b.gauged {
+		b.gauged = true
+		s.opt.Metrics.assigned.Inc()
+	}
+}
+
+// unassign takes b out of tokengate_rls_rlqs_buckets_assigned if it is in
+// (b.assigned stays: expireAll still releases its share).
+func (s *Server) unassign(b *bucketState) {
+	if b.gauged {
+		b.gauged = false
+		s.opt.Metrics.assigned.Dec()
+	}
 }
 
 // expireAll expires every assignment of the stream (TTL 0: the Envoy falls
@@ -278,6 +328,7 @@ func (s *Server) expireAll(stream rlqsv3.RateLimitQuotaService_StreamRateLimitQu
 	}
 	for _, b := range buckets {
 		resp.BucketAction = append(resp.BucketAction, blanket(b.id, typev3.RateLimitStrategy_DENY_ALL, 0))
+		s.opt.Metrics.assignments[actExpire].Inc()
 		if b.rule != nil && b.assigned {
 			ops = append(ops, rls.ShareOp{Key: b.key, Rate: b.rule.Limit.Rate, Burst: b.rule.Limit.Burst, Fill: fillInterval(b.rule.Limit.Rate),
 				Holder: holder, Release: true, Grace: s.opt.Grace.Seconds(), Now: nowArg})

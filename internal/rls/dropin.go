@@ -75,7 +75,9 @@ type RateLimit struct {
 	// Shadow is the descriptor's shadow_mode: decided and counted, never
 	// OVER_LIMIT.
 	Shadow bool
-	// DetailedMetric is the descriptor's detailed_metric (metrics only).
+	// DetailedMetric is the descriptor's detailed_metric: its decisions
+	// are also counted in series named by the request's values
+	// (tokengate_rls_detailed_*; metrics only, decisions do not change).
 	DetailedMetric bool
 }
 
@@ -125,13 +127,18 @@ type dropin struct {
 	domains map[string]*dnode
 }
 
-// dnode is a Descriptor ready for matching.
+// dnode is a Descriptor ready for matching, keyed as envoyproxy/ratelimit
+// keys it: by its composite key, "key_value", or "key" when it has no
+// value.
 type dnode struct {
-	key, value string
-	// wild, when not nil, are the parts of a pattern value split at '*'.
-	wild     []string
-	limit    *dlimit
-	children []*dnode
+	limit *dlimit
+	// children are the next level's nodes by composite key; wild are
+	// those whose composite key holds a '*', in file order, each split at
+	// '*' into wildParts.
+	children  map[string]*dnode
+	wild      []*dnode
+	wildKey   string
+	wildParts []string
 }
 
 // dlimit is a RateLimit with what deciding it needs.
@@ -167,7 +174,6 @@ func NewDropinConfig(domains []*Domain, opt DropinOptions) (*Config, error) {
 }
 
 func (c *Config) addNodes(parent *dnode, path string, ds []*Descriptor) error {
-	seen := map[string]bool{}
 	for _, ds := range ds {
 		if ds.Key == "" {
 			return errors.New(path + ": a descriptor with an empty key")
@@ -177,13 +183,13 @@ func (c *Config) addNodes(parent *dnode, path string, ds []*Descriptor) error {
 			id += "_" + ds.Value
 		}
 		p := path + "." + id
-		if seen[id] {
+		if parent.children[id] != nil {
 			return errors.New(p + ": duplicate descriptor")
 		}
-		seen[id] = true
-		n := &dnode{key: ds.Key, value: ds.Value}
-		if strings.Contains(ds.Value, "*") {
-			n.wild = strings.Split(ds.Value, "*")
+		n := &dnode{}
+		if strings.Contains(id, "*") {
+			n.wildKey, n.wildParts = id, strings.Split(id, "*")
+			parent.wild = append(parent.wild, n)
 		}
 		if rl := ds.RateLimit; rl != nil {
 			l, err := newDLimit(p, *rl)
@@ -196,7 +202,10 @@ func (c *Config) addNodes(parent *dnode, path string, ds []*Descriptor) error {
 		if err := c.addNodes(n, p, ds.Descriptors); err != nil {
 			return err
 		}
-		parent.children = append(parent.children, n)
+		if parent.children == nil {
+			parent.children = map[string]*dnode{}
+		}
+		parent.children[id] = n
 	}
 	return nil
 }
@@ -250,17 +259,24 @@ func limitRule(name string, n uint32, secs int64, shadow bool) *config.Rule {
 
 // resolve returns the limit of a descriptor of domain (envoyproxy/
 // ratelimit's GetLimit): nil when the domain is unknown or no limit
-// applies. At each level an entry matches the node with its key and value,
-// else the first node whose pattern matches "key_value", else the node
-// with its key and no value; the limit is the one of the node the last
+// applies. Like that project it matches composite keys, not keys and
+// values apart: at each level an entry's "key_value" is looked up among
+// the nodes' composite keys, else matched against the patterns (composite
+// keys holding '*', first in file order), else the entry's key alone is
+// looked up. So an entry {a, b_c} reaches the node {key: a_b, value: c},
+// an entry {a_b, c} the node {key: a, value: b}, and the pattern
+// {key: a, value: b*} matches the entry {a_b, x}
+// (docs/dropin.md#matching). The limit is the one of the node the last
 // entry matched.
 func (d *dropin) resolve(domain string, entries []Entry) *dlimit {
 	n := d.domains[domain]
 	if n == nil {
 		return nil
 	}
+	var buf []byte
 	for i, e := range entries {
-		next := n.match(e)
+		buf = append(append(append(buf[:0], e.Key...), '_'), e.Value...)
+		next := n.match(buf, e.Key)
 		if next == nil {
 			return nil
 		}
@@ -275,23 +291,21 @@ func (d *dropin) resolve(domain string, entries []Entry) *dlimit {
 	return nil
 }
 
-func (n *dnode) match(e Entry) *dnode {
-	for _, c := range n.children {
-		if c.key == e.Key && c.wild == nil && c.value != "" && c.value == e.Value {
-			return c
+// match returns the child an entry reaches: composite is the entry's
+// "key_value", key its key.
+func (n *dnode) match(composite []byte, key string) *dnode {
+	if c := n.children[string(composite)]; c != nil {
+		return c
+	}
+	if len(n.wild) > 0 {
+		s := string(composite)
+		for _, c := range n.wild {
+			if wildMatch(c.wildParts, s) {
+				return c
+			}
 		}
 	}
-	for _, c := range n.children {
-		if c.wild != nil && c.key == e.Key && wildMatch(c.wild, e.Value) {
-			return c
-		}
-	}
-	for _, c := range n.children {
-		if c.key == e.Key && c.value == "" {
-			return c
-		}
-	}
-	return nil
+	return n.children[key]
 }
 
 // wildMatch reports whether v matches the pattern split at '*' into parts:

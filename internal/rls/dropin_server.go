@@ -21,6 +21,19 @@ type dropinItem struct {
 	// redis reports whether op runs in Redis (a limit of 0 per unit
 	// is decided without it).
 	redis bool
+	// detail is the descriptor's detailed series name when its limit has
+	// detailed_metric, else "".
+	detail string
+}
+
+// count counts the item's decision: in its rule's series and, with
+// detailed_metric, in its descriptor's.
+func (s *Server) count(it *dropinItem, code int) {
+	if it.detail != "" {
+		s.metrics.decisionDetailed(it.limit.rule, it.detail, code, it.op.Cost)
+		return
+	}
+	s.metrics.decision(it.limit.rule, code, it.op.Cost)
 }
 
 // shouldDropin decides a request with a configuration of
@@ -47,9 +60,9 @@ func (s *Server) shouldDropin(ctx context.Context, d *dropin, req *rlsv3.RateLim
 		return nil, err
 	}
 	if err := s.runDropin(ctx, d, items); err != nil {
-		for _, it := range items {
-			if it.out.Err != nil {
-				s.metrics.decision(it.limit.rule, codeError, it.op.Cost)
+		for j := range items {
+			if items[j].out.Err != nil {
+				s.count(&items[j], codeError)
 			}
 		}
 		s.metrics.request(reqUnavailable)
@@ -103,6 +116,9 @@ func (s *Server) dropinItems(d *dropin, req *rlsv3.RateLimitRequest, now time.Ti
 			hits = h.GetValue()
 		}
 		it := dropinItem{idx: i, limit: l, redis: true}
+		if l.DetailedMetric {
+			it.detail = detailedName(req.Domain, entries)
+		}
 		if d.opt.Algorithm == FixedWindow {
 			start := now.Unix() / l.window * l.window
 			it.op = Op{Key: windowKey(d.opt.CacheKeyPrefix, req.Domain, entries, start), Cost: float64(hits), Window: l.window, Count: l.RequestsPerUnit}
@@ -164,11 +180,11 @@ func (s *Server) dropinAnswer(d *dropin, items []dropinItem, unlimited []bool, n
 		st.DurationUntilReset = &p.untilReset
 		switch {
 		case allowed:
-			s.metrics.decision(l.rule, codeOK, it.op.Cost)
+			s.count(it, codeOK)
 		case l.Shadow:
-			s.metrics.decision(l.rule, codeShadowOver, it.op.Cost)
+			s.count(it, codeShadowOver)
 		default:
-			s.metrics.decision(l.rule, codeOver, it.op.Cost)
+			s.count(it, codeOver)
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			over = true
 		}

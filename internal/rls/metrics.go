@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -98,6 +99,17 @@ type Metrics struct {
 	tlsErrors prometheus.Counter
 	reloads   [2]prometheus.Counter // ok, error
 
+	// detailed are the series of detailed_metric descriptors (a drop-in
+	// configuration's): by rule and descriptor, at most detailedMax
+	// descriptors, the others folded into their rule's overflow series.
+	detailedVec, detailedHitsVec *prometheus.CounterVec
+	detailedSeries               prometheus.Gauge
+	detailedFolded               prometheus.Counter
+	detailed                     sync.Map // detailedKey -> *ruleCounters
+	detailedMu                   sync.Mutex
+	detailedCount, detailedMax   int         // guarded by detailedMu
+	detailedFull                 atomic.Bool // detailedCount has reached detailedMax
+
 	// node is the node label of Redis errors that name none (the single
 	// node of a plain Redis); errLog, when set, logs errors.
 	node   atomic.Pointer[string]
@@ -158,8 +170,135 @@ func NewMetrics(cfg *Config) *Metrics {
 	f(reloadVec)
 	m.reloads = [2]prometheus.Counter{reloadVec.WithLabelValues("ok"), reloadVec.WithLabelValues("error")}
 
+	m.detailedVec = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_detailed_decisions_total",
+		Help: "Decisions of detailed_metric descriptors by rule, descriptor (domain.key_value... as envoyproxy/ratelimit names its detailed stats) and code; descriptors past the cap are in descriptor=\"" + DetailedOverflow + "\"."},
+		[]string{"rule", "descriptor", "code"})
+	m.detailedHitsVec = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_detailed_hits_total",
+		Help: "tokengate_rls_detailed_decisions_total, each decision weighted by the hits it asked for."},
+		[]string{"rule", "descriptor", "code"})
+	m.detailedSeries = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokengate_rls_detailed_descriptors",
+		Help: "Descriptors with detailed series of their own (at most the cap, TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS)."})
+	m.detailedFolded = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_detailed_overflow_total",
+		Help: "Decisions of detailed_metric descriptors counted in their rule's overflow series because the cap on descriptors was reached."})
+	f(m.detailedVec)
+	f(m.detailedHitsVec)
+	f(m.detailedSeries)
+	f(m.detailedFolded)
+	m.detailedMax = DefaultDetailedDescriptors
+
 	m.SetRules(cfg)
 	return m
+}
+
+// DefaultDetailedDescriptors is the default cap on the descriptors that
+// get detailed series of their own (SetDetailedLimit).
+const DefaultDetailedDescriptors = 1000
+
+// DetailedOverflow is the descriptor label of the series that count, per
+// rule, the detailed_metric decisions of the descriptors past the cap.
+const DetailedOverflow = "_overflow"
+
+// maxDetailedLabel bounds a descriptor label, in bytes: a longer one is
+// cut (at a character boundary), so that a client sending long values
+// cannot grow a series' memory either.
+const maxDetailedLabel = 256
+
+// SetDetailedLimit sets the cap on the descriptors that get series of
+// their own in tokengate_rls_detailed_* (n < 0: the default). It holds for
+// the process's life: series, once made, stay (as counters must); past the
+// cap each rule's further descriptors share its overflow series. 0 puts
+// every detailed decision in the overflow series.
+func (m *Metrics) SetDetailedLimit(n int) {
+	if n < 0 {
+		n = DefaultDetailedDescriptors
+	}
+	m.detailedMu.Lock()
+	m.detailedMax = n
+	m.detailedFull.Store(m.detailedCount >= n)
+	m.detailedMu.Unlock()
+}
+
+// detailedKey keys a descriptor's detailed counters.
+type detailedKey struct{ rule, desc string }
+
+// detailedCounters returns the counters of descriptor desc of rule r,
+// making them if the cap allows, else r's overflow counters (and folded
+// reports true).
+func (m *Metrics) detailedCounters(r *config.Rule, desc string) (c *ruleCounters, folded bool) {
+	k := detailedKey{r.Name, desc}
+	if v, ok := m.detailed.Load(k); ok {
+		return v.(*ruleCounters), false
+	}
+	if m.detailedFull.Load() { // spraying clients do not contend on the lock
+		if v, ok := m.detailed.Load(detailedKey{r.Name, DetailedOverflow}); ok {
+			return v.(*ruleCounters), true
+		}
+	}
+	m.detailedMu.Lock()
+	defer m.detailedMu.Unlock()
+	if v, ok := m.detailed.Load(k); ok {
+		return v.(*ruleCounters), false
+	}
+	if m.detailedCount >= m.detailedMax {
+		m.detailedFull.Store(true)
+		k.desc, folded = DetailedOverflow, true
+		if v, ok := m.detailed.Load(k); ok {
+			return v.(*ruleCounters), true
+		}
+	} else {
+		m.detailedCount++
+		m.detailedSeries.Set(float64(m.detailedCount))
+	}
+	c = new(ruleCounters)
+	for code := range numCodes {
+		c.decisions[code] = m.detailedVec.WithLabelValues(k.rule, k.desc, codeNames[code])
+		c.hits[code] = m.detailedHitsVec.WithLabelValues(k.rule, k.desc, codeNames[code])
+	}
+	m.detailed.Store(k, c)
+	return c, folded
+}
+
+// decisionDetailed counts one decision of a detailed_metric descriptor,
+// desc being its detailed name (detailedName), in the rule's series and
+// in the descriptor's.
+func (m *Metrics) decisionDetailed(r *config.Rule, desc string, code int, hits float64) {
+	m.decision(r, code, hits)
+	c, folded := m.detailedCounters(r, desc)
+	if folded {
+		m.detailedFolded.Inc()
+	}
+	c.decisions[code].Inc()
+	if hits > 0 {
+		c.hits[code].Add(hits)
+	}
+}
+
+// detailedName is a descriptor's name in its detailed series, as
+// envoyproxy/ratelimit names its detailed stats: the domain, then each
+// entry's key and value joined by '_', each after a '.'
+// ("edge.remote_address_192.0.2.1.path_/api"), cut to maxDetailedLabel
+// bytes.
+func detailedName(domain string, entries []Entry) string {
+	n := len(domain)
+	for _, e := range entries {
+		n += len(e.Key) + len(e.Value) + 2
+	}
+	b := make([]byte, 0, min(n, maxDetailedLabel+utf8.UTFMax))
+	b = append(b, domain...)
+	for _, e := range entries {
+		if len(b) > maxDetailedLabel {
+			break
+		}
+		b = append(append(append(append(b, '.'), e.Key...), '_'), e.Value...)
+	}
+	if len(b) > maxDetailedLabel {
+		cut := maxDetailedLabel
+		for cut > 0 && !utf8.RuneStart(b[cut]) { // at a character boundary
+			cut--
+		}
+		b = b[:cut]
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
 }
 
 // methodCounters resolves a method's counters for every status code.
