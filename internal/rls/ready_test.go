@@ -17,7 +17,9 @@ import (
 // nodes), and ready again once its replica has taken over its slots.
 func TestReadyCluster(t *testing.T) {
 	c := redistest.StartClusterReplicas(t, 3, 1)
-	store := newStore(t, c.Addrs(), true, 25*time.Millisecond)
+	// faultTimeout: the healthy polls must not time out on a loaded
+	// machine; a dead master refuses at once whatever the timeout.
+	store := newStore(t, c.Addrs(), true, faultTimeout)
 	ping := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
