@@ -40,20 +40,30 @@ func TestFaultTable(t *testing.T) {
 	)
 	hot := rls.BucketKey("hot", "")
 	type fault struct {
-		name        string
-		cluster     bool
+		name  string
+		redis string // standalone, cluster or sentinel
+		// start and stop inject the fault and end it; stop nil: the fault
+		// ends as it starts (a failover), and recovery is timed from it.
 		start, stop func(s *redistest.Server, p *redistest.Proxy)
 	}
 	none := func(*redistest.Server, *redistest.Proxy) {}
+	freeze := func(s *redistest.Server, _ *redistest.Proxy) { s.Freeze() }
+	thaw := func(s *redistest.Server, _ *redistest.Proxy) { s.Thaw() }
+	kill := func(s *redistest.Server, _ *redistest.Proxy) { s.Kill() }
+	restart := func(s *redistest.Server, _ *redistest.Proxy) { s.Restart() }
+	sleep := func(s *redistest.Server, _ *redistest.Proxy) { go func() { _, _ = s.Do("DEBUG", "SLEEP", "2") }() }
 	faults := []fault{
-		{"none", false, none, none},
-		{"SIGSTOP", false, func(s *redistest.Server, _ *redistest.Proxy) { s.Freeze() }, func(s *redistest.Server, _ *redistest.Proxy) { s.Thaw() }},
-		{"kill, restart", false, func(s *redistest.Server, _ *redistest.Proxy) { s.Kill() }, func(s *redistest.Server, _ *redistest.Proxy) { s.Restart() }},
-		{"DEBUG SLEEP 2", false, func(s *redistest.Server, _ *redistest.Proxy) { go func() { _, _ = s.Do("DEBUG", "SLEEP", "2") }() }, none},
-		{"proxy stops forwarding", false, func(_ *redistest.Server, p *redistest.Proxy) { p.Stall() }, func(_ *redistest.Server, p *redistest.Proxy) { p.Resume() }},
-		{"none", true, none, none},
-		{"SIGSTOP the hot key's master", true, func(s *redistest.Server, _ *redistest.Proxy) { s.Freeze() }, func(s *redistest.Server, _ *redistest.Proxy) { s.Thaw() }},
-		{"kill, restart the hot key's master", true, func(s *redistest.Server, _ *redistest.Proxy) { s.Kill() }, func(s *redistest.Server, _ *redistest.Proxy) { s.Restart() }},
+		{"none", "standalone", none, none},
+		{"SIGSTOP", "standalone", freeze, thaw},
+		{"kill, restart", "standalone", kill, restart},
+		{"DEBUG SLEEP 2", "standalone", sleep, none},
+		{"proxy stops forwarding", "standalone", func(_ *redistest.Server, p *redistest.Proxy) { p.Stall() }, func(_ *redistest.Server, p *redistest.Proxy) { p.Resume() }},
+		{"none", "cluster", none, none},
+		{"SIGSTOP the hot key's master", "cluster", freeze, thaw},
+		{"kill, restart the hot key's master", "cluster", kill, restart},
+		{"DEBUG SLEEP 2 on the hot key's master", "cluster", sleep, none},
+		{"none", "sentinel", none, none},
+		{"kill the master: Sentinel promotes the replica", "sentinel", kill, nil},
 	}
 	var cluster *redistest.Cluster
 	rows := []string{
@@ -61,21 +71,28 @@ func TestFaultTable(t *testing.T) {
 		"|---|---|---|---|---|---|---|---|---|---|",
 	}
 	for _, f := range faults {
-		var addrs []string
+		var store *rls.Store
 		var srv *redistest.Server
 		var proxy *redistest.Proxy
-		if f.cluster {
+		switch f.redis {
+		case "cluster":
 			if cluster == nil {
 				cluster = redistest.StartCluster(t, 3)
 			}
-			addrs = cluster.Addrs()
 			srv = cluster.Nodes[cluster.NodeFor(hot)]
-		} else {
+			store = newStore(t, cluster.Addrs(), true, timeout)
+		case "sentinel":
+			srv = redistest.Start(t)
+			replica := redistest.StartReplica(t, srv)
+			sentinel := redistest.StartSentinel(t, "tokengate", srv)
+			sentinel.WaitSentinelReplicas("tokengate", 1)
+			store = newSentinelStore(t, sentinel.Addr, "tokengate", timeout)
+			_ = replica // promoted by the failover row
+		default:
 			srv = redistest.Start(t)
 			proxy = redistest.StartProxy(t, srv.Addr)
-			addrs = []string{proxy.Addr}
+			store = newStore(t, []string{proxy.Addr}, false, timeout)
 		}
-		store := newStore(t, addrs, f.cluster, timeout)
 		e := startServer(t, testConfig, store)
 		var mu sync.Mutex
 		var lat []time.Duration
@@ -123,11 +140,18 @@ func TestFaultTable(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		f.start(srv, proxy)
+		if f.stop == nil {
+			mu.Lock()
+			faultEnd = time.Now()
+			mu.Unlock()
+		}
 		time.Sleep(2 * time.Second)
-		f.stop(srv, proxy)
-		mu.Lock()
-		faultEnd = time.Now()
-		mu.Unlock()
+		if f.stop != nil {
+			f.stop(srv, proxy)
+			mu.Lock()
+			faultEnd = time.Now()
+			mu.Unlock()
+		}
 		time.Sleep(2 * time.Second)
 		close(stop)
 		wg.Wait()
@@ -138,10 +162,7 @@ func TestFaultTable(t *testing.T) {
 		if !recovered.IsZero() {
 			rec = recovered.Sub(faultEnd).Round(time.Millisecond).String()
 		}
-		redis := "standalone"
-		if f.cluster {
-			redis = "Cluster (3 masters)"
-		}
+		redis := map[string]string{"standalone": "standalone", "cluster": "Cluster (3 masters)", "sentinel": "Sentinel (master, replica)"}[f.redis]
 		rows = append(rows, fmt.Sprintf("| %s | %s | %d | %d / %d / %d / %d | %s | %s | %s | %d | %d (%.0f) | %s |",
 			redis, f.name, len(lat), byCode[codes.OK], byCode[codes.ResourceExhausted], byCode[codes.Unavailable], byCode[codes.DeadlineExceeded],
 			q(0.5), q(0.99), q(1), over, admitted, 40+20*elapsed, rec))
