@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/tokengate/tokengate/internal/envoyconf"
 	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testport"
 	"github.com/tokengate/tokengate/internal/wasmbuild"
 )
 
@@ -203,49 +203,17 @@ func testMakeCluster(t *testing.T, mode string) {
 	}
 }
 
-// freePortNum returns a port free on 127.0.0.1 a moment ago.
+// freePortNum returns a port reserved for the test (testport).
 func freePortNum(t testing.TB) int {
 	t.Helper()
-	return freePorts(t, 1)
+	return testport.Free(t)
 }
 
-// freePortPair returns a port p such that p and p+1 were both free (a
-// proxy and its admin listener).
+// freePortPair returns a port p such that p and p+1 are reserved for the
+// test (a proxy and its admin listener).
 func freePortPair(t testing.TB) int {
 	t.Helper()
-	return freePorts(t, 2)
-}
-
-// freePorts returns a port p such that p .. p+n-1 were all free a moment
-// ago, chosen below Linux's ephemeral range (32768 and up by default):
-// the kernel hands ports of that range to every outgoing connection the
-// other tests make, so a port picked there can be taken by a client
-// socket before the program under test binds it (seen: an admin listener's
-// "address already in use"). Ports below it are only ever taken by an
-// explicit bind.
-func freePorts(t testing.TB, n int) int {
-	t.Helper()
-	for range 200 {
-		p := 20000 + rand.IntN(12000)
-		ok := true
-		var ls []net.Listener
-		for i := range n {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatalf("no %d adjacent free ports", n)
-	return 0
+	return testport.Run(t, 2)
 }
 
 // checkLeased checks, on the proxies' admin listeners, that lease mode took

@@ -18,6 +18,7 @@ import (
 	"github.com/tokengate/tokengate/internal/envoyconf"
 	"github.com/tokengate/tokengate/internal/envoyrl"
 	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testport"
 	"github.com/tokengate/tokengate/internal/wasmbuild"
 	"github.com/tokengate/tokengate/internal/wasmhost"
 )
@@ -287,12 +288,11 @@ func (p *rlsProc) Freeze(t testing.TB) {
 // Thaw resumes a frozen process.
 func (p *rlsProc) Thaw() { _ = redistest.Thaw(p.cmd.Process) }
 
-// freeAddr returns "127.0.0.1:port" for a port free a moment ago (the
-// programs under test take addresses, not listeners), below the ephemeral
-// range (freePorts).
+// freeAddr returns "127.0.0.1:port" for a port reserved for the test (the
+// programs under test take addresses, not listeners; testport).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	return "127.0.0.1:" + strconv.Itoa(freePorts(t, 1))
+	return "127.0.0.1:" + strconv.Itoa(testport.Free(t))
 }
 
 // tryGet sends GET url with headers and returns the status, or an error:

@@ -7,7 +7,6 @@ import (
 	"debug/elf"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,6 +26,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tokengate/tokengate/internal/testport"
 )
 
 // readLayout opens the layout at dir the way crane does and returns its
@@ -232,15 +233,10 @@ func assertStatic(t *testing.T, bin []byte) {
 	}
 }
 
-// freePort returns a loopback port nothing listens on now.
+// freePort returns a loopback port reserved for the test (testport).
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	return strconv.Itoa(testport.Free(t))
 }
 
 // runBinary starts the binary with no Redis behind it (the service starts

@@ -26,6 +26,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tokengate/tokengate/internal/testport"
 )
 
 // readyTimeout bounds every wait for a node or a cluster to become ready.
@@ -190,8 +192,12 @@ func (s *Server) waitPing() {
 	s.t.Helper()
 	deadline := time.Now().Add(readyTimeout)
 	for {
+		if s.exited() {
+			s.t.Fatalf("redistest: redis-server for %s exited at start; log:\n%s", s.Addr, s.Log())
+		}
 		v, err := s.Do("PING")
 		if err == nil && v == "PONG" {
+			s.checkOwn()
 			return
 		}
 		if time.Now().After(deadline) {
@@ -199,6 +205,44 @@ func (s *Server) waitPing() {
 				s.Addr, readyTimeout, v, err, s.Log())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// exited reports whether the process started last has ended.
+func (s *Server) exited() bool {
+	s.mu.Lock()
+	done := s.done
+	s.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// checkOwn fails the test when the server answering on Addr is not the
+// process this Server started: a test that went on would judge someone
+// else's Redis (a port taken between its pick and the bind).
+func (s *Server) checkOwn() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	v, err := s.Do("INFO", "server")
+	info, _ := v.(string)
+	if err != nil {
+		s.t.Fatalf("redistest: INFO server on %s: %v", s.Addr, err)
+	}
+	want := "process_id:" + strconv.Itoa(cmd.Process.Pid)
+	if !strings.Contains(info, want+"\r\n") && !strings.Contains(info, want+"\n") {
+		s.t.Fatalf("redistest: %s is answered by another process than ours (want %s); log:\n%s", s.Addr, want, s.Log())
 	}
 }
 
@@ -310,13 +354,9 @@ func readReply(r *bufio.Reader) (any, error) {
 	return nil, fmt.Errorf("redistest: unexpected reply %q", line)
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// freePort returns a port on 127.0.0.1 reserved for the test (see
+// testport: picked below the ephemeral range, never handed to two tests).
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("redistest: free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return testport.Free(t)
 }
