@@ -109,7 +109,7 @@ func newSentinelStore(t testing.TB, addr, name string, timeout time.Duration) *r
 // decides on the promoted replica's state, not that race. The hot bucket
 // cannot wait so (its load goes on to the kill); its bound does not depend
 // on the race as long as the failover (Sentinel's down-after-milliseconds,
-// 1 s here, a random delay of up to 1 s, then the promotion: 2.3–2.6 s
+// 1 s here, a random delay of up to 1 s, then the promotion: 2.2–2.7 s
 // measured) outlasts the 2 s the bucket takes to refill from empty: a
 // refill stops at burst, so a lost write leaves the bucket as it finds it.
 func TestSentinelFailover(t *testing.T) {
