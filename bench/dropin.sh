@@ -16,7 +16,7 @@ BASE=${BENCH_DROPIN_PORT:-18480}
 rm -rf "$OUT" && mkdir -p "$OUT/rt/ratelimit/config"
 OUT=$(cd "$OUT" && pwd)
 command -v redis-server >/dev/null || { echo "bench/dropin.sh: redis-server is missing" >&2; exit 1; }
-$GO build -o "$OUT/ratelimit" ./cmd/tokengate-rls # the name selects the drop-in
+$GO build -tags=vtprotobuf -o "$OUT/ratelimit" ./cmd/tokengate-rls # the name selects the drop-in; the tag as the Makefile builds it
 $GO build -o "$OUT/rlsload" ./bench/cmd/rlsload
 RL_BIN=$(tools/ratelimit.sh)
 pids=()

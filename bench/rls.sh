@@ -77,7 +77,9 @@ elif ! RL_BIN=$(tools/ratelimit.sh); then
 	log "envoyproxy/ratelimit could not be installed (tools/ratelimit.sh): no RLS rows"
 else
 	log "RLS: tokengate-rls vs envoyproxy/ratelimit, $RLS_CLIENTS clients, ${RLS_SECS}s x $RLS_ROUNDS rounds"
-	$GO build -o "$OUT/tokengate-rls" ./cmd/tokengate-rls
+	# -tags=vtprotobuf as the Makefile builds it (docs/rls.md#the-codec):
+	# without the tag the service encodes its answers with proto.Marshal.
+	$GO build -tags=vtprotobuf -o "$OUT/tokengate-rls" ./cmd/tokengate-rls
 	$GO build -o "$OUT/rlsload" ./bench/cmd/rlsload
 	"${PIN_LOAD[@]}" redis-server --port "$RLS_REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no >"$OUT/rls-redis.log" 2>&1 &
 	pids+=($!)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,44 +40,76 @@ func TestFaultTable(t *testing.T) {
 		timeout  = 25 * time.Millisecond
 	)
 	hot := rls.BucketKey("hot", "")
-	type fault struct {
-		name        string
-		cluster     bool
-		start, stop func(s *redistest.Server, p *redistest.Proxy)
+	// target is what a fault acts on: the Redis node of the hot bucket,
+	// the proxy in front of a standalone one, and the switch of a store
+	// that stops answering.
+	type target struct {
+		srv   *redistest.Server
+		proxy *redistest.Proxy
+		stall *atomic.Bool
 	}
-	none := func(*redistest.Server, *redistest.Proxy) {}
+	type fault struct {
+		name  string
+		redis string // standalone, cluster, sentinel, or stalled (no Redis fault: the store waits)
+		// start and stop inject the fault and end it; stop nil: the fault
+		// ends as it starts (a failover), and recovery is timed from it.
+		start, stop func(*target)
+	}
+	none := func(*target) {}
+	freeze := func(t *target) { t.srv.Freeze() }
+	thaw := func(t *target) { t.srv.Thaw() }
+	kill := func(t *target) { t.srv.Kill() }
+	restart := func(t *target) { t.srv.Restart() }
+	sleep := func(t *target) { go func() { _, _ = t.srv.Do("DEBUG", "SLEEP", "2") }() }
 	faults := []fault{
-		{"none", false, none, none},
-		{"SIGSTOP", false, func(s *redistest.Server, _ *redistest.Proxy) { s.Freeze() }, func(s *redistest.Server, _ *redistest.Proxy) { s.Thaw() }},
-		{"kill, restart", false, func(s *redistest.Server, _ *redistest.Proxy) { s.Kill() }, func(s *redistest.Server, _ *redistest.Proxy) { s.Restart() }},
-		{"DEBUG SLEEP 2", false, func(s *redistest.Server, _ *redistest.Proxy) { go func() { _, _ = s.Do("DEBUG", "SLEEP", "2") }() }, none},
-		{"proxy stops forwarding", false, func(_ *redistest.Server, p *redistest.Proxy) { p.Stall() }, func(_ *redistest.Server, p *redistest.Proxy) { p.Resume() }},
-		{"none", true, none, none},
-		{"SIGSTOP the hot key's master", true, func(s *redistest.Server, _ *redistest.Proxy) { s.Freeze() }, func(s *redistest.Server, _ *redistest.Proxy) { s.Thaw() }},
-		{"kill, restart the hot key's master", true, func(s *redistest.Server, _ *redistest.Proxy) { s.Kill() }, func(s *redistest.Server, _ *redistest.Proxy) { s.Restart() }},
+		{"none", "standalone", none, none},
+		{"SIGSTOP", "standalone", freeze, thaw},
+		{"kill, restart", "standalone", kill, restart},
+		{"DEBUG SLEEP 2", "standalone", sleep, none},
+		{"proxy stops forwarding", "standalone", func(t *target) { t.proxy.Stall() }, func(t *target) { t.proxy.Resume() }},
+		{"no fault: every call waits out its budget", "stalled", func(t *target) { t.stall.Store(true) }, func(t *target) { t.stall.Store(false) }},
+		{"none", "cluster", none, none},
+		{"SIGSTOP the hot key's master", "cluster", freeze, thaw},
+		{"kill, restart the hot key's master", "cluster", kill, restart},
+		{"DEBUG SLEEP 2 on the hot key's master", "cluster", sleep, none},
+		{"none", "sentinel", none, none},
+		{"kill the master: Sentinel promotes the replica", "sentinel", kill, nil},
 	}
 	var cluster *redistest.Cluster
 	rows := []string{
-		"| Redis | Fault (2 s) | Calls | OK / OVER_LIMIT / UNAVAILABLE / DEADLINE_EXCEEDED | p50 | p99 | max | Over 65 ms | Admitted (bound) | Recovered after |",
-		"|---|---|---|---|---|---|---|---|---|---|",
+		"| Redis | Fault (2 s) | Calls | OK / OVER_LIMIT / UNAVAILABLE / DEADLINE_EXCEEDED | p50 | p99 | max | Over 65 ms | Past budget: > 1 ms, max (its time in the store) | Admitted (bound) | Recovered after |",
+		"|---|---|---|---|---|---|---|---|---|---|---|",
 	}
 	for _, f := range faults {
-		var addrs []string
+		var store *rls.Store
 		var srv *redistest.Server
 		var proxy *redistest.Proxy
-		if f.cluster {
+		stall := new(atomic.Bool)
+		switch f.redis {
+		case "cluster":
 			if cluster == nil {
 				cluster = redistest.StartCluster(t, 3)
 			}
-			addrs = cluster.Addrs()
 			srv = cluster.Nodes[cluster.NodeFor(hot)]
-		} else {
+			store = newStore(t, cluster.Addrs(), true, timeout)
+		case "sentinel":
+			srv = redistest.Start(t)
+			replica := redistest.StartReplica(t, srv)
+			sentinel := redistest.StartSentinel(t, "tokengate", srv)
+			sentinel.WaitSentinelReplicas("tokengate", 1)
+			store = newSentinelStore(t, sentinel.Addr, "tokengate", timeout)
+			_ = replica // promoted by the failover row
+		case "stalled":
+			srv = redistest.Start(t)
+			store = newStore(t, []string{srv.Addr}, false, timeout)
+		default:
 			srv = redistest.Start(t)
 			proxy = redistest.StartProxy(t, srv.Addr)
-			addrs = []string{proxy.Addr}
+			store = newStore(t, []string{proxy.Addr}, false, timeout)
 		}
-		store := newStore(t, addrs, f.cluster, timeout)
-		e := startServer(t, testConfig, store)
+		tm := &timedRunner{r: &stallingRunner{r: store, stall: stall}}
+		e := startServer(t, testConfig, tm)
+		tg := &target{srv: srv, proxy: proxy, stall: stall}
 		var mu sync.Mutex
 		var lat []time.Duration
 		byCode := map[codes.Code]int{}
@@ -122,12 +155,19 @@ func TestFaultTable(t *testing.T) {
 			}()
 		}
 		time.Sleep(time.Second)
-		f.start(srv, proxy)
+		f.start(tg)
+		if f.stop == nil {
+			mu.Lock()
+			faultEnd = time.Now()
+			mu.Unlock()
+		}
 		time.Sleep(2 * time.Second)
-		f.stop(srv, proxy)
-		mu.Lock()
-		faultEnd = time.Now()
-		mu.Unlock()
+		if f.stop != nil {
+			f.stop(tg)
+			mu.Lock()
+			faultEnd = time.Now()
+			mu.Unlock()
+		}
 		time.Sleep(2 * time.Second)
 		close(stop)
 		wg.Wait()
@@ -138,14 +178,83 @@ func TestFaultTable(t *testing.T) {
 		if !recovered.IsZero() {
 			rec = recovered.Sub(faultEnd).Round(time.Millisecond).String()
 		}
-		redis := "standalone"
-		if f.cluster {
-			redis = "Cluster (3 masters)"
-		}
-		rows = append(rows, fmt.Sprintf("| %s | %s | %d | %d / %d / %d / %d | %s | %s | %s | %d | %d (%.0f) | %s |",
+		redis := map[string]string{"standalone": "standalone", "stalled": "standalone", "cluster": "Cluster (3 masters)", "sentinel": "Sentinel (master, replica)"}[f.redis]
+		late, worst, worstIn := tm.past()
+		worst = max(worst, 0)
+		rows = append(rows, fmt.Sprintf("| %s | %s | %d | %d / %d / %d / %d | %s | %s | %s | %d | %d, %s (%s) | %d (%.0f) | %s |",
 			redis, f.name, len(lat), byCode[codes.OK], byCode[codes.ResourceExhausted], byCode[codes.Unavailable], byCode[codes.DeadlineExceeded],
-			q(0.5), q(0.99), q(1), over, admitted, 40+20*elapsed, rec))
+			q(0.5), q(0.99), q(1), over, late, worst.Round(100*time.Microsecond), worstIn.Round(100*time.Microsecond), admitted, 40+20*elapsed, rec))
 		store.Close()
 	}
 	t.Log("\n" + strings.Join(rows, "\n"))
+}
+
+// stallingRunner is r, except while stall is set: then each call answers
+// nothing until 2 ms before its caller's deadline and fails, as the store
+// does for a node that does not answer (Store.clientBudget), with no
+// Redis, rueidis or guard in the way. Beside the real faults it shows
+// what the same wait costs with no fault: the machine's scheduling.
+type stallingRunner struct {
+	r     rls.Runner
+	stall *atomic.Bool
+}
+
+func (s *stallingRunner) Run(ctx context.Context, ops []rls.Op) []rls.Outcome {
+	if !s.stall.Load() {
+		return s.r.Run(ctx, ops)
+	}
+	out := make([]rls.Outcome, len(ops))
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(25 * time.Millisecond)
+	}
+	t := time.NewTimer(time.Until(dl.Add(-2 * time.Millisecond)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	for i := range out {
+		out[i].Err = context.DeadlineExceeded
+	}
+	return out
+}
+
+// timedRunner is r, and measures how long after its budget each call
+// returns to the service: the budget of the table's calls (one
+// descriptor, a 60 ms deadline) ends 2 ms before the deadline the
+// service received (Store.clientBudget). Of the latest call it keeps the
+// time spent in the store (rueidis, the guard, and scheduling while
+// there): a call late by more than that reached the store late, after
+// gRPC read its request.
+type timedRunner struct {
+	r       rls.Runner
+	mu      sync.Mutex
+	late    int           // calls that returned more than 1 ms past their budget
+	worst   time.Duration // the most past it
+	worstIn time.Duration // the time that call spent in the store
+}
+
+func (t *timedRunner) Run(ctx context.Context, ops []rls.Op) []rls.Outcome {
+	start := time.Now()
+	out := t.r.Run(ctx, ops)
+	if dl, ok := ctx.Deadline(); ok {
+		end := time.Now()
+		past := end.Sub(dl.Add(-2 * time.Millisecond))
+		t.mu.Lock()
+		if past > time.Millisecond {
+			t.late++
+		}
+		if past > t.worst {
+			t.worst, t.worstIn = past, end.Sub(start)
+		}
+		t.mu.Unlock()
+	}
+	return out
+}
+
+func (t *timedRunner) past() (late int, worst, worstIn time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.late, t.worst, t.worstIn
 }

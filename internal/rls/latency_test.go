@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -34,6 +32,10 @@ type loadResult struct {
 	overruns []time.Duration
 	calls    int
 	failed   int
+	// late are the starts of the calls that returned more than 5 ms past
+	// their deadline, for the log: when, relative to the fault, they
+	// began.
+	late []time.Time
 }
 
 // load runs workers goroutines calling store.Run until stop closes; each
@@ -72,6 +74,9 @@ func load(store *rls.Store, workers int, stop <-chan struct{}) loadResult {
 					res.failed++
 				}
 				res.overruns = append(res.overruns, end.Sub(dl))
+				if end.Sub(dl) > 5*time.Millisecond {
+					res.late = append(res.late, start)
+				}
 				mu.Unlock()
 				time.Sleep(200 * time.Microsecond)
 			}
@@ -104,6 +109,11 @@ func TestLatencyBound(t *testing.T) {
 		{"stalled-proxy", false, nil, nil},
 		{"cluster-sigstop", true, func(t *testing.T, s *redistest.Server) { s.Freeze() }, func(t *testing.T, s *redistest.Server) { s.Thaw() }},
 		{"cluster-kill", true, func(t *testing.T, s *redistest.Server) { s.Kill() }, func(t *testing.T, s *redistest.Server) { s.Restart() }},
+		// Shorter than cluster-node-timeout (3 s): the other nodes do not
+		// mark the sleeping master failed.
+		{"cluster-debug-sleep", true, func(t *testing.T, s *redistest.Server) {
+			go func() { _, _ = s.Do("DEBUG", "SLEEP", "1.5") }()
+		}, func(t *testing.T, s *redistest.Server) {}},
 	}
 	var cluster *redistest.Cluster
 	parent := t
@@ -133,27 +143,26 @@ func TestLatencyBound(t *testing.T) {
 			done := make(chan loadResult)
 			go func() { done <- load(store, 64, stop) }()
 			time.Sleep(100 * time.Millisecond)
+			faultAt := time.Now()
 			start(t, srv)
-			time.Sleep(700 * time.Millisecond)
-			if os.Getenv("DUMP") != "" {
-				buf := make([]byte, 1<<22)
-				n := runtime.Stack(buf, true)
-				os.WriteFile("/tmp/rr/dump.txt", buf[:n], 0o644)
-			}
-			time.Sleep(800 * time.Millisecond)
+			time.Sleep(1500 * time.Millisecond)
 			end(t, srv)
 			close(stop)
 			res := <-done
 			slices.Sort(res.overruns)
 			worst := res.overruns[len(res.overruns)-1]
-			over5 := 0
-			for _, o := range res.overruns {
-				if o > 5*time.Millisecond {
-					over5++
+			// When the late calls began, from the fault's start: all in
+			// its first moments would point at a wait of the fault's own
+			// (a reconnection, a refresh); spread over it, at the
+			// machine's scheduling.
+			first50 := 0
+			for _, st := range res.late {
+				if d := st.Sub(faultAt); d >= 0 && d < 50*time.Millisecond {
+					first50++
 				}
 			}
-			t.Logf("%d calls, %d failed; past deadline: p50 %v, p99 %v, max %v; %d past it by > 5 ms",
-				res.calls, res.failed, res.overruns[len(res.overruns)/2], res.overruns[len(res.overruns)*99/100], worst, over5)
+			t.Logf("%d calls, %d failed; past deadline: p50 %v, p99 %v, max %v; %d past it by > 5 ms (%d begun in the fault's first 50 ms)",
+				res.calls, res.failed, res.overruns[len(res.overruns)/2], res.overruns[len(res.overruns)*99/100], worst, len(res.late), first50)
 			if res.failed == 0 {
 				t.Errorf("no call failed: the fault did not reach the store")
 			}

