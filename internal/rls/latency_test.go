@@ -18,13 +18,31 @@ import (
 const latencyTimeout = 25 * time.Millisecond
 
 // structuralSlack is how far past its own deadline a call may return in
-// TestLatencyBound. Not the 5 ms the service promises: on a loaded
-// two-core machine a goroutine can wait that long for a CPU. The defect
-// it pins is structural (calls waited for rueidis to give up the
-// connection, a second and more, whatever their deadline), far beyond any
-// scheduling delay; the fault script measures the real distribution
-// (docs/failures.md).
+// TestLatencyBound, beyond the scheduler's own lateness measured at the same
+// time (schedLag). Not the 5 ms the service promises: the defect it pins is
+// structural (calls waited for rueidis to give up the connection, a second
+// and more, whatever their deadline), and on a loaded two-core machine any
+// goroutine, in the store or not, can wait hundreds of milliseconds for a
+// CPU (a no-fault call 986 ms past its budget, 0 s of it in the store:
+// docs/failures.md). The fault script measures the real distribution.
 const structuralSlack = 500 * time.Millisecond
+
+// schedLag measures, until stop closes, how late a goroutine of this
+// process wakes from a 1 ms sleep, and returns the worst: what the machine,
+// not the store, adds to any call at that time.
+func schedLag(stop <-chan struct{}) time.Duration {
+	var worst time.Duration
+	for {
+		select {
+		case <-stop:
+			return worst
+		default:
+		}
+		t0 := time.Now()
+		time.Sleep(time.Millisecond)
+		worst = max(worst, time.Since(t0)-time.Millisecond)
+	}
+}
 
 // loadResult is what a load saw: every call's overrun of its own
 // deadline, and how many calls failed.
@@ -141,14 +159,16 @@ func TestLatencyBound(t *testing.T) {
 			}
 			stop := make(chan struct{})
 			done := make(chan loadResult)
+			lag := make(chan time.Duration)
 			go func() { done <- load(store, 64, stop) }()
+			go func() { lag <- schedLag(stop) }()
 			time.Sleep(100 * time.Millisecond)
 			faultAt := time.Now()
 			start(t, srv)
 			time.Sleep(1500 * time.Millisecond)
 			end(t, srv)
 			close(stop)
-			res := <-done
+			res, worstLag := <-done, <-lag
 			slices.Sort(res.overruns)
 			worst := res.overruns[len(res.overruns)-1]
 			// When the late calls began, from the fault's start: all in
@@ -161,13 +181,16 @@ func TestLatencyBound(t *testing.T) {
 					first50++
 				}
 			}
-			t.Logf("%d calls, %d failed; past deadline: p50 %v, p99 %v, max %v; %d past it by > 5 ms (%d begun in the fault's first 50 ms)",
-				res.calls, res.failed, res.overruns[len(res.overruns)/2], res.overruns[len(res.overruns)*99/100], worst, len(res.late), first50)
+			t.Logf("%d calls, %d failed; past deadline: p50 %v, p99 %v, max %v; %d past it by > 5 ms (%d begun in the fault's first 50 ms); worst scheduler lag %v",
+				res.calls, res.failed, res.overruns[len(res.overruns)/2], res.overruns[len(res.overruns)*99/100], worst, len(res.late), first50, worstLag)
 			if res.failed == 0 {
 				t.Errorf("no call failed: the fault did not reach the store")
 			}
-			if worst > structuralSlack {
-				t.Errorf("a call returned %v past its deadline, want < %v", worst, structuralSlack)
+			// Twice the lag: the control is one goroutine's wake-ups, the
+			// calls are 64 goroutines' and the store's own.
+			if bound := structuralSlack + 2*worstLag; worst > bound {
+				t.Errorf("a call returned %v past its deadline, want < %v (%v + twice the scheduler's worst lag, %v)",
+					worst, bound, structuralSlack, worstLag)
 			}
 			waitRecovery(t, store)
 		})
