@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -136,15 +137,18 @@ func TestRunRatelimitXDS(t *testing.T) {
 			"GRPC_SERVER_USE_TLS", "true", "GRPC_SERVER_TLS_CERT", c("server.crt"), "GRPC_SERVER_TLS_KEY", c("server.key"),
 			"GRPC_CLIENT_TLS_CACERT", c("ca.crt")), &lockedLog{}, listening)
 	}()
-	var grpcAddr string
+	var grpcAddr, httpURL string
 	select {
 	case a := <-listening:
-		grpcAddr = a[0]
+		grpcAddr, httpURL = a[0], "http://"+a[1]
 	case err := <-errc:
 		t.Fatalf("runRatelimit: %v", err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("not listening within 30 s (no configuration from xDS?)")
 	}
+	// As Envoy Gateway's readiness probe does: calls before Redis answers
+	// are UNAVAILABLE by design (seen on a loaded machine).
+	waitFor(t, "/healthcheck 200", func() bool { code, _ := get(t, httpURL+"/healthcheck"); return code == http.StatusOK })
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "localhost",
 		Certificates: []tls.Certificate{clientKP}})))
 	if err != nil {
