@@ -78,58 +78,13 @@ func testMakeCluster(t *testing.T, mode string) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("tools/cluster.sh needs curl")
 	}
-	root := repoRoot(t)
-	wasm, err := wasmbuild.Path()
-	if err != nil {
-		t.Fatal(err)
-	}
-	localBin, rlsBin := buildLocal(t), tokengateRLS(t)
-	var ports []string
-	for range 2 {
-		ports = append(ports, strconv.Itoa(freePortPair(t)))
-	}
-	rlsPort, rlsAdmin, redisPort := freePortNum(t), freePortNum(t), freePortNum(t)
-	dir := t.TempDir()
-	cmd := exec.Command(filepath.Join(root, "tools", "cluster.sh"))
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(),
-		"CLUSTER_PORTS="+strings.Join(ports, " "),
-		"CLUSTER_RLS_PORT="+strconv.Itoa(rlsPort), "CLUSTER_RLS_ADMIN_PORT="+strconv.Itoa(rlsAdmin),
-		"CLUSTER_REDIS_PORT="+strconv.Itoa(redisPort), "CLUSTER_DIR="+dir,
-		"LOCAL="+localBin, "RLS="+rlsBin, "WASM="+wasm, "MODE="+mode)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// Wait returns even if a straggler holds the output pipe open.
-	cmd.WaitDelay = 5 * time.Second
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the group this test started
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("tools/cluster.sh output:\n%s", out.String())
-		}
+	f := startScriptFleet(t, "tools/cluster.sh", func(root string, vars []string) *exec.Cmd {
+		cmd := exec.Command(filepath.Join(root, "tools", "cluster.sh"))
+		cmd.Env = append(os.Environ(), append(vars, "MODE="+mode)...)
+		return cmd
 	})
-	deadline := time.Now().Add(120 * time.Second)
-	for !strings.Contains(out.String(), "Ctrl-C to stop everything.") {
-		select {
-		case <-exited:
-			t.Fatalf("tools/cluster.sh exited early: %v", waitErr)
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the fleet did not come up in 120 s")
-		}
-	}
+	cmd, out, exited, ports, dir := f.cmd, f.out, f.exited, f.ports, f.dir
+	rlsPort, redisPort := f.rlsPort, f.redisPort
 	for _, want := range append([]string{"http://127.0.0.1:" + ports[0], "curl", "in " + mode + " mode"}, ports...) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the banner does not mention %q", want)
@@ -192,8 +147,8 @@ func testMakeCluster(t *testing.T, mode string) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("tools/cluster.sh still running 20 s after SIGINT")
 	}
-	if waitErr != nil || strings.Contains(out.String(), "a proxy exited") {
-		t.Errorf("after Ctrl-C: exit %v, output:\n%s", waitErr, out.String())
+	if f.waitErr != nil || strings.Contains(out.String(), "a proxy exited") {
+		t.Errorf("after Ctrl-C: exit %v, output:\n%s", f.waitErr, out.String())
 	}
 	for _, p := range append(ports, strconv.Itoa(rlsPort), strconv.Itoa(redisPort)) {
 		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+p, time.Second); err == nil {
@@ -201,6 +156,77 @@ func testMakeCluster(t *testing.T, mode string) {
 			t.Errorf("port %s still answers after Ctrl-C", p)
 		}
 	}
+}
+
+// scriptFleet is tools/cluster.sh running (directly or under make) with
+// binaries the test built, on ports reserved for it.
+type scriptFleet struct {
+	cmd    *exec.Cmd
+	out    *syncBuffer
+	exited chan struct{} // closed once cmd has exited
+	// waitErr is cmd.Wait's result, read after exited is closed.
+	waitErr                      error
+	ports                        []string // the proxies' (each admin listener at +1)
+	rlsPort, rlsAdmin, redisPort int
+	dir                          string // CLUSTER_DIR: the processes' logs
+}
+
+// startScriptFleet starts a fleet of two proxies with the command that
+// command makes, given the repository root and the variables naming the
+// binaries and ports (for its environment or its command line), in a
+// process group of its own that is killed when the test ends, and waits
+// for the banner. name is the command in failure messages.
+func startScriptFleet(t *testing.T, name string, command func(root string, vars []string) *exec.Cmd) *scriptFleet {
+	t.Helper()
+	root := repoRoot(t)
+	wasm, err := wasmbuild.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	localBin, rlsBin := buildLocal(t), tokengateRLS(t)
+	f := &scriptFleet{out: &syncBuffer{}, exited: make(chan struct{}), dir: t.TempDir()}
+	for range 2 {
+		f.ports = append(f.ports, strconv.Itoa(freePortPair(t)))
+	}
+	f.rlsPort, f.rlsAdmin, f.redisPort = freePortNum(t), freePortNum(t), freePortNum(t)
+	cmd := command(root, []string{
+		"CLUSTER_PORTS=" + strings.Join(f.ports, " "),
+		"CLUSTER_RLS_PORT=" + strconv.Itoa(f.rlsPort), "CLUSTER_RLS_ADMIN_PORT=" + strconv.Itoa(f.rlsAdmin),
+		"CLUSTER_REDIS_PORT=" + strconv.Itoa(f.redisPort), "CLUSTER_DIR=" + f.dir,
+		"LOCAL=" + localBin, "RLS=" + rlsBin, "WASM=" + wasm})
+	f.cmd = cmd
+	cmd.Dir = root
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stdout, cmd.Stderr = f.out, f.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait returns even if a straggler holds the output pipe open.
+	cmd.WaitDelay = 5 * time.Second
+	go func() { f.waitErr = cmd.Wait(); close(f.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-f.exited:
+		default:
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the group this test started
+			<-f.exited
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, f.out.String())
+		}
+	})
+	deadline := time.Now().Add(120 * time.Second)
+	for !strings.Contains(f.out.String(), "Ctrl-C to stop everything.") {
+		select {
+		case <-f.exited:
+			t.Fatalf("%s exited early: %v", name, f.waitErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fleet did not come up in 120 s")
+		}
+	}
+	return f
 }
 
 // freePortNum returns a port reserved for the test (testport).
@@ -266,57 +292,22 @@ func TestMakeClusterCtrlC(t *testing.T) {
 			t.Skip("make cluster needs " + tool)
 		}
 	}
-	root := repoRoot(t)
-	wasm, err := wasmbuild.Path()
-	if err != nil {
-		t.Fatal(err)
-	}
-	localBin, rlsBin := buildLocal(t), tokengateRLS(t)
-	var ports []string
-	for range 2 {
-		ports = append(ports, strconv.Itoa(freePortPair(t)))
-	}
-	rlsPort, rlsAdmin, redisPort := freePortNum(t), freePortNum(t), freePortNum(t)
-	// The binaries the test built, on make's command line (so that make
-	// builds nothing) and in the environment (the script reads them there).
-	vars := []string{"LOCAL=" + localBin, "RLS=" + rlsBin, "WASM=" + wasm, "MODE=exact"}
-	cmd := exec.Command("make", append([]string{"--no-print-directory", "cluster"}, vars...)...)
-	cmd.Dir = root
-	cmd.Env = append(append(os.Environ(),
-		"CLUSTER_PORTS="+strings.Join(ports, " "),
-		"CLUSTER_RLS_PORT="+strconv.Itoa(rlsPort), "CLUSTER_RLS_ADMIN_PORT="+strconv.Itoa(rlsAdmin),
-		"CLUSTER_REDIS_PORT="+strconv.Itoa(redisPort), "CLUSTER_DIR="+t.TempDir()), vars...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	cmd.WaitDelay = 5 * time.Second
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the group this test started
-			<-exited
+	f := startScriptFleet(t, "make cluster", func(_ string, vars []string) *exec.Cmd {
+		// The binaries the test built, on make's command line (so that
+		// make builds nothing) and in the environment (the script reads
+		// them there, and the ports).
+		args := []string{"--no-print-directory", "cluster", "MODE=exact"}
+		for _, v := range vars {
+			if name, _, _ := strings.Cut(v, "="); name == "LOCAL" || name == "RLS" || name == "WASM" {
+				args = append(args, v)
+			}
 		}
-		if t.Failed() {
-			t.Logf("make cluster output:\n%s", out.String())
-		}
+		cmd := exec.Command("make", args...)
+		cmd.Env = append(os.Environ(), append(vars, "MODE=exact")...)
+		return cmd
 	})
-	deadline := time.Now().Add(120 * time.Second)
-	for !strings.Contains(out.String(), "Ctrl-C to stop everything.") {
-		select {
-		case <-exited:
-			t.Fatal("make cluster exited early")
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the fleet did not come up in 120 s")
-		}
-	}
+	cmd, out, exited, ports := f.cmd, f.out, f.exited, f.ports
+	rlsPort, redisPort := f.rlsPort, f.redisPort
 	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
