@@ -1,18 +1,16 @@
 package deploy
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tokengate/tokengate/config"
 )
@@ -21,25 +19,7 @@ import (
 // does envoy.yaml, with the upstream HTTP protocol options its service
 // cluster needs.
 func parseFleetBootstrap(doc []byte) (*bootstrapv3.Bootstrap, *protoregistry.Types, error) {
-	types, err := envoyResolver()
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := types.RegisterMessage((&httpv3.HttpProtocolOptions{}).ProtoReflect().Type()); err != nil {
-		return nil, nil, err
-	}
-	j, err := yaml.YAMLToJSON(doc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("yaml: %w", err)
-	}
-	bs := &bootstrapv3.Bootstrap{}
-	if err := (protojson.UnmarshalOptions{Resolver: types}).Unmarshal(j, bs); err != nil {
-		return nil, nil, fmt.Errorf("protojson: %w", err)
-	}
-	if err := validateTree(bs, types, "bootstrap"); err != nil {
-		return nil, nil, err
-	}
-	return bs, types, nil
+	return parseBootstrapOf(doc, append(slices.Clone(envoyTypes), &httpv3.HttpProtocolOptions{})...)
 }
 
 // TestFleetEnvoyYAML: the bootstrap of `make cluster`'s proxies

@@ -57,23 +57,22 @@ var envoyTypes = []proto.Message{
 	&wrapperspb.StringValue{},
 }
 
-func envoyResolver() (*protoregistry.Types, error) {
-	types := new(protoregistry.Types)
-	for _, m := range envoyTypes {
-		if err := types.RegisterMessage(m.ProtoReflect().Type()); err != nil {
-			return nil, err
-		}
-	}
-	return types, nil
+// parseBootstrap parses an Envoy YAML bootstrap the way Envoy does (YAML →
+// JSON → proto3 JSON mapping, unknown fields rejected), with envoyTypes the
+// only typed_configs it may name, and runs Envoy's generated validation on
+// it and on every Any inside it, recursively.
+func parseBootstrap(doc []byte) (*bootstrapv3.Bootstrap, *protoregistry.Types, error) {
+	return parseBootstrapOf(doc, envoyTypes...)
 }
 
-// parseBootstrap parses an Envoy YAML bootstrap the way Envoy does (YAML →
-// JSON → proto3 JSON mapping, unknown fields rejected) and runs Envoy's
-// generated validation on it and on every Any inside it, recursively.
-func parseBootstrap(doc []byte) (*bootstrapv3.Bootstrap, *protoregistry.Types, error) {
-	types, err := envoyResolver()
-	if err != nil {
-		return nil, nil, err
+// parseBootstrapOf is parseBootstrap with typed the typed_configs the
+// bootstrap may name.
+func parseBootstrapOf(doc []byte, typed ...proto.Message) (*bootstrapv3.Bootstrap, *protoregistry.Types, error) {
+	types := new(protoregistry.Types)
+	for _, m := range typed {
+		if err := types.RegisterMessage(m.ProtoReflect().Type()); err != nil {
+			return nil, nil, err
+		}
 	}
 	j, err := yaml.YAMLToJSON(doc)
 	if err != nil {

@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,10 +12,8 @@ import (
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tokengate/tokengate/internal/rls"
 	"github.com/tokengate/tokengate/rlscontract"
@@ -33,24 +30,7 @@ var rlqsEnvoyTypes = []proto.Message{
 }
 
 func parseRLQSBootstrap(doc []byte) (*bootstrapv3.Bootstrap, *protoregistry.Types, error) {
-	types := new(protoregistry.Types)
-	for _, m := range rlqsEnvoyTypes {
-		if err := types.RegisterMessage(m.ProtoReflect().Type()); err != nil {
-			return nil, nil, err
-		}
-	}
-	j, err := yaml.YAMLToJSON(doc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("yaml: %w", err)
-	}
-	bs := &bootstrapv3.Bootstrap{}
-	if err := (protojson.UnmarshalOptions{Resolver: types}).Unmarshal(j, bs); err != nil {
-		return nil, nil, fmt.Errorf("protojson: %w", err)
-	}
-	if err := validateTree(bs, types, "bootstrap"); err != nil {
-		return nil, nil, err
-	}
-	return bs, types, nil
+	return parseBootstrapOf(doc, rlqsEnvoyTypes...)
 }
 
 // TestRLQSBootstrap parses deploy/rlqs/envoy.yaml with go-control-plane's

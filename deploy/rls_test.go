@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,11 +12,8 @@ import (
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
-	"sigs.k8s.io/yaml"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 
@@ -35,24 +31,8 @@ var rlsEnvoyTypes = []proto.Message{
 }
 
 func parseRLSBootstrap(doc []byte) (*bootstrapv3.Bootstrap, error) {
-	types := new(protoregistry.Types)
-	for _, m := range rlsEnvoyTypes {
-		if err := types.RegisterMessage(m.ProtoReflect().Type()); err != nil {
-			return nil, err
-		}
-	}
-	j, err := yaml.YAMLToJSON(doc)
-	if err != nil {
-		return nil, fmt.Errorf("yaml: %w", err)
-	}
-	bs := &bootstrapv3.Bootstrap{}
-	if err := (protojson.UnmarshalOptions{Resolver: types}).Unmarshal(j, bs); err != nil {
-		return nil, fmt.Errorf("protojson: %w", err)
-	}
-	if err := validateTree(bs, types, "bootstrap"); err != nil {
-		return nil, err
-	}
-	return bs, nil
+	bs, _, err := parseBootstrapOf(doc, rlsEnvoyTypes...)
+	return bs, err
 }
 
 // sampleDescriptor returns the descriptor Envoy's ratelimit filter builds
