@@ -112,8 +112,7 @@ func (s *Stream) reserveEstimate() Action {
 	if len(enforce.reqs) == 0 {
 		return Continue
 	}
-	req := request{host: p.host, ps: p.ps, xffHops: p.cfg.Settings.XFFTrustedHops, v6Prefix: p.cfg.Settings.IPv6Prefix,
-		xffCIDRs: p.cfg.Settings.XFFTrustedCIDRs, jwtMeta: p.cfg.Settings.JWTPayloadInMetadata}
+	req := p.newRequest()
 	out, _, _ := p.take(enforce, now)
 	switch {
 	case out.Err != nil:

@@ -115,6 +115,14 @@ var stages = [...]stage{
 	{"hold", (*Stream).holdStage},
 }
 
+// newRequest is a request of this plugin's host and settings, its
+// properties read lazily.
+func (p *Plugin) newRequest() request {
+	set := &p.cfg.Settings
+	return request{host: p.host, ps: p.ps, xffHops: set.XFFTrustedHops, v6Prefix: set.IPv6Prefix, xffCIDRs: set.XFFTrustedCIDRs,
+		jwtMeta: set.JWTPayloadInMetadata}
+}
+
 // OnRequestHeaders is proxy_on_request_headers: it finds the buckets that
 // apply (collect) and runs the stages over them: the request goes on, is
 // answered with a local reply, or is paused.
@@ -128,8 +136,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	p.buf.nowSet = false
 	s.hasBody = !endOfStream
 	st := &p.st
-	st.begin(request{host: p.host, ps: p.ps, xffHops: cfg.Settings.XFFTrustedHops, v6Prefix: cfg.Settings.IPv6Prefix, xffCIDRs: cfg.Settings.XFFTrustedCIDRs,
-		jwtMeta: cfg.Settings.JWTPayloadInMetadata})
+	st.begin(p.newRequest())
 	applies := p.collect(st)
 	if st.denied != nil {
 		return s.denyMissingKey(&st.req, st.denied)
