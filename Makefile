@@ -6,7 +6,7 @@ GO        ?= go
 # that the go commands tests start (e2e builds cmd/tokengate-rls) have it.
 export GOFLAGS := $(strip $(GOFLAGS) -tags=vtprotobuf)
 WASM      := build/tokengate.wasm
-GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/lite rlscontract config ratelimitheader -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
+GUEST_SRC := $(shell find cmd/tokengate filter bucket sharedstate internal/guest/lite rlscontract config ratelimitheader -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 
 .PHONY: all build build-small test run bench fuzz lint check clean envoy image image-rls ratelimit cluster
 

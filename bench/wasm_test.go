@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmbuild"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
 
 // The configurations of benchmark 3. Every rule admits everything the
@@ -35,7 +35,7 @@ const (
 )
 
 // module returns the module built from this tree (or $TOKENGATE_WASM; see
-// internal/wasmbuild). The benchmarks fail, never skip, without it.
+// internal/testsupport/wasmbuild). The benchmarks fail, never skip, without it.
 func module(tb testing.TB) []byte {
 	tb.Helper()
 	wasm, err := wasmbuild.Module()
@@ -200,7 +200,7 @@ func BenchmarkGuestRequest(b *testing.B) {
 
 // BenchmarkHostShare splits benchmark 3's cases into the time spent inside
 // the host's functions (hostfn-ns/op: the work of the host, here wazero
-// and internal/wasmhost, including the guest malloc calls it makes to
+// and internal/localhost/wasmhost, including the guest malloc calls it makes to
 // return values) and the rest (guest-ns/op: the guest's code and the cost
 // of entering it), with two clock reads added per host call. The
 // no-filter row's guest-ns/op is what entering a module that does nothing

@@ -5,8 +5,8 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/internal/lite"
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // Window start modes of a fixed window ("window_start").

@@ -10,7 +10,7 @@ package config
 
 import (
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/internal/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 

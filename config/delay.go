@@ -3,7 +3,7 @@ package config
 import (
 	"strconv"
 
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // Delay is a token-bucket rule's delayed admission (docs/configuration.md,

@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tokengate/tokengate/internal/lite"
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // Parse parses and validates a plugin configuration in any of its three

@@ -3,7 +3,7 @@ package config
 import (
 	"strconv"
 
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // ResponseSettings are the options an operator of Envoy's local_ratelimit

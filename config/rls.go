@@ -4,7 +4,7 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // RLSSettings name the rate-limit service (Envoy's RLS v3 API) that decides

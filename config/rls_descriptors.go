@@ -3,7 +3,7 @@ package config
 import (
 	"strconv"
 
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // RLSDomain is one entry of the top-level "rls_descriptors" list: the

@@ -3,8 +3,8 @@ package config
 import (
 	"strconv"
 
-	"github.com/tokengate/tokengate/internal/lite"
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 func (p *parser) settings(cfg *Config, v ljson.Result) error {

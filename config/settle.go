@@ -6,8 +6,8 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/internal/lite"
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // SettleSpec is what a rule settles after the response: the statuses it

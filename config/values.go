@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tokengate/tokengate/internal/lite"
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // Names that differ only by '-' versus '_' are refused too: Prometheus

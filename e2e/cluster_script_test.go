@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/envoyconf"
-	"github.com/tokengate/tokengate/internal/redistest"
-	"github.com/tokengate/tokengate/internal/testport"
-	"github.com/tokengate/tokengate/internal/wasmbuild"
+	"github.com/tokengate/tokengate/internal/localhost/envoyconf"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/testport"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
 
 // TestClusterExampleIsOneConfiguration: tokengate-rls reads

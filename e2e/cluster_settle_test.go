@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/envoyconf"
-	"github.com/tokengate/tokengate/internal/redistest"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/envoyconf"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // clusterSettleConfig has three cluster-scope rules that settle in

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // TestInvalidConfig: the host refuses to start a plugin whose configuration

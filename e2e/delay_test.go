@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // Delayed admission through the built module on the wazero host. Most tests

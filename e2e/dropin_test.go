@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tokengate/tokengate/internal/envoyrl"
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/envoyrl"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // parityYAML is one domain of envoyproxy/ratelimit's configuration with

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // envoyRLConfig is envoyproxy/ratelimit's domain for the filter's

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // Hammer parameters: at least 4 worker VMs and 8 concurrent HTTP clients.

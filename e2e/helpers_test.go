@@ -1,5 +1,5 @@
 // Package e2e holds the end-to-end tests: the real tokengate.wasm
-// served over loopback HTTP by the local proxy-wasm host (internal/wasmhost).
+// served over loopback HTTP by the local proxy-wasm host (internal/localhost/wasmhost).
 package e2e
 
 import (
@@ -9,12 +9,12 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/wasmbuild"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
 
 // loadModule returns the filter module, built from this tree by the test
-// binary (internal/wasmbuild). It fails the test, never skips it: the
+// binary (internal/testsupport/wasmbuild). It fails the test, never skips it: the
 // end-to-end tests are the point.
 func loadModule(t testing.TB) []byte {
 	t.Helper()

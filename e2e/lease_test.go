@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/redistest"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // The lease tests run the built module in three local hosts (three

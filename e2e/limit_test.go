@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 const perIPConfig = `{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm":"token_bucket",` +

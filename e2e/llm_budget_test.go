@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/redistest"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // Issue 22, items 1 and 2: an LLM budget whose cost is known only after the

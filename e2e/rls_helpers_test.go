@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/envoyconf"
-	"github.com/tokengate/tokengate/internal/envoyrl"
-	"github.com/tokengate/tokengate/internal/redistest"
-	"github.com/tokengate/tokengate/internal/testport"
-	"github.com/tokengate/tokengate/internal/wasmbuild"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/envoyconf"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
+	"github.com/tokengate/tokengate/internal/testsupport/envoyrl"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/testport"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
 
 // rlsBootstrap is the part of an envoy.yaml the local host reads for

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
 
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // sentCounter is a client stats handler that counts request messages

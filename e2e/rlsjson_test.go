@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/envoyconf"
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/localhost/envoyconf"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // jsonRule is a cluster rule decided over settings.rls.protocol "json" by

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmbuild"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
 
 // syncBuffer is a bytes.Buffer safe for a child process writing and a test

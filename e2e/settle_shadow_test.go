@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // shadowTokens returns the tokens of the shadow bucket of a rule without

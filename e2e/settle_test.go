@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 

@@ -4,7 +4,7 @@ import "testing"
 
 // maxModuleBytes is the module's size budget: 3 MiB. Envoy copies the
 // module to every worker and Istio pulls it into every pod; the hand-made
-// replacements of library code (internal/lite/README.md) and the build's
+// replacements of library code (internal/guest/lite/README.md) and the build's
 // -ldflags='-s -w' (no wasm name section: a trap trace in Envoy's log then
 // shows function indexes instead of names; build without the flags to
 // debug one) keep it under this.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // sprayRequests is the number of distinct client IPs TestSprayBoundedKeys

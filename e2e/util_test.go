@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmbuild"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // TestFixedWindowThroughTheModule runs a fixed window (3 a 10-second

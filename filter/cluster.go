@@ -7,7 +7,7 @@ import (
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite"
 	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"

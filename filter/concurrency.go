@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tokengate/tokengate/internal/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 

@@ -4,8 +4,8 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/lite"
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // maxJWTLen bounds the bearer token the filter decodes; a longer one counts

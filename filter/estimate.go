@@ -4,7 +4,7 @@ import (
 	"math"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 

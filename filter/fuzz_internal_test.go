@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite"
 )
 
 // Fuzz targets for descriptor extraction (issue 6, "Fuzzing"); seed corpora

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/lite/ljson"
+	"github.com/tokengate/tokengate/internal/guest/lite/ljson"
 )
 
 // sseCharge returns a charge that reads SSE for the pointers.

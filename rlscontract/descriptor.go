@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tokengate/tokengate/internal/lite"
+	"github.com/tokengate/tokengate/internal/guest/lite"
 )
 
 // Keys of the descriptor entries tokengate sends, and the header that marks

@@ -9,7 +9,7 @@
 // settlement (docs/rls.md, "Settling after the response").
 //
 // Both sides import this package and neither imports the other. The guest
-// links it, so it depends on the standard library and internal/lite only
+// links it, so it depends on the standard library and internal/guest/lite only
 // and uses no fmt, log or os (docs/proxy-wasm.md); the service converts its
 // protobuf messages to Entry and Descriptor at its edge.
 package rlscontract

@@ -1,6 +1,6 @@
 package sharedstate
 
-import "github.com/tokengate/tokengate/internal/lite"
+import "github.com/tokengate/tokengate/internal/guest/lite"
 
 // MaxValueLen is the most bytes one descriptor value takes in a key. Longer
 // values, once percent-encoded, are replaced by a hash; see AppendKey.
@@ -95,7 +95,7 @@ func appendValue(dst []byte, v string) []byte {
 		}
 		return dst
 	}
-	sum := lite.SHA256String(v) // see internal/lite
+	sum := lite.SHA256String(v) // see internal/guest/lite
 	// Hex by hand: encoding/hex would link fmt into the guest.
 	const lowerHex = "0123456789abcdef"
 	dst = append(dst, '#')

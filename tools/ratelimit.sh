@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/ratelimit.sh installs envoyproxy/ratelimit, the reference RLS v3
 # server, into build/tools (once per version) and prints the binary's path.
-# The e2e tests (e2e/rls*_test.go, through internal/envoyrl), bench/run.sh and
+# The e2e tests (e2e/rls*_test.go, through internal/testsupport/envoyrl), bench/run.sh and
 # `make ratelimit` all call this script, so the version is pinned here only.
 #
 # envoyproxy/ratelimit has no release tags on the Go module proxy newer than

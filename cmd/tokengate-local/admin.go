@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // adminHandler serves the admin endpoints of a running host. /shared_data

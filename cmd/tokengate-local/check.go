@@ -12,8 +12,8 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/tokengate/tokengate/internal/envoyconf"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/envoyconf"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // checkTarget is one plugin configuration found in a file given to -check.

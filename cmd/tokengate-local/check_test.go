@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/wasmbuild"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
 
 func TestMain(m *testing.M) {

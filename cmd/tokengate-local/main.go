@@ -33,8 +33,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/envoyconf"
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/envoyconf"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 func main() {

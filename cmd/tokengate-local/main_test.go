@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 func TestRuleNames(t *testing.T) {

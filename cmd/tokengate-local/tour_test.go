@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // TestTourStatsGrep (issue 22, item 12): the `/stats | grep` commands the

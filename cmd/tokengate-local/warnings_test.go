@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/wasmbuild"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
 
 // TestCheckWarnings (issue 22, items 5 and 6): -check accepts a tier set

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rls"
-	"github.com/tokengate/tokengate/internal/testport"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/testport"
 )
 
 // TestRatelimitDetailedMetric: started as /bin/ratelimit on a YAML whose

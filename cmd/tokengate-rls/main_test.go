@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 const configJSON = `{"rules": [{"name": "per-ip", "scope": "cluster", "limit_keys": ["ip:address"],

@@ -35,7 +35,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // runMainEnv, set in a child's environment, makes the test binary run

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 	"github.com/tokengate/tokengate/rlscontract"
 )
 

@@ -27,7 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tokengate/tokengate/internal/testport"
+	"github.com/tokengate/tokengate/internal/testsupport/testport"
 )
 
 // readLayout opens the layout at dir the way crane does and returns its

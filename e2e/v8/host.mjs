@@ -587,7 +587,7 @@ class Worker {
       if (body.length > 0) chunks = r.chunks.map((c) => te.encode(c));
     } else {
       // No answer given: 200 with no body (end of stream on the headers),
-      // as the wazero benchmark's upstream (internal/wasmhost Exchange).
+      // as the wazero benchmark's upstream (internal/localhost/wasmhost Exchange).
       s.respHeaders = [[':status', '200'], ['content-length', '0']];
     }
     this.callStream(s, 'proxy_on_response_headers', s.id, s.respHeaders.length, body.length === 0 ? 1 : 0);

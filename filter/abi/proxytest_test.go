@@ -19,7 +19,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/wasmbuild"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 	"github.com/tokengate/tokengate/sharedstate"
 	"github.com/tokengate/tokengate/sharedstate/sharedstatetest"
 )
@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// loadModule returns the module built from this tree (internal/wasmbuild),
+// loadModule returns the module built from this tree (internal/testsupport/wasmbuild),
 // so a stale build/tokengate.wasm cannot pass; the test fails without it.
 func loadModule(t *testing.T) []byte {
 	t.Helper()

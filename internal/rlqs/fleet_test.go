@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rlqs"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // The model of Envoy's rate_limit_quota filter below is written from the

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // TestFaultTable measures what gRPC clients of the service see under each

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // TestReadyCluster pins /ready's rule for a Redis Cluster (Store.Ping):

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // TestStoreAuth: the store authenticates with requirepass's password and

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // TestShareDebits drives share.lua at fixed instants: a share's max_tokens

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/internal/redistest"
 	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 

@@ -1,5 +1,5 @@
 // Command guestcalls profiles the built module by counting calls: it runs
-// requests through one worker VM of the local host (internal/wasmhost, without HTTP)
+// requests through one worker VM of the local host (internal/localhost/wasmhost, without HTTP)
 // with a wazero function listener on every guest function and host import,
 // and prints how many times each was called per request, most first.
 //
@@ -28,7 +28,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 
-	"github.com/tokengate/tokengate/internal/wasmhost"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 func main() {

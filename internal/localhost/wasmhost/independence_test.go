@@ -18,7 +18,7 @@ func TestSharesNoCodeWithTheProduct(t *testing.T) {
 	for _, pkg := range strings.Fields(string(out)) {
 		for _, product := range []string{"/bucket", "/sharedstate", "/filter"} {
 			if strings.HasPrefix(pkg, "github.com/tokengate/tokengate"+product) {
-				t.Errorf("internal/wasmhost depends on the product package %s", pkg)
+				t.Errorf("internal/localhost/wasmhost depends on the product package %s", pkg)
 			}
 		}
 	}

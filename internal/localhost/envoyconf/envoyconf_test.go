@@ -131,7 +131,7 @@ func FuzzPlugins(f *testing.F) {
 // through the plugin that sits in it, and refuses settings the local host
 // does not reproduce, by name.
 func TestConnectionManager(t *testing.T) {
-	doc, err := os.ReadFile("../../envoy.yaml")
+	doc, err := os.ReadFile("../../../envoy.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestConnectionManager(t *testing.T) {
 // TestClusters reads the static clusters the local host can call, with
 // HTTP/2 from either way of saying it, and the route's cluster.
 func TestClusters(t *testing.T) {
-	doc, err := os.ReadFile("../../envoy.yaml")
+	doc, err := os.ReadFile("../../../envoy.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/wasmbuild"
+	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
 
 var (

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 func TestServerKillRestart(t *testing.T) {

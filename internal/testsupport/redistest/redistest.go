@@ -27,7 +27,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/testport"
+	"github.com/tokengate/tokengate/internal/testsupport/testport"
 )
 
 // readyTimeout bounds every wait for a node or a cluster to become ready.

@@ -3,7 +3,7 @@ package redistest_test
 import (
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/redistest"
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // TestReplicaSentinel: a replica has what its master wrote once it has
