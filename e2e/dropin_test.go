@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -77,6 +78,51 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
 `
 
+// shareThresholdYAML is envoyproxy/ratelimit's own integration runtime
+// file test/integration/runtime/current/ratelimit/config/share_threshold.yaml
+// (its #1016), verbatim: every value files/* matches shares one limit of
+// 10 an hour; files_no_share/* gives each value its own. Both services
+// load it beside parityYAML.
+const shareThresholdYAML = `domain: share-threshold-test
+descriptors:
+  # Test case 1: share_threshold: true - files/* should share threshold
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+
+  - key: files_no_share
+    value: files_no_share/*
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+`
+
+// dropinFiles are the runtime files both services load besides parityYAML.
+var dropinFiles = map[string]string{"share_threshold.yaml": shareThresholdYAML}
+
+// shareCalls are the calls of envoyproxy/ratelimit's integration test
+// TestShareThreshold: values (key, value) in order, in domain
+// share-threshold-test.
+func shareCalls(kv ...string) []call {
+	var out []call
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, call{domain: "share-threshold-test", ds: []*ratelimitv3.RateLimitDescriptor{desc(kv[i], kv[i+1])}})
+	}
+	return out
+}
+
+// shareValues are key with n values, prefix0 ... prefix<n-1>.
+func shareValues(key, prefix string, n int) []string {
+	var out []string
+	for i := range n {
+		out = append(out, key, prefix+strconv.Itoa(i))
+	}
+	return out
+}
+
 // call is one ShouldRateLimit of a parity sequence.
 type call struct {
 	domain string
@@ -118,15 +164,18 @@ func cat(cs ...[]call) []call {
 	return out
 }
 
-// paritySequences are the call sequences both services answer; each runs
-// on an empty Redis.
-var paritySequences = []struct {
+// paritySequence is a call sequence both services answer, on an empty
+// Redis.
+type paritySequence struct {
 	name string
 	// window is the shortest unit of the sequence's limits, in seconds:
 	// a sequence that crossed one of its edges is run again.
 	window int64
 	calls  []call
-}{
+}
+
+// paritySequences are the sequences of TestDropinParity.
+var paritySequences = []paritySequence{
 	{"one descriptor", 60, times(5, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "alice")}})},
 	{"values have their own counters", 60, cat(
 		times(4, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "bob")}}),
@@ -180,6 +229,18 @@ var paritySequences = []struct {
 	{"'_' in keys and values: one window counter", 60, cat(
 		times(2, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "v1_z")}}),
 		times(1, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("api", "key_v1_z")}}))},
+	// envoyproxy/ratelimit's TestShareThreshold, case 1: ten calls with
+	// files/a.pdf, then files/b.csv is over, sharing the counter.
+	{"share_threshold: upstream's case 1", 3600, cat(
+		times(10, shareCalls("files", "files/a.pdf")[0]),
+		shareCalls("files", "files/b.csv"))},
+	{"share_threshold: every value in one counter", 3600, cat(
+		shareCalls(shareValues("files", "files/", 11)...),
+		shareCalls("files", "files/*", "files", "files/", "files_no_share", "files/x"))},
+	// Its case 2: without share_threshold each value has its own counter.
+	{"share_threshold: upstream's case 2, off", 3600, cat(
+		shareCalls(shareValues("files_no_share", "files_no_share/", 10)...),
+		times(11, shareCalls("files_no_share", "files_no_share/0")[0]))},
 }
 
 // startDropin runs tokengate-rls as /bin/ratelimit would be run: under
@@ -188,13 +249,33 @@ var paritySequences = []struct {
 // address once /healthcheck answers 200.
 func startDropin(t *testing.T, redisAddr string, env ...string) string {
 	t.Helper()
+	return startDropinDir(t, redisAddr, env...).grpc
+}
+
+// dropinProcess is tokengate-rls started as ratelimit.
+type dropinProcess struct {
+	grpc   string
+	config string      // the directory of its YAML files
+	out    *syncBuffer // its output
+}
+
+// startDropinDir is startDropin, with the runtime directory (parityYAML
+// and dropinFiles) and the output.
+func startDropinDir(t *testing.T, redisAddr string, env ...string) dropinProcess {
+	t.Helper()
 	bin := tokengateRLS(t)
 	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "runtime", "ratelimit", "config"), 0o755); err != nil {
+	config := filepath.Join(dir, "runtime", "ratelimit", "config")
+	if err := os.MkdirAll(config, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "runtime", "ratelimit", "config", "parity.yaml"), []byte(parityYAML), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(config, "parity.yaml"), []byte(parityYAML), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	for name, data := range dropinFiles {
+		if err := os.WriteFile(filepath.Join(config, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	grpcAddr, httpAddr, debugAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
@@ -230,7 +311,7 @@ func startDropin(t *testing.T, redisAddr string, env ...string) string {
 		if resp, err := http.Get("http://" + httpAddr + "/healthcheck"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return grpcAddr
+				return dropinProcess{grpc: grpcAddr, config: config, out: out}
 			}
 		}
 		select {
@@ -310,11 +391,17 @@ func ask(t *testing.T, c rlsv3.RateLimitServiceClient, k call) answer {
 // a window edge passed is run again on empty Redis servers.
 func TestDropinParity(t *testing.T) {
 	theirsRedis, oursRedis := redistest.Start(t), redistest.Start(t)
-	theirs := startEnvoyRatelimit(t, theirsRedis.Addr, parityYAML, true)
+	theirs := startDropinPeer(t, theirsRedis.Addr, nil)
 	ours := startDropin(t, oursRedis.Addr, "TOKENGATE_ALGORITHM=fixed_window")
 	tc, oc := rlsClient(t, theirs.GRPC), rlsClient(t, ours)
+	runParity(t, paritySequences, tc, oc, theirsRedis, oursRedis)
+}
 
-	for _, seq := range paritySequences {
+// runParity runs seqs on both services, each on an empty Redis, and
+// reports every difference (TestDropinParity).
+func runParity(t *testing.T, seqs []paritySequence, tc, oc rlsv3.RateLimitServiceClient, theirsRedis, oursRedis *redistest.Server) {
+	t.Helper()
+	for _, seq := range seqs {
 		t.Run(seq.name, func(t *testing.T) {
 			for attempt := 0; ; attempt++ {
 				if attempt == 3 {
@@ -369,7 +456,7 @@ func absDiff(a, b int64) int64 {
 // duration_until_reset describe the bucket.
 func TestDropinTokenBuckets(t *testing.T) {
 	theirsRedis, oursRedis := redistest.Start(t), redistest.Start(t)
-	theirs := startDropinPeer(t, theirsRedis.Addr)
+	theirs := startDropinPeer(t, theirsRedis.Addr, nil)
 	ours := startDropin(t, oursRedis.Addr)
 	tc, oc := rlsClient(t, theirs.GRPC), rlsClient(t, ours)
 
@@ -416,8 +503,14 @@ func TestDropinTokenBuckets(t *testing.T) {
 	}
 }
 
-// startDropinPeer is envoyproxy/ratelimit on parityYAML.
-func startDropinPeer(t *testing.T, redisAddr string) *envoyrl.Server {
+// startDropinPeer is envoyproxy/ratelimit on parityYAML and dropinFiles,
+// its output also written to log when not nil.
+func startDropinPeer(t *testing.T, redisAddr string, log io.Writer) *envoyrl.Server {
 	t.Helper()
-	return startEnvoyRatelimit(t, redisAddr, parityYAML, true)
+	srv, err := envoyrl.Start(envoyRatelimit(t), envoyrl.Options{Redis: redisAddr, Config: parityYAML, Files: dropinFiles, ResponseHeaders: true, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	return srv
 }
