@@ -272,20 +272,29 @@ type dropinProcess struct {
 // and dropinFiles) and the output.
 func startDropinDir(t *testing.T, redisAddr string, env ...string) dropinProcess {
 	t.Helper()
+	return startDropinLayout(t, redisAddr, func(config string) {
+		if err := os.WriteFile(filepath.Join(config, "parity.yaml"), []byte(parityYAML), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for name, data := range dropinFiles {
+			if err := os.WriteFile(filepath.Join(config, name), []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}, env...)
+}
+
+// startDropinLayout is startDropinDir with the runtime directory's files
+// written by layout into config, an empty directory.
+func startDropinLayout(t *testing.T, redisAddr string, layout func(config string), env ...string) dropinProcess {
+	t.Helper()
 	bin := tokengateRLS(t)
 	dir := t.TempDir()
 	config := filepath.Join(dir, "runtime", "ratelimit", "config")
 	if err := os.MkdirAll(config, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(config, "parity.yaml"), []byte(parityYAML), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for name, data := range dropinFiles {
-		if err := os.WriteFile(filepath.Join(config, name), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	layout(config)
 	grpcAddr, httpAddr, debugAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
 	out := &syncBuffer{}
@@ -504,6 +513,79 @@ func TestDropinParityBadFile(t *testing.T) {
 	// The configuration in force still limits: not two empty ones.
 	if a := ask(t, rlsClient(t, ours.grpc), call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "after")}}); len(a.statuses) != 1 || !strings.Contains(a.statuses[0], "limit=3/MINUTE") {
 		t.Errorf("tokengate-rls after the bad file: %v, want parity.yaml's limit of 3 a minute", a)
+	}
+}
+
+// configMapLayout lays out files in dir as the kubelet mounts a
+// ConfigMap: the files in ..<stamp>/, the symlink ..data to it, and each
+// name a symlink to ..data/name; called again with another stamp, it
+// swaps ..data as the kubelet does on an update (a new symlink renamed
+// over the old one) and removes the old directory.
+func configMapLayout(t *testing.T, dir, stamp string, files map[string]string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, ".."+stamp), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, ".."+stamp, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old, _ := os.Readlink(filepath.Join(dir, "..data"))
+	if err := os.Symlink(".."+stamp, filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	for name := range files {
+		if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
+			if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if old != "" && old != ".."+stamp {
+		if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDropinConfigMapDir: tokengate-rls started as ratelimit on a runtime
+// directory mounted from a ConfigMap, without RUNTIME_IGNOREDOTFILES (its
+// default is false), loads each file once and starts; a ConfigMap update
+// (..data swapped to a new ..<timestamp>/) is loaded within seconds.
+// Before, it refused to start: every domain was read twice, as
+// parity.yaml and as ..<timestamp>/parity.yaml. (envoyproxy/ratelimit
+// refuses that directory too unless RUNTIME_IGNOREDOTFILES=true, which
+// the deployments of it on Kubernetes set; docs/dropin.md#istio.)
+func TestDropinConfigMapDir(t *testing.T) {
+	redis := redistest.Start(t)
+	var config string
+	p := startDropinLayout(t, redis.Addr, func(dir string) {
+		config = dir
+		configMapLayout(t, dir, "2026_11_28_17_00_00.000000001", map[string]string{"parity.yaml": parityYAML})
+	}, "TOKENGATE_ALGORITHM=fixed_window", "RUNTIME_IGNOREDOTFILES=false", "RUNTIME_WATCH_ROOT=true")
+	c := rlsClient(t, p.grpc)
+	limit := func() string {
+		a := ask(t, c, call{ds: []*ratelimitv3.RateLimitDescriptor{desc("user", "cm")}})
+		if len(a.statuses) != 1 {
+			return a.String()
+		}
+		return a.statuses[0]
+	}
+	if got := limit(); !strings.Contains(got, "limit=3/MINUTE") {
+		t.Fatalf("from the ConfigMap: %s, want parity.yaml's 3 a minute", got)
+	}
+	configMapLayout(t, config, "2026_11_28_17_05_00.000000002",
+		map[string]string{"parity.yaml": strings.Replace(parityYAML, "rate_limit: {unit: minute, requests_per_unit: 3}", "rate_limit: {unit: minute, requests_per_unit: 30}", 1)})
+	deadline := time.Now().Add(15 * time.Second)
+	for got := limit(); !strings.Contains(got, "limit=30/MINUTE"); got = limit() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the ConfigMap update: %s, want 30 a minute\n%s", got, p.out)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -122,13 +122,26 @@ var parserProblems = []string{"did not find expected ", "found duplicate %YAML d
 // each one domain, as envoyproxy/ratelimit reads its runtime directory
 // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config. A domain in two files is an
 // error (that project's default, MERGE_DOMAIN_CONFIG=false).
+//
+// A directory that Kubernetes mounted from a ConfigMap (or a Secret, or a
+// projected volume) holds each file twice: as name, a symlink to
+// ..data/name, and under ..data, a symlink to the current
+// ..<timestamp>/ directory. In a directory that has such a ..data
+// symlink, the names starting with ".." are Kubernetes' own (a ConfigMap
+// key cannot start with "..") and are skipped, ignoreDot or not, so that
+// each file is read once, as the visible name.
 func LoadDir(dir string, ignoreDot bool) ([]*rls.Domain, error) {
 	var files []string
 	err := filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if ignoreDot && path != dir && strings.HasPrefix(e.Name(), ".") {
+		skip := ignoreDot && path != dir && strings.HasPrefix(e.Name(), ".")
+		if !skip && path != dir && strings.HasPrefix(e.Name(), "..") {
+			st, err := os.Lstat(filepath.Join(filepath.Dir(path), "..data"))
+			skip = err == nil && st.Mode()&fs.ModeSymlink != 0
+		}
+		if skip {
 			if e.IsDir() {
 				return filepath.SkipDir
 			}
