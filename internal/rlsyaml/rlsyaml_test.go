@@ -349,3 +349,32 @@ func TestLoadDirConfigMap(t *testing.T) {
 		t.Errorf("..x.yaml without ..data, dot files ignored: %v %v", ds, err)
 	}
 }
+
+// FuzzParseThenConfig: whatever Parse accepts, NewDropinConfig accepts
+// (its refusals carry no file and line, so Parse must make them all
+// first), and Parse's refusals all have the form "x.yaml:<line>: ".
+func FuzzParseThenConfig(f *testing.F) {
+	for _, s := range []string{
+		"domain: d\ndescriptors:\n  - {key: k, value: v}\n  - {key: k, value: v}\n",
+		"domain: d\ndescriptors:\n  - {key: a_b, value: c}\n  - {key: a, value: b_c}\n",
+		"domain: d\ndescriptors:\n  - key: k\n    value: v*\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: b}]}\n",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n    descriptors: [{key: x, rate_limit: {unit: day}}]\n",
+		"'''\n", "", "domain: [", "a: \x01",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := rlsyaml.Parse("x.yaml", []byte(s))
+		if err != nil {
+			rest, ok := strings.CutPrefix(err.Error(), "x.yaml:")
+			n, _, ok2 := strings.Cut(rest, ": ")
+			if !ok || !ok2 || n == "" || strings.Trim(n, "0123456789") != "" {
+				t.Fatalf("refusal without file:line: %v", err)
+			}
+			return
+		}
+		if _, err := rls.NewDropinConfig([]*rls.Domain{d}, rls.DropinOptions{}); err != nil {
+			t.Fatalf("Parse accepted %q, NewDropinConfig refused it: %v", s, err)
+		}
+	})
+}
