@@ -70,9 +70,9 @@ func parse(name string, data []byte) (*rls.Domain, int, error) {
 // yamlError is a YAML syntax error as "file:line: message". The YAML
 // library names a line for most: its scanner's errors count lines from 1,
 // its parser's (the messages of parserProblems) from 0, and either leaves
-// out a line of 0; a line past the end is the last. For the others (a byte that is not UTF-8, a control
-// character, an unknown anchor) the line is found here, else it is the
-// first.
+// out a line of 0; a line past the end is the last. For the others (a
+// byte that is not UTF-8, a control character, an unknown anchor) the
+// line is found here, else it is the first.
 func yamlError(name string, data []byte, err error) error {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	parserError := false
@@ -99,7 +99,7 @@ func yamlError(name string, data []byte, err error) error {
 		if r == '\n' {
 			line++
 		}
-		if (r == utf8.RuneError && !strings.HasPrefix(string(data[i:]), "\uFFFD")) || (r < ' ' && r != '\n' && r != '\r' && r != '\t') || r == 0x7f || (r >= 0x80 && r <= 0x9f && r != 0x85) {
+		if r == utf8.RuneError && !strings.HasPrefix(string(data[i:]), "\uFFFD") || notYAML(r) {
 			return fmt.Errorf("%s:%d: %s", name, line, msg)
 		}
 	}
@@ -110,6 +110,13 @@ func yamlError(name string, data []byte, err error) error {
 		}
 	}
 	return fmt.Errorf("%s:1: %s", name, msg)
+}
+
+// notYAML reports whether r is a character YAML does not allow in a
+// stream (the C0 and C1 controls but tab, line feed, carriage return and
+// next line, and DEL).
+func notYAML(r rune) bool {
+	return r < ' ' && r != '\n' && r != '\r' && r != '\t' || r == 0x7f || r >= 0x80 && r <= 0x9f && r != 0x85
 }
 
 // parserProblems are the messages of the YAML library's parser (as
