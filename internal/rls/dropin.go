@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
@@ -90,6 +91,12 @@ type Descriptor struct {
 	Key, Value string
 	// RateLimit, when not nil, limits descriptors that end here.
 	RateLimit *RateLimit
+	// ShareThreshold (envoyproxy/ratelimit's share_threshold) makes every
+	// value this node's pattern matches count as one: the limit reached
+	// through it (here or deeper) keys its counter, or its bucket, by the
+	// pattern instead of the entry's value. Only a Key or Value holding
+	// '*' may have it.
+	ShareThreshold bool
 	// Descriptors are the nodes the next entry is matched against.
 	Descriptors []*Descriptor
 }
@@ -139,6 +146,9 @@ type dnode struct {
 	wild      []*dnode
 	wildKey   string
 	wildParts []string
+	// share is the node's share_threshold: an entry it matches as a
+	// pattern is counted under the pattern (dropin.resolve).
+	share bool
 }
 
 // dlimit is a RateLimit with what deciding it needs.
@@ -186,7 +196,10 @@ func (c *Config) addNodes(parent *dnode, path string, ds []*Descriptor) error {
 		if parent.children[id] != nil {
 			return errors.New(p + ": duplicate descriptor")
 		}
-		n := &dnode{}
+		n := &dnode{share: ds.ShareThreshold}
+		if ds.ShareThreshold && !strings.Contains(id, "*") {
+			return errors.New(p + ": share_threshold: the key or value must hold a '*'")
+		}
 		if strings.Contains(id, "*") {
 			n.wildKey, n.wildParts = id, strings.Split(id, "*")
 			parent.wild = append(parent.wild, n)
@@ -268,44 +281,59 @@ func limitRule(name string, n uint32, secs int64, shadow bool) *config.Rule {
 // {key: a, value: b*} matches the entry {a_b, x}
 // (docs/dropin.md#matching). The limit is the one of the node the last
 // entry matched.
-func (d *dropin) resolve(domain string, entries []Entry) *dlimit {
+//
+// keyed are the entries the limit counts under: entries itself, except
+// that an entry a share_threshold node matched as a pattern has that
+// pattern for value, as envoyproxy/ratelimit keys it (its
+// ShareThresholdKeyPattern): the node's composite key without the
+// entry's "key_" in front. Every value the pattern matches then counts in
+// one window, or one bucket.
+func (d *dropin) resolve(domain string, entries []Entry) (l *dlimit, keyed []Entry) {
 	n := d.domains[domain]
 	if n == nil {
-		return nil
+		return nil, nil
 	}
 	var buf []byte
+	keyed = entries
+	copied := false
 	for i, e := range entries {
 		buf = append(append(append(buf[:0], e.Key...), '_'), e.Value...)
-		next := n.match(buf, e.Key)
+		next, byPattern := n.match(buf, e.Key)
 		if next == nil {
-			return nil
+			return nil, nil
+		}
+		if byPattern && next.share {
+			if !copied {
+				keyed, copied = append([]Entry(nil), entries...), true
+			}
+			keyed[i].Value = strings.TrimPrefix(next.wildKey, e.Key+"_")
 		}
 		if i == len(entries)-1 {
-			return next.limit
+			return next.limit, keyed
 		}
 		if len(next.children) == 0 {
-			return nil // the descriptor is deeper than the tree
+			return nil, nil // the descriptor is deeper than the tree
 		}
 		n = next
 	}
-	return nil
+	return nil, nil
 }
 
-// match returns the child an entry reaches: composite is the entry's
-// "key_value", key its key.
-func (n *dnode) match(composite []byte, key string) *dnode {
+// match returns the child an entry reaches, and whether it reached it as
+// a pattern: composite is the entry's "key_value", key its key.
+func (n *dnode) match(composite []byte, key string) (*dnode, bool) {
 	if c := n.children[string(composite)]; c != nil {
-		return c
+		return c, false
 	}
 	if len(n.wild) > 0 {
 		s := string(composite)
 		for _, c := range n.wild {
 			if wildMatch(c.wildParts, s) {
-				return c
+				return c, true
 			}
 		}
 	}
-	return n.children[key]
+	return n.children[key], false
 }
 
 // wildMatch reports whether v matches the pattern split at '*' into parts:
@@ -325,6 +353,33 @@ func wildMatch(parts []string, v string) bool {
 		v = v[i+len(p):]
 	}
 	return true
+}
+
+// sharedDetailedName is detailedName for a descriptor that a
+// share_threshold pattern matched (keyed differs from entries), as
+// envoyproxy/ratelimit names its detailed stat then: the domain, then per
+// entry ".key_<pattern>" where a pattern keys it, else ".key_value", or
+// ".key" for an empty value; cut to maxDetailedLabel bytes as detailedName
+// cuts.
+func sharedDetailedName(domain string, entries, keyed []Entry) string {
+	b := []byte(domain)
+	for i, e := range entries {
+		b = append(append(b, '.'), e.Key...)
+		if v := keyed[i].Value; v != "" { // a pattern is never empty
+			b = append(append(b, '_'), v...)
+		}
+		if len(b) > maxDetailedLabel {
+			break
+		}
+	}
+	if len(b) > maxDetailedLabel {
+		cut := maxDetailedLabel
+		for cut > 0 && !utf8.RuneStart(b[cut]) { // at a character boundary
+			cut--
+		}
+		b = b[:cut]
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
 }
 
 // overrideLimit is the limit of a descriptor that carries Envoy's limit

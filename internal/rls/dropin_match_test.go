@@ -69,7 +69,7 @@ func TestDropinMatchComposite(t *testing.T) {
 				es = append(es, Entry{Key: tt.entries[i], Value: tt.entries[i+1]})
 			}
 			got := ""
-			if l := cfg.dropin.resolve("d", es); l != nil {
+			if l, _ := cfg.dropin.resolve("d", es); l != nil {
 				got = l.rule.Name
 			}
 			if got != tt.want {

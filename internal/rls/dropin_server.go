@@ -86,6 +86,7 @@ func (s *Server) dropinItems(d *dropin, req *rlsv3.RateLimitRequest, now time.Ti
 			entries[j] = Entry{Key: e.GetKey(), Value: e.GetValue()}
 		}
 		var l *dlimit
+		keyed := entries // what the limit counts under (dropin.resolve)
 		if ov := desc.GetLimit(); ov != nil {
 			if d.domains[req.Domain] != nil {
 				var err error
@@ -95,7 +96,7 @@ func (s *Server) dropinItems(d *dropin, req *rlsv3.RateLimitRequest, now time.Ti
 				}
 			}
 		} else {
-			l = d.resolve(req.Domain, entries)
+			l, keyed = d.resolve(req.Domain, entries)
 		}
 		if l == nil {
 			s.metrics.unmatched.Add(1)
@@ -118,13 +119,16 @@ func (s *Server) dropinItems(d *dropin, req *rlsv3.RateLimitRequest, now time.Ti
 		it := dropinItem{idx: i, limit: l, redis: true}
 		if l.DetailedMetric {
 			it.detail = detailedName(req.Domain, entries)
+			if len(keyed) > 0 && &keyed[0] != &entries[0] { // shared by a pattern
+				it.detail = sharedDetailedName(req.Domain, entries, keyed)
+			}
 		}
 		if d.opt.Algorithm == FixedWindow {
 			start := now.Unix() / l.window * l.window
-			it.op = Op{Key: windowKey(d.opt.CacheKeyPrefix, req.Domain, entries, start), Cost: float64(hits), Window: l.window, Count: l.RequestsPerUnit}
+			it.op = Op{Key: windowKey(d.opt.CacheKeyPrefix, req.Domain, keyed, start), Cost: float64(hits), Window: l.window, Count: l.RequestsPerUnit}
 		} else {
 			lim := l.rule.Limit
-			it.op = Op{Key: dropinBucketKey(req.Domain, l, entries), Rate: lim.Rate, Burst: lim.Burst, Cost: float64(hits)}
+			it.op = Op{Key: dropinBucketKey(req.Domain, l, keyed), Rate: lim.Rate, Burst: lim.Burst, Cost: float64(hits)}
 			if l.RequestsPerUnit == 0 {
 				it.redis, it.out = false, Outcome{Allowed: hits == 0}
 			}

@@ -1,10 +1,13 @@
 // Package rlsyaml reads envoyproxy/ratelimit's YAML configuration into
 // tokengate-rls's (rls.Domain, then rls.NewDropinConfig): one domain per
 // file, nested descriptors with key and value, and rate_limit's unit,
-// requests_per_unit, unlimited, name and replaces, shadow_mode and
-// detailed_metric on the descriptor. It is strict: an unknown field, a
-// value of the wrong type, a bad unit or a duplicate descriptor is an
-// error naming the file, the line and the path of the field.
+// requests_per_unit, unlimited, name and replaces, shadow_mode,
+// detailed_metric and share_threshold on the descriptor. It is strict: an
+// unknown field, a value of the wrong type, a bad unit or a duplicate
+// descriptor is an error naming the file, the line and the path of the
+// field ("file:line: path: message"), and every refusal
+// rls.NewDropinConfig would make of a file is made here first, with its
+// line.
 // docs/dropin.md describes the format and what differs.
 //
 //	domain: edge
@@ -21,6 +24,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	yaml "go.yaml.in/yaml/v3"
@@ -30,44 +34,121 @@ import (
 
 // Parse parses one file (named name in errors) of one domain.
 func Parse(name string, data []byte) (*rls.Domain, error) {
+	d, _, err := parse(name, data)
+	return d, err
+}
+
+// parse is Parse, also returning the line of the domain's name.
+func parse(name string, data []byte) (*rls.Domain, int, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, 0, yamlError(name, data, err)
 	}
 	p := parser{file: name}
 	if len(doc.Content) == 0 {
-		return nil, fmt.Errorf("%s: empty file: want a domain and its descriptors", name)
+		return nil, 0, fmt.Errorf("%s:1: empty file: want a domain and its descriptors", name)
 	}
 	root := doc.Content[0]
 	d := &rls.Domain{}
+	line := 0
 	err := p.fields(root, "", map[string]func(*yaml.Node, string) error{
-		"domain": func(n *yaml.Node, path string) error { return p.str(n, path, &d.Name) },
+		"domain": func(n *yaml.Node, path string) error { line = n.Line; return p.str(n, path, &d.Name) },
 		"descriptors": func(n *yaml.Node, path string) (err error) {
 			d.Descriptors, err = p.descriptors(n, path)
 			return err
 		},
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if d.Name == "" {
-		return nil, p.errAt(root, "domain", "required, and not empty")
+		return nil, 0, p.errAt(root, "domain", "required, and not empty")
 	}
-	return d, nil
+	return d, line, nil
 }
+
+// yamlError is a YAML syntax error as "file:line: message". The YAML
+// library names a line for most: its scanner's errors count lines from 1,
+// its parser's (the messages of parserProblems) from 0, and either leaves
+// out a line of 0; a line past the end is the last. For the others (a
+// byte that is not UTF-8, a control character, an unknown anchor) the
+// line is found here, else it is the first.
+func yamlError(name string, data []byte, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	parserError := false
+	for _, p := range parserProblems {
+		parserError = parserError || strings.Contains(msg, p)
+	}
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if n, after, ok := strings.Cut(rest, ": "); ok {
+			if line, err := strconv.Atoi(n); err == nil {
+				if parserError {
+					line++
+				}
+				// At the end of the file: its last line.
+				line = min(line, max(1, strings.Count(strings.TrimSuffix(string(data), "\n"), "\n")+1))
+				return fmt.Errorf("%s:%d: %s", name, line, after)
+			}
+		}
+	}
+	if parserError {
+		return fmt.Errorf("%s:1: %s", name, msg)
+	}
+	line := 1
+	for i, r := range string(data) {
+		if r == '\n' {
+			line++
+		}
+		if r == utf8.RuneError && !strings.HasPrefix(string(data[i:]), "\uFFFD") || notYAML(r) {
+			return fmt.Errorf("%s:%d: %s", name, line, msg)
+		}
+	}
+	if a, ok := strings.CutPrefix(msg, "unknown anchor '"); ok {
+		a, _, _ = strings.Cut(a, "'")
+		if i := strings.Index(string(data), "*"+a); i >= 0 {
+			return fmt.Errorf("%s:%d: %s", name, 1+strings.Count(string(data[:i]), "\n"), msg)
+		}
+	}
+	return fmt.Errorf("%s:1: %s", name, msg)
+}
+
+// notYAML reports whether r is a character YAML does not allow in a
+// stream (the C0 and C1 controls but tab, line feed, carriage return and
+// next line, and DEL).
+func notYAML(r rune) bool {
+	return r < ' ' && r != '\n' && r != '\r' && r != '\t' || r == 0x7f || r >= 0x80 && r <= 0x9f && r != 0x85
+}
+
+// parserProblems are the messages of the YAML library's parser (as
+// opposed to its scanner), whose lines it counts from 0.
+var parserProblems = []string{"did not find expected ", "found duplicate %YAML directive",
+	"found incompatible YAML document", "found undefined tag handle", "found duplicate %TAG directive"}
 
 // LoadDir reads every file under dir (recursively, in name order; with
 // ignoreDot, not the files and directories whose names start with '.'),
 // each one domain, as envoyproxy/ratelimit reads its runtime directory
 // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config. A domain in two files is an
 // error (that project's default, MERGE_DOMAIN_CONFIG=false).
+//
+// A directory that Kubernetes mounted from a ConfigMap (or a Secret, or a
+// projected volume) holds each file twice: as name, a symlink to
+// ..data/name, and under ..data, a symlink to the current
+// ..<timestamp>/ directory. In a directory that has such a ..data
+// symlink, the names starting with ".." are Kubernetes' own (a ConfigMap
+// key cannot start with "..") and are skipped, ignoreDot or not, so that
+// each file is read once, as the visible name.
 func LoadDir(dir string, ignoreDot bool) ([]*rls.Domain, error) {
 	var files []string
 	err := filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if ignoreDot && path != dir && strings.HasPrefix(e.Name(), ".") {
+		skip := ignoreDot && path != dir && strings.HasPrefix(e.Name(), ".")
+		if !skip && path != dir && strings.HasPrefix(e.Name(), "..") {
+			st, err := os.Lstat(filepath.Join(filepath.Dir(path), "..data"))
+			skip = err == nil && st.Mode()&fs.ModeSymlink != 0
+		}
+		if skip {
 			if e.IsDir() {
 				return filepath.SkipDir
 			}
@@ -91,14 +172,14 @@ func LoadDir(dir string, ignoreDot bool) ([]*rls.Domain, error) {
 		if err != nil {
 			return nil, err
 		}
-		d, err := Parse(f, data)
+		d, line, err := parse(f, data)
 		if err != nil {
 			return nil, err
 		}
 		if prev, ok := seen[d.Name]; ok {
-			return nil, fmt.Errorf("%s: domain %q is also in %s", f, d.Name, prev)
+			return nil, fmt.Errorf("%s:%d: domain: %q is also in %s", f, line, d.Name, prev)
 		}
-		seen[d.Name] = f
+		seen[d.Name] = f + ":" + strconv.Itoa(line)
 		out = append(out, d)
 	}
 	return out, nil
@@ -184,11 +265,15 @@ func (p *parser) descriptors(n *yaml.Node, path string) ([]*rls.Descriptor, erro
 		return nil, p.errAt(n, path, "must be a list of descriptors, got "+kind(n))
 	}
 	var out []*rls.Descriptor
+	// ids are the composite keys of this level ("key_value", or "key"),
+	// as envoyproxy/ratelimit files its nodes: two alike are a duplicate.
+	ids := map[string]string{}
 	for i, dn := range n.Content {
 		dp := path + "[" + strconv.Itoa(i) + "]"
 		d := &rls.Descriptor{}
 		var shadow, detailed bool
 		var rl *rls.RateLimit
+		var share *yaml.Node
 		err := p.fields(dn, dp, map[string]func(*yaml.Node, string) error{
 			"key":   func(v *yaml.Node, fp string) error { return p.str(v, fp, &d.Key) },
 			"value": func(v *yaml.Node, fp string) error { return p.str(v, fp, &d.Value) },
@@ -210,15 +295,26 @@ func (p *parser) descriptors(n *yaml.Node, path string) ([]*rls.Descriptor, erro
 				}
 				return nil
 			},
-			// They change decisions, and tokengate-rls does not have them.
-			"quota_mode":      p.unsupported,
-			"share_threshold": p.unsupported,
+			"share_threshold": func(v *yaml.Node, fp string) error { share = v; return p.boolean(v, fp, &d.ShareThreshold) },
+			// It changes decisions, and tokengate-rls does not have it.
+			"quota_mode": p.unsupported,
 		})
 		if err != nil {
 			return nil, err
 		}
 		if d.Key == "" {
 			return nil, p.errAt(dn, dp+".key", "required, and not empty")
+		}
+		id := d.Key
+		if d.Value != "" {
+			id += "_" + d.Value
+		}
+		if prev, ok := ids[id]; ok {
+			return nil, p.errAt(dn, dp, "duplicate descriptor: composite key "+strconv.Quote(id)+" (key_value) is also that of "+prev)
+		}
+		ids[id] = dp + " at line " + strconv.Itoa(dn.Line)
+		if d.ShareThreshold && !strings.Contains(id, "*") {
+			return nil, p.errAt(share, dp+".share_threshold", "needs a pattern: a '*' in the key or the value, got composite key "+strconv.Quote(id))
 		}
 		if rl != nil {
 			rl.Shadow, rl.DetailedMetric = shadow, detailed

@@ -73,6 +73,8 @@ type Options struct {
 	// Config is the YAML of one domain (`domain: ...` and `descriptors:`),
 	// written to the runtime directory as config/tokengate.yaml.
 	Config string
+	// Files are more files of that directory (config/<name>), by name.
+	Files map[string]string
 	// PoolSize is REDIS_POOL_SIZE (the server's default, 10, when zero).
 	PoolSize int
 	// ResponseHeaders sets LIMIT_RESPONSE_HEADERS_ENABLED: the server adds
@@ -109,6 +111,11 @@ func Start(bin string, o Options) (*Server, error) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, "ratelimit", "config", "tokengate.yaml"), []byte(o.Config), 0o644); err != nil {
 		return nil, err
+	}
+	for name, data := range o.Files {
+		if err := os.WriteFile(filepath.Join(dir, "ratelimit", "config", name), []byte(data), 0o644); err != nil {
+			return nil, err
+		}
 	}
 	ports, err := freePorts(3)
 	if err != nil {
@@ -185,6 +192,10 @@ func Start(bin string, o Options) (*Server, error) {
 		}
 	}
 }
+
+// ConfigDir is the directory of the server's YAML files (it reloads them
+// when one changes).
+func (s *Server) ConfigDir() string { return filepath.Join(s.dir, "ratelimit", "config") }
 
 // Pid is the server's process id.
 func (s *Server) Pid() int { return s.cmd.Process.Pid }
