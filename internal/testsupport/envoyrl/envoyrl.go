@@ -71,7 +71,7 @@ type Options struct {
 	Redis   string
 	Cluster bool
 	// Config is the YAML of one domain (`domain: ...` and `descriptors:`),
-	// written to the runtime directory as config/tokengate.yaml.
+	// written to the runtime directory as $RUNTIME_ROOT/ratelimit/config/tokengate.yaml.
 	Config string
 	// PoolSize is REDIS_POOL_SIZE (the server's default, 10, when zero).
 	PoolSize int
