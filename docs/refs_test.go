@@ -16,7 +16,7 @@ import (
 // A reference is a repository path named in prose: a Go comment or a
 // Markdown file. Two kinds are checked.
 //
-//   - A path with a slash, `internal/localhost/wasmhost/serve.go`,
+//   - A path with a slash, `internal/localhost/proxy/proxy.go`,
 //     `docs/lease.md`, `internal/guest/` or `filter/abi`: it must name a
 //     file or directory, from the repository's root or from the directory
 //     of the file that names it (a Go comment's `testdata/guest`, a
