@@ -232,7 +232,7 @@ func (p *Proxy) run(st *wasmhost.Stream, rw http.ResponseWriter, r *http.Request
 		if done {
 			return status, hs, b
 		}
-		if !st.Replied() {
+		if !st.Replied() && !st.Closed() {
 			if paused, err = st.OnRequestBody(body); err != nil {
 				return abandon(err)
 			}

@@ -65,7 +65,7 @@ func deps(t *testing.T, pattern string) []string {
 // the hosts that run the module in tests model proxy-wasm hosts from their
 // documentation, so no package the module is built from may be among their
 // dependencies, tests included. The judges are the local host (the ABI
-// host in this package, its HTTP front and the
+// host in this package, the HTTP proxy internal/localhost/proxy and the
 // Envoy configuration reader in internal/localhost/envoyconf) and the V8
 // host's driver, e2e/v8.
 func TestSharesNoCodeWithTheProduct(t *testing.T) {
