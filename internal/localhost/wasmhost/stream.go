@@ -82,11 +82,11 @@ type Downstream struct {
 }
 
 // Stream is one HTTP stream context in one worker VM, driven in Envoy's
-// order by whatever serves the requests (package
-// internal/localhost/proxy serves HTTP with it; Exchange runs a request
-// without HTTP): Create, OnRequestHeaders, maybe OnRequestBody, then the
+// order by what serves the requests (internal/localhost/proxy serves HTTP
+// with it): Create, OnRequestHeaders, maybe OnRequestBody, then the
 // upstream's response or the local reply (SetResponse or UseLocalReply),
-// OnResponse or the streamed callbacks, and Finish.
+// OnResponse or the streamed callbacks (OnResponseHeaders,
+// OnResponseBody, OnResponseTrailers), and Finish.
 //
 // The methods that call into the guest, and those that read or change the
 // stream's state, need the worker's lock, taken with Lock and given back
