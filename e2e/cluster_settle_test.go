@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/internal/localhost/envoyconf"
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
@@ -61,7 +62,7 @@ func startSettleFleetHost(t *testing.T, cfg, bootstrap string, upstream http.Han
 	for name, c := range cls {
 		clusters[name] = wasmhost.Cluster{Address: c.Address, HTTP2: c.HTTP2}
 	}
-	return startHost(t, wasmhost.Options{PluginConfig: []byte(cfg), Clusters: clusters, Workers: 2, Upstream: upstream})
+	return startHost(t, wasmhost.Options{PluginConfig: []byte(cfg), Clusters: clusters, Workers: 2}, proxy.Options{Upstream: upstream})
 }
 
 // redisTokens returns the tokens of a bucket in Redis, or "" if the key is

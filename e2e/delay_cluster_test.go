@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/internal/localhost/envoyconf"
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -32,7 +33,7 @@ func TestDelayWithCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newDelayRig(t, cfg, 1, func(o *wasmhost.Options) {
+	r := newDelayRig(t, cfg, 1, func(o *wasmhost.Options, _ *proxy.Options) {
 		o.Clusters = map[string]wasmhost.Cluster{}
 		for name, c := range cls {
 			o.Clusters[name] = wasmhost.Cluster{Address: c.Address, HTTP2: c.HTTP2}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
@@ -77,8 +78,8 @@ const setTick = "proxy_set_tick_period_milliseconds"
 // nothing; the module asks the host once and then remembers.
 func TestDelayTickRefused(t *testing.T) {
 	r := newDelayRig(t, `{"rules":[{"name":"wide","algorithm_config":{"rps":100,"burst":100}},
-		{"name":"g","algorithm_config":{"rps":10,"burst":1,"max_reserved":5}}]}`, 1, func(o *wasmhost.Options) {
-		o.PauseTimeout = time.Minute // a held request would hang the test, not pass it
+		{"name":"g","algorithm_config":{"rps":10,"burst":1,"max_reserved":5}}]}`, 1, func(o *wasmhost.Options, po *proxy.Options) {
+		po.PauseTimeout = time.Minute // a held request would hang the test, not pass it
 		o.Fault = func(c wasmhost.Call) (wasmhost.Status, bool) {
 			return wasmhost.StatusUnimplemented, c.Name == setTick
 		}
@@ -118,7 +119,7 @@ func TestDelayTickRefused(t *testing.T) {
 func TestDelayEffectiveContextRefused(t *testing.T) {
 	var log callLog
 	var refuse atomic.Uint32
-	r := newDelayRig(t, sprintf(delayCfg, `,"refund_on_cancel":true`), 1, func(o *wasmhost.Options) {
+	r := newDelayRig(t, sprintf(delayCfg, `,"refund_on_cancel":true`), 1, func(o *wasmhost.Options, _ *proxy.Options) {
 		o.Observe = log.observe
 		o.Fault = func(c wasmhost.Call) (wasmhost.Status, bool) {
 			return wasmhost.StatusBadArgument, c.Name == "proxy_set_effective_context" && c.Args[0] == uint64(refuse.Load())
@@ -192,7 +193,7 @@ func TestDelayEffectiveContextRefused(t *testing.T) {
 // one stops the tick: two calls in all, and exactly five ticks.
 func TestDelayTickCalls(t *testing.T) {
 	var log callLog
-	r := newDelayRig(t, sprintf(delayCfg, ""), 1, func(o *wasmhost.Options) { o.Observe = log.observe })
+	r := newDelayRig(t, sprintf(delayCfg, ""), 1, func(o *wasmhost.Options, _ *proxy.Options) { o.Observe = log.observe })
 	r.tickDue = true
 	r.sendInOrder(6)
 	if got := log.named(setTick, false); len(got) != 1 || got[0].Args[0] != 100 {
@@ -220,7 +221,7 @@ func TestDelayTickCalls(t *testing.T) {
 func TestDelayNotStarvedUnderLoad(t *testing.T) {
 	var log callLog
 	r := newDelayRig(t, `{"name":"g","algorithm_config":{"rps":20,"burst":1,"max_reserved":10}}`, 1,
-		func(o *wasmhost.Options) { o.Observe = log.observe })
+		func(o *wasmhost.Options, _ *proxy.Options) { o.Observe = log.observe })
 	r.tickDue = true
 	const steps = 150 // 1.5 s of load, a request per 10 ms step
 	for i := 1; i <= steps; i++ {
@@ -279,7 +280,7 @@ func TestDelayNotStarvedUnderLoad(t *testing.T) {
 // 600 ms) and is released by the new root.
 func TestDelayReloadNewRoot(t *testing.T) {
 	var log callLog
-	r := newDelayRig(t, sprintf(delayCfg, ""), 1, func(o *wasmhost.Options) { o.Observe = log.observe })
+	r := newDelayRig(t, sprintf(delayCfg, ""), 1, func(o *wasmhost.Options, _ *proxy.Options) { o.Observe = log.observe })
 	r.tickDue = true
 	r.sendInOrder(3) // 2 and 3 held until +100 and +200 ms under root 1
 	if err := r.h.Reconfigure([]byte(`{"name":"g","algorithm_config":{"rps":5,"burst":1,"max_reserved":5}}`)); err != nil {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
@@ -63,24 +64,25 @@ type result struct {
 }
 
 // newDelayRig starts the module on workers VMs with cfg; mods adjust the
-// host's options (faults, observers) before it starts.
-func newDelayRig(t *testing.T, cfg string, workers int, mods ...func(*wasmhost.Options)) *delayRig {
+// host's and the proxy's options (faults, observers, the pause timeout)
+// before it starts.
+func newDelayRig(t *testing.T, cfg string, workers int, mods ...func(*wasmhost.Options, *proxy.Options)) *delayRig {
 	t.Helper()
 	r := &delayRig{t: t, clk: wasmhost.NewFakeClock(t0), start: t0, results: map[int]result{}}
 	opts := hostOpts(cfg, false, workers, r.clk, nil)
 	opts.DisableTicks = true
-	opts.PauseTimeout = 20 * time.Second
+	popts := proxy.Options{PauseTimeout: 20 * time.Second}
 	for _, m := range mods {
-		m(&opts)
+		m(&opts, &popts)
 	}
-	opts.Upstream = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	popts.Upstream = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		b, _ := io.ReadAll(req.Body)
 		id, _ := strconv.Atoi(req.Header.Get("x-id"))
 		r.mu.Lock()
 		r.arrivals = append(r.arrivals, arrival{id: id, at: r.clk.Now().Sub(r.start), sum: sha256.Sum256(b), size: len(b)})
 		r.mu.Unlock()
 	})
-	r.h, r.srv = startHost(t, opts)
+	r.h, r.srv = startHost(t, opts, popts)
 	return r
 }
 
@@ -344,7 +346,7 @@ func TestDelayClientLeaves(t *testing.T) {
 // after the tick continued it, and reaches the upstream intact.
 func TestDelayLargeBody(t *testing.T) {
 	var log callLog
-	r := newDelayRig(t, sprintf(delayCfg, ""), 1, func(o *wasmhost.Options) { o.Observe = log.observe })
+	r := newDelayRig(t, sprintf(delayCfg, ""), 1, func(o *wasmhost.Options, _ *proxy.Options) { o.Observe = log.observe })
 	body := make([]byte, 2<<20)
 	if _, err := rand.Read(body); err != nil {
 		t.Fatal(err)
@@ -429,8 +431,8 @@ func TestDelayLimits(t *testing.T) {
 // clock tests (TestDelayNotStarvedUnderLoad) count releases against time.
 func TestDelayOwnTimer(t *testing.T) {
 	opts := wasmhost.Options{PluginConfig: []byte(`{"name":"g","algorithm_config":{"rps":20,"burst":1,"max_reserved":10}}`),
-		Workers: 2, PauseTimeout: 20 * time.Second}
-	h, srv := startHost(t, opts)
+		Workers: 2}
+	h, srv := startHost(t, opts, proxy.Options{PauseTimeout: 20 * time.Second})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	statuses := map[int]int{}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
@@ -56,7 +57,7 @@ func TestShippedExamplesHoldWithoutKeys(t *testing.T) {
 					req.Header.Set(s.header[0], s.header[1])
 				}
 				rec := httptest.NewRecorder()
-				h.ServeHTTP(rec, req)
+				proxy.New(h, proxy.Options{}).ServeHTTP(rec, req)
 				if rec.Code == http.StatusOK {
 					admitted++
 				}
@@ -103,8 +104,7 @@ func TestLoginResetKeyedByUser(t *testing.T) {
 		w.WriteHeader(http.StatusUnauthorized)
 	})
 	opts := hostOpts(cfg, false, 1, wasmhost.NewFakeClock(t0), nil)
-	opts.Upstream = up
-	_, srv := startHost(t, opts)
+	_, srv := startHost(t, opts, proxy.Options{Upstream: up})
 	for i := range 50 {
 		user := "alice"
 		if i%4 == 3 {

@@ -1,5 +1,6 @@
 // Package e2e holds the end-to-end tests: the real tokengate.wasm
-// served over loopback HTTP by the local proxy-wasm host (internal/localhost/wasmhost).
+// served over loopback HTTP by the local host (internal/localhost/proxy in
+// front of the proxy-wasm host internal/localhost/wasmhost).
 package e2e
 
 import (
@@ -9,6 +10,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
@@ -26,8 +28,9 @@ func loadModule(t testing.TB) []byte {
 }
 
 // startHost runs the real module with opts (Wasm filled in, logs kept but
-// not printed unless the test fails) behind an httptest server on loopback.
-func startHost(t testing.TB, opts wasmhost.Options) (*wasmhost.Host, *httptest.Server) {
+// not printed unless the test fails) behind the local host's HTTP proxy
+// (with popts, if given) in an httptest server on loopback.
+func startHost(t testing.TB, opts wasmhost.Options, popts ...proxy.Options) (*wasmhost.Host, *httptest.Server) {
 	t.Helper()
 	opts.Wasm = loadModule(t)
 	if opts.LogSink == nil {
@@ -37,7 +40,11 @@ func startHost(t testing.TB, opts wasmhost.Options) (*wasmhost.Host, *httptest.S
 	if err != nil {
 		t.Fatalf("wasmhost.New: %v", err)
 	}
-	srv := httptest.NewServer(h)
+	var po proxy.Options
+	if len(popts) > 0 {
+		po = popts[0]
+	}
+	srv := httptest.NewServer(proxy.New(h, po))
 	t.Cleanup(func() {
 		srv.Close()
 		if t.Failed() {

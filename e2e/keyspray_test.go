@@ -7,17 +7,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // serveKey runs one request carrying x-api-key: key straight through the
-// host's ServeHTTP and returns its status.
+// local host's proxy (no TCP) and returns its status.
 func serveKey(h *wasmhost.Host, key string) int {
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	req.RemoteAddr = "192.0.2.10:4242"
 	req.Header.Set("x-api-key", key)
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
+	proxy.New(h, proxy.Options{}).ServeHTTP(rec, req)
 	return rec.Code
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
@@ -97,7 +98,7 @@ func TestBurstThen429(t *testing.T) {
 							t.Errorf("step %d: got %s %q on a 200", i, k, v)
 						}
 					}
-					var echo wasmhost.Echo
+					var echo proxy.Echo
 					if err := json.Unmarshal([]byte(r.body), &echo); err != nil || echo.Path != "/hello" {
 						t.Errorf("step %d: the upstream's echo: got %q (%v), want path /hello", i, r.body, err)
 					}
@@ -165,7 +166,7 @@ func TestIPv6Client(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer closeHost(t, h)
-			srv := httptest.NewUnstartedServer(h)
+			srv := httptest.NewUnstartedServer(proxy.New(h, proxy.Options{}))
 			srv.Listener.Close()
 			srv.Listener = ln
 			srv.Start()

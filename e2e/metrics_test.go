@@ -7,11 +7,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // TestPrometheusNames pins, for docs/observability.md, the metric names the filter
-// defines and the names the host's /stats (wasmhost.WritePrometheus, what
+// defines and the names the host's /stats (proxy.WritePrometheus, what
 // tokengate-local serves) prints for them: Envoy >= 1.20 without stats_tags
 // strips the "wasmcustom." namespace and turns every character outside
 // [A-Za-z0-9_] into '_', with no "envoy_" prefix (with envoy.yaml's
@@ -37,13 +38,13 @@ func TestPrometheusNames(t *testing.T) {
 	for range 11 {
 		mustDo(t, srv.Client(), srv, "/", nil)
 	}
-	text := wasmhost.FormatPrometheus(h.Metrics())
+	text := proxy.FormatPrometheus(h.Metrics())
 	samples, types := parsePrometheus(t, text)
 
 	gotRule := map[string]string{}
 	var all []string
 	for _, m := range h.Metrics() {
-		prom, ok := wasmhost.PrometheusName(m.Name)
+		prom, ok := proxy.PrometheusName(m.Name)
 		all = append(all, m.Name+" → "+prom)
 		if !ok || m.Type != wasmhost.MetricCounter || types[prom] != "counter" {
 			t.Errorf("%s: Prometheus name %q (ok %v), type %s / %q, want a counter", m.Name, prom, ok, m.Type, types[prom])
@@ -96,7 +97,7 @@ func TestRuleNamesCollideInPrometheus(t *testing.T) {
 	}
 	defer closeHost(t, h)
 	seen := map[string]int{}
-	for _, line := range strings.Split(wasmhost.FormatPrometheus(h.Metrics()), "\n") {
+	for _, line := range strings.Split(proxy.FormatPrometheus(h.Metrics()), "\n") {
 		if strings.HasPrefix(line, "# TYPE ") {
 			seen[strings.Fields(line)[2]]++
 		}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -109,7 +110,7 @@ const costConfig = `{"rules":[{"name":"llm","limit_keys":["ip:address"],"algorit
 func settleHost(t *testing.T, cfg string, up *httptest.Server, stream, kong bool, clk *wasmhost.FakeClock) (*wasmhost.Host, *httptest.Server, *wasmhost.MemData) {
 	t.Helper()
 	u, _ := url.Parse(up.URL)
-	return settleHostWith(t, cfg, wasmhost.ProxyTo(u), stream, kong, clk)
+	return settleHostWith(t, cfg, proxy.ProxyTo(u), stream, kong, clk)
 }
 
 // settleHostWith is settleHost with an in-process upstream: with streamed
@@ -120,9 +121,7 @@ func settleHostWith(t *testing.T, cfg string, up http.Handler, stream, kong bool
 	t.Helper()
 	ms := wasmhost.NewSharedData(kong)
 	opts := hostOpts(cfg, kong, 2, clk, ms)
-	opts.Upstream = up
-	opts.StreamResponses = stream
-	h, srv := startHost(t, opts)
+	h, srv := startHost(t, opts, proxy.Options{Upstream: up, StreamResponses: stream})
 	return h, srv, ms
 }
 
@@ -582,10 +581,8 @@ func BenchmarkResponseCostScan(b *testing.B) {
 	for _, source := range []string{"fixed", "response_json:/usage/total_tokens"} {
 		b.Run(strings.TrimSuffix(source, ":/usage/total_tokens"), func(b *testing.B) {
 			_, srv := startHost(b, wasmhost.Options{
-				PluginConfig:    []byte(`{"rules":[{"name":"r","algorithm_config":{"rps":1000000,"burst":1000000,"cost_source":"` + source + `"}}]}`),
-				Upstream:        up,
-				StreamResponses: true,
-			})
+				PluginConfig: []byte(`{"rules":[{"name":"r","algorithm_config":{"rps":1000000,"burst":1000000,"cost_source":"` + source + `"}}]}`),
+			}, proxy.Options{Upstream: up, StreamResponses: true})
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
@@ -30,13 +31,13 @@ func sprayRequests(t *testing.T) int {
 	return n
 }
 
-// serve runs one request from remoteAddr straight through the host's
-// ServeHTTP (no TCP) and returns the recorded response.
+// serve runs one request from remoteAddr straight through the local
+// host's proxy (no TCP) and returns the recorded response.
 func serve(h *wasmhost.Host, remoteAddr string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	req.RemoteAddr = remoteAddr
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
+	proxy.New(h, proxy.Options{}).ServeHTTP(rec, req)
 	return rec
 }
 

@@ -576,7 +576,7 @@ type v8Case struct {
 	GuestNs       float64 `json:"guestNs"` // NsPerReq less HostNs and the no-filter row
 }
 
-// v8Runs reads bench.mjs's outputs, dir/v8*.json (run.sh runs it once
+// v8Runs reads bench/v8/bench.mjs's outputs, dir/v8*.json (run.sh runs it once
 // per round, between the rounds of the wazero benchmark), and returns each
 // case's medians over them, and the node version.
 func v8Runs(dir string) (map[string]v8Case, string, error) {

@@ -7,7 +7,7 @@ import (
 )
 
 // TestV8Rows renders the no-filter and V8 rows from testdata/v8: three
-// rounds of bench.mjs (v8-1..3.json) and two of the wazero benchmark. Every
+// rounds of bench/v8/bench.mjs (v8-1..3.json) and two of the wazero benchmark. Every
 // figure is the median over the rounds, each ratio divides medians.
 func TestV8Rows(t *testing.T) {
 	r := &report{dir: "testdata/v8", bench: map[string]map[string][]float64{}}
@@ -36,7 +36,7 @@ func TestV8Rows(t *testing.T) {
 	}
 }
 
-// TestV8RowsMissing: without bench.mjs's output the table says so.
+// TestV8RowsMissing: without bench/v8/bench.mjs's output the table says so.
 func TestV8RowsMissing(t *testing.T) {
 	r := &report{dir: t.TempDir(), bench: map[string]map[string][]float64{}}
 	var out bytes.Buffer

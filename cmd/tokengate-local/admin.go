@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
@@ -24,7 +25,7 @@ func adminHandler(h *wasmhost.Host, showIdentities bool) http.Handler {
 	mux := http.NewServeMux()
 	stats := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		_ = wasmhost.WritePrometheus(w, h.Metrics())
+		_ = proxy.WritePrometheus(w, h.Metrics())
 	}
 	mux.HandleFunc("GET /stats", stats)
 	mux.HandleFunc("GET /stats/prometheus", stats)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	localproxy "github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 	"github.com/tokengate/tokengate/internal/testsupport/wasmbuild"
 )
@@ -42,7 +43,7 @@ func TestSharedDataRedacted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close(context.Background())
-	proxy := httptest.NewServer(h)
+	proxy := httptest.NewServer(localproxy.New(h, localproxy.Options{}))
 	defer proxy.Close()
 	req, _ := http.NewRequest(http.MethodGet, proxy.URL+"/", nil)
 	req.Header.Set("x-api-key", apiKey)

@@ -117,18 +117,18 @@ func TestUpstreamCluster(t *testing.T) {
 	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	opts, source, err := loadPlugin(settings{envoy: path, upstream: "cluster"})
+	lo, source, err := loadPlugin(settings{envoy: path, upstream: "cluster"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c, ok := opts.Clusters["upstream"]; !ok || c.Address != strings.TrimPrefix(up.URL, "http://") {
-		t.Errorf("clusters %+v", opts.Clusters)
+	if c, ok := lo.host.Clusters["upstream"]; !ok || c.Address != strings.TrimPrefix(up.URL, "http://") {
+		t.Errorf("clusters %+v", lo.host.Clusters)
 	}
 	if !strings.Contains(source, "proxying to cluster upstream at") {
 		t.Errorf("source %q", source)
 	}
 	rec := httptest.NewRecorder()
-	opts.Upstream.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/x", nil))
+	lo.proxy.Upstream.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/x", nil))
 	if rec.Body.String() != "from the cluster /x" {
 		t.Errorf("upstream answered %q", rec.Body.String())
 	}

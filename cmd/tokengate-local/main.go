@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/internal/localhost/envoyconf"
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
@@ -95,33 +96,42 @@ func parseLevel(s string) (wasmhost.LogLevel, error) {
 	return 0, fmt.Errorf("-log-level: unknown level %q", s)
 }
 
-// loadPlugin returns the host options the configuration source describes
-// and a one-line description of where they came from.
-func loadPlugin(s settings) (wasmhost.Options, string, error) {
-	var opts wasmhost.Options
+// local is what the flags and the configuration source say of the local
+// host: the proxy-wasm ABI host that runs the module, and the HTTP proxy
+// in front of it (the connection manager, jwt_authn, the upstream).
+type local struct {
+	host  wasmhost.Options
+	proxy proxy.Options
+}
+
+// loadPlugin returns the options the configuration source describes and a
+// one-line description of where they came from.
+func loadPlugin(s settings) (local, string, error) {
+	var lo local
+	opts := &lo.host
 	if s.config != "" {
 		cfg, err := os.ReadFile(s.config)
 		if err != nil {
-			return opts, "", err
+			return lo, "", err
 		}
 		opts.PluginConfig = cfg
 		opts.PluginName = s.plugin
-		return opts, s.config, nil
+		return lo, s.config, nil
 	}
 	doc, err := os.ReadFile(s.envoy)
 	if err != nil {
-		return opts, "", fmt.Errorf("%w (or pass -config file.json)", err)
+		return lo, "", fmt.Errorf("%w (or pass -config file.json)", err)
 	}
 	p, err := envoyconf.Find(doc, s.plugin)
 	if err != nil {
-		return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+		return lo, "", fmt.Errorf("%s: %w", s.envoy, err)
 	}
 	opts.PluginConfig, opts.VMConfig = p.Configuration, p.VMConfiguration
 	opts.PluginName, opts.RootID, opts.VMID = p.Name, p.RootID, p.VMID
 	routeUpstream := ""
 	clusters, err := envoyconf.Clusters(doc)
 	if err != nil {
-		return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+		return lo, "", fmt.Errorf("%s: %w", s.envoy, err)
 	}
 	opts.Clusters = map[string]wasmhost.Cluster{}
 	for name, c := range clusters {
@@ -131,30 +141,30 @@ func loadPlugin(s settings) (wasmhost.Options, string, error) {
 		name, ok := envoyconf.RouteCluster(p)
 		c, found := clusters[name]
 		if !ok || !found {
-			return opts, "", fmt.Errorf("%s: -upstream cluster: the route's cluster %q has no socket_address endpoint", s.envoy, name)
+			return lo, "", fmt.Errorf("%s: -upstream cluster: the route's cluster %q has no socket_address endpoint", s.envoy, name)
 		}
-		opts.Upstream = wasmhost.ProxyTo(&url.URL{Scheme: "http", Host: c.Address})
+		lo.proxy.Upstream = proxy.ProxyTo(&url.URL{Scheme: "http", Host: c.Address})
 		routeUpstream = ", proxying to cluster " + name + " at " + c.Address
 	}
 	if p.Manager != nil {
 		m, err := envoyconf.ConnectionManager(p.ManagerPath, p.Manager)
 		if err != nil {
-			return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+			return lo, "", fmt.Errorf("%s: %w", s.envoy, err)
 		}
-		opts.Manager = &wasmhost.Manager{
+		lo.proxy.Manager = &proxy.Manager{
 			NormalizePath: m.NormalizePath, MergeSlashes: m.MergeSlashes, EscapedSlashes: m.EscapedSlashes,
 			UseRemoteAddress: m.UseRemoteAddress, XFFNumTrustedHops: m.XFFNumTrustedHops, SkipXFFAppend: m.SkipXFFAppend,
 			MaxHeadersKB: m.MaxHeadersKB, MaxHeadersCount: m.MaxHeadersCount,
 		}
 		j, err := envoyconf.JWTAuthnBefore(p)
 		if err != nil {
-			return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+			return lo, "", fmt.Errorf("%s: %w", s.envoy, err)
 		}
-		if opts.JWTAuthn, err = jwtAuthn(j); err != nil {
-			return opts, "", fmt.Errorf("%s: %w", s.envoy, err)
+		if lo.proxy.JWTAuthn, err = jwtAuthn(j); err != nil {
+			return lo, "", fmt.Errorf("%s: %w", s.envoy, err)
 		}
 	}
-	return opts, s.envoy + " (" + p.Path + ")" + routeUpstream, nil
+	return lo, s.envoy + " (" + p.Path + ")" + routeUpstream, nil
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -173,63 +183,65 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return check(ctx, s.check, wasm, s.kong, stdout)
 	}
-	opts, source, upstream, err := hostOptions(s, level, stderr)
+	lo, source, upstream, err := hostOptions(s, level, stderr)
 	if err != nil {
 		return err
 	}
-	h, err := wasmhost.New(ctx, opts)
+	h, err := wasmhost.New(ctx, lo.host)
 	if err != nil {
 		return err
 	}
 	defer h.Close(context.Background())
-	return serve(ctx, s, h, opts, source, upstream, stdout)
+	return serve(ctx, s, h, lo, source, upstream, stdout)
 }
 
 // hostOptions builds the local host's options from the flags: the plugin
 // and its configuration, the module, and the upstream (described for the
 // start-up lines).
-func hostOptions(s settings, level wasmhost.LogLevel, stderr io.Writer) (opts wasmhost.Options, source, upstream string, err error) {
-	opts, source, err = loadPlugin(s)
+func hostOptions(s settings, level wasmhost.LogLevel, stderr io.Writer) (lo local, source, upstream string, err error) {
+	lo, source, err = loadPlugin(s)
 	if err != nil {
-		return opts, "", "", err
+		return lo, "", "", err
 	}
+	opts := &lo.host
 	opts.Wasm, err = os.ReadFile(s.wasm)
 	if err != nil {
-		return opts, "", "", fmt.Errorf("%w (run `make build` first)", err)
+		return lo, "", "", fmt.Errorf("%w (run `make build` first)", err)
 	}
 	opts.Workers, opts.Kong, opts.MinLogLevel = s.workers, s.kong, level
-	opts.StreamResponses = s.stream
+	lo.proxy.StreamResponses = s.stream
 	opts.LogSink = func(l wasmhost.LogLevel, msg string) { fmt.Fprintf(stderr, "[%s] %s\n", l, msg) }
 	upstream = "embedded echo"
 	switch {
-	case s.upstream == "cluster" && opts.Upstream == nil:
-		return opts, "", "", errors.New("-upstream cluster needs -envoy: the route's cluster comes from the bootstrap")
+	case s.upstream == "cluster" && lo.proxy.Upstream == nil:
+		return lo, "", "", errors.New("-upstream cluster needs -envoy: the route's cluster comes from the bootstrap")
 	case s.upstream == "cluster":
 		upstream = "the route's cluster"
 	case s.upstream != "":
 		u, err := url.Parse(s.upstream)
 		if err != nil || u.Scheme == "" || u.Host == "" {
-			return opts, "", "", fmt.Errorf("-upstream: want an absolute URL like http://127.0.0.1:8080, got %q", s.upstream)
+			return lo, "", "", fmt.Errorf("-upstream: want an absolute URL like http://127.0.0.1:8080, got %q", s.upstream)
 		}
-		opts.Upstream, upstream = wasmhost.ProxyTo(u), u.String()
+		lo.proxy.Upstream, upstream = proxy.ProxyTo(u), u.String()
 	}
-	return opts, source, upstream, nil
+	return lo, source, upstream, nil
 }
 
 // serve listens on the flags' addresses (the proxy, and the admin listener
 // with -admin) until ctx is done or a server fails, then shuts down.
-func serve(ctx context.Context, s settings, h *wasmhost.Host, opts wasmhost.Options, source, upstream string, stdout io.Writer) error {
+func serve(ctx context.Context, s settings, h *wasmhost.Host, lo local, source, upstream string, stdout io.Writer) error {
+	opts := lo.host
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return err
 	}
-	var handler http.Handler = h
+	var handler http.Handler = proxy.New(h, lo.proxy)
 	if s.noFilter {
 		// The same server and upstream without the module: what the
 		// module costs is the difference.
-		handler = opts.Upstream
+		handler = lo.proxy.Upstream
 		if handler == nil {
-			handler = wasmhost.EchoHandler()
+			handler = proxy.EchoHandler()
 		}
 		upstream += " (-no-filter: requests skip the module)"
 	}
@@ -298,21 +310,21 @@ func describeRules(cfg []byte) string {
 }
 
 // jwtAuthn turns envoy.yaml's jwt_authn filter into the host's model of it.
-func jwtAuthn(j *envoyconf.JWTAuthn) (*wasmhost.JWTAuthn, error) {
+func jwtAuthn(j *envoyconf.JWTAuthn) (*proxy.JWTAuthn, error) {
 	if j == nil {
 		return nil, nil
 	}
-	out := &wasmhost.JWTAuthn{Providers: map[string]*wasmhost.JWTProvider{}}
+	out := &proxy.JWTAuthn{Providers: map[string]*proxy.JWTProvider{}}
 	for name, p := range j.Providers {
-		keys, err := wasmhost.ParseJWKS(p.JWKS)
+		keys, err := proxy.ParseJWKS(p.JWKS)
 		if err != nil {
 			return nil, fmt.Errorf("jwt_authn provider %q: %w", name, err)
 		}
-		out.Providers[name] = &wasmhost.JWTProvider{Issuer: p.Issuer, Audiences: p.Audiences, Keys: keys,
+		out.Providers[name] = &proxy.JWTProvider{Issuer: p.Issuer, Audiences: p.Audiences, Keys: keys,
 			PayloadInMetadata: p.PayloadInMetadata, Forward: p.Forward}
 	}
 	for _, r := range j.Rules {
-		out.Rules = append(out.Rules, wasmhost.JWTRule{Prefix: r.Prefix, Providers: r.Providers, AllowMissing: r.AllowMissing})
+		out.Rules = append(out.Rules, proxy.JWTRule{Prefix: r.Prefix, Providers: r.Providers, AllowMissing: r.AllowMissing})
 	}
 	return out, nil
 }

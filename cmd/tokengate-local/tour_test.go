@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	localproxy "github.com/tokengate/tokengate/internal/localhost/proxy"
 	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
@@ -33,17 +34,17 @@ func TestTourStatsGrep(t *testing.T) {
 			t.Fatalf("%s: no `/stats | grep` command", tc.doc)
 		}
 		pattern := string(m[1])
-		opts, _, err := loadPlugin(settings{envoy: tc.envoy})
+		lo, _, err := loadPlugin(settings{envoy: tc.envoy})
 		if err != nil {
 			t.Fatal(err)
 		}
-		opts.Wasm, opts.Workers, opts.LogSink = wasm, 1, func(wasmhost.LogLevel, string) {}
-		opts.Upstream = nil // the echo upstream; the route's cluster is not running
-		h, err := wasmhost.New(context.Background(), opts)
+		lo.host.Wasm, lo.host.Workers, lo.host.LogSink = wasm, 1, func(wasmhost.LogLevel, string) {}
+		lo.proxy.Upstream = nil // the echo upstream; the route's cluster is not running
+		h, err := wasmhost.New(context.Background(), lo.host)
 		if err != nil {
 			t.Fatal(err)
 		}
-		proxy := httptest.NewServer(h)
+		proxy := httptest.NewServer(localproxy.New(h, lo.proxy))
 		resp, err := http.Get(proxy.URL + "/")
 		if err != nil {
 			t.Fatal(err)

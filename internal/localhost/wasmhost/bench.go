@@ -82,8 +82,8 @@ func (h *Host) HostCalls() map[string]uint64 {
 	return out
 }
 
-// Exchange is one request for Host.Exchange: what ServeHTTP builds from an
-// *http.Request, given directly.
+// Exchange is one request for Host.Exchange: what the HTTP proxy
+// (internal/localhost/proxy) builds from an *http.Request, given directly.
 type Exchange struct {
 	// Request is the request header map, lower-case names, pseudo-headers
 	// (":authority", ":path", ":method", ":scheme") first.
@@ -121,7 +121,7 @@ var defaultResponse = []Header{{":status", "200"}, {"content-length", "0"}}
 
 // Exchange runs one request through the filter on worker i (0 ≤ i <
 // Workers()), without HTTP and without an upstream: the same guest calls as
-// ServeHTTP, in the same order (proxy_on_context_create,
+// the HTTP proxy makes, in the same order (proxy_on_context_create,
 // proxy_on_request_headers, then, on the upstream's headers or the local
 // reply, proxy_on_response_headers, then proxy_on_log, proxy_on_done,
 // proxy_on_delete), holding the worker for the whole sequence so that the

@@ -47,7 +47,7 @@ type callout struct {
 // reports a callout: the response's headers, body and trailers, or the gRPC
 // message and status.
 type calloutResult struct {
-	headers, trailers headerMap
+	headers, trailers HeaderMap
 	body              []byte
 	grpcStatus        uint32
 	grpcMessage       string
@@ -137,7 +137,7 @@ func (h *Host) httpCall(_ context.Context, w *worker, mem api.Memory, p []uint64
 	if err != nil {
 		return StatusBadArgument
 	}
-	m := headerMap{h: hs}
+	m := HeaderMap{h: hs}
 	method, _ := m.get(":method")
 	path, _ := m.get(":path")
 	authority, _ := m.get(":authority")
@@ -178,6 +178,9 @@ func (h *Host) httpCall(_ context.Context, w *worker, mem api.Memory, p []uint64
 	return StatusOK
 }
 
+// maxCalloutBody bounds the body of a callout's answer the host reads.
+const maxCalloutBody = 16 << 20
+
 // roundTrip sends req and returns the whole response with Envoy-style
 // lower-case headers (":status" first), or nil if it failed.
 func roundTrip(c *http.Client, req *http.Request) *calloutResult {
@@ -186,7 +189,7 @@ func roundTrip(c *http.Client, req *http.Request) *calloutResult {
 		return nil
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxRequestBody))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxCalloutBody))
 	if err != nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package wasmhost
+package wasmhost_test
 
 import (
 	"context"
@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // grpcEcho is a unary gRPC server written from the wire format: it answers
@@ -66,7 +69,7 @@ func TestCallouts(t *testing.T) {
 	}
 	deadAddr := closed.Addr().String()
 	closed.Close()
-	clusters := map[string]Cluster{
+	clusters := map[string]wasmhost.Cluster{
 		"up":   {Address: strings.TrimPrefix(up.URL, "http://")},
 		"grpc": {Address: grpcEcho(t, 0), HTTP2: true},
 		// Answers after a minute: a call with a 50 ms timeout that came
@@ -76,7 +79,7 @@ func TestCallouts(t *testing.T) {
 		"h1-only": {Address: strings.TrimPrefix(up.URL, "http://")},
 		"dead":    {Address: deadAddr, HTTP2: true},
 	}
-	h, srv := newGuestHost(t, Options{Workers: 2, Clusters: clusters, PauseTimeout: 5 * time.Second})
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 2, Clusters: clusters}, proxy.Options{PauseTimeout: 5 * time.Second})
 	defer func() {
 		if n := h.StrayContinues(); n != 0 {
 			t.Errorf("%d stray continues: a call's report resumed a stream twice or a gone one", n)
@@ -118,7 +121,7 @@ func TestCallouts(t *testing.T) {
 // guest sets a 20 ms period, the root context's proxy_on_tick makes each
 // stream effective and continues it, then sets the period to 0.
 func TestTickResumesPausedStream(t *testing.T) {
-	h, srv := newGuestHost(t, Options{Workers: 1, PauseTimeout: 5 * time.Second})
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 1}, proxy.Options{PauseTimeout: 5 * time.Second})
 	for i := range 3 {
 		r := test(t, srv, "tick-resume")
 		if r.status != 200 || !strings.Contains(r.header.Get("X-Result"), "ticked") {
@@ -139,7 +142,7 @@ func TestClientLeavesWhilePaused(t *testing.T) {
 	// machine: the client leaves before it, once the guest holds the
 	// request (not after a fixed time, which a slow machine could spend
 	// before the request even reaches the guest).
-	h, srv := newGuestHost(t, Options{Workers: 1, PauseTimeout: time.Minute})
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 1}, proxy.Options{PauseTimeout: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/", nil)
@@ -189,7 +192,7 @@ func TestClientLeavesWhilePaused(t *testing.T) {
 // correct uses (TestCallouts, TestTickResumesPausedStream,
 // TestClientLeavesWhilePaused, run first on their own hosts) count none.
 func TestStrayContinues(t *testing.T) {
-	h, srv := newGuestHost(t, Options{Workers: 1, PauseTimeout: 5 * time.Second})
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 1}, proxy.Options{PauseTimeout: 5 * time.Second})
 	for i := range 3 {
 		if r := test(t, srv, "tick-resume"); r.status != 200 {
 			t.Fatalf("request %d: %d", i, r.status)
@@ -210,7 +213,7 @@ func TestStrayContinues(t *testing.T) {
 // TestUnimplementedFunctions: ABI functions the host does not model answer
 // UNIMPLEMENTED through one path, and the module still loads.
 func TestUnimplementedFunctions(t *testing.T) {
-	_, srv := newGuestHost(t, Options{Workers: 1})
+	_, srv := newGuestHost(t, wasmhost.Options{Workers: 1})
 	if got := test(t, srv, "unimplemented").header.Get("X-Result"); !strings.Contains(got, "queue=12") {
 		t.Errorf("x-result %q, want queue=12", got)
 	}

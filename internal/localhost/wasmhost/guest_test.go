@@ -1,4 +1,4 @@
-package wasmhost
+package wasmhost_test
 
 import (
 	"context"
@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -17,56 +15,37 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tokengate/tokengate/internal/localhost/proxy"
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
+	"github.com/tokengate/tokengate/internal/testsupport/hostguest"
 )
 
-// guestWasm is testdata/guest built as a wasip1 reactor by TestMain.
+// guestWasm is testdata/guest built as a wasip1 reactor (hostguest.Wasm).
 var guestWasm []byte
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "hostguest")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	out := filepath.Join(dir, "guest.wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", out, "./testdata/guest")
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the test guest: %v\n%s", err, b)
-		os.Exit(1)
-	}
-	guestWasm, err = os.ReadFile(out)
-	_ = os.RemoveAll(dir)
-	if err != nil {
+	var err error
+	if guestWasm, err = hostguest.Wasm(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }
 
-func discard(LogLevel, string) {}
+func discard(wasmhost.LogLevel, string) {}
 
-// newGuestHost starts the test guest with opts and serves it over loopback.
-func newGuestHost(t *testing.T, opts Options) (*Host, *httptest.Server) {
+// newGuestHost starts the test guest with opts and serves it over
+// loopback, behind a proxy with popts if given (a pause timeout).
+func newGuestHost(t *testing.T, opts wasmhost.Options, popts ...proxy.Options) (*wasmhost.Host, *httptest.Server) {
 	t.Helper()
-	opts.Wasm = guestWasm
-	if opts.LogSink == nil {
-		opts.LogSink = discard
+	var po proxy.Options
+	if len(popts) > 0 {
+		po = popts[0]
 	}
-	if opts.PluginName == "" {
-		opts.PluginName = "guest"
-	}
-	h, err := New(context.Background(), opts)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(func() {
-		srv.Close()
-		if err := h.Close(context.Background()); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
+	h := hostguest.Start(t, opts)
+	srv := httptest.NewServer(proxy.New(h, po))
+	t.Cleanup(srv.Close)
 	return h, srv
 }
 
@@ -105,28 +84,28 @@ func test(t *testing.T, srv *httptest.Server, what string) reply {
 func TestGuestStartFailures(t *testing.T) {
 	tests := []struct {
 		name        string
-		opts        Options
+		opts        wasmhost.Options
 		expectedErr []string
 	}{
 		{
 			name: "configure false",
-			opts: Options{PluginConfig: []byte("fail")},
+			opts: wasmhost.Options{PluginConfig: []byte("fail")},
 			expectedErr: []string{`plugin "guest" rejected its configuration: proxy_on_configure returned false`,
 				`the filter said: bad config: "fail"`},
 		},
 		{
 			name:        "vm start false",
-			opts:        Options{VMConfig: []byte("fail")},
+			opts:        wasmhost.Options{VMConfig: []byte("fail")},
 			expectedErr: []string{`proxy_on_vm_start returned false`, `the filter said: vm config says fail`},
 		},
 		{
 			name:        "store semantics mismatch",
-			opts:        Options{Kong: true, Store: NewSharedData(false)},
+			opts:        wasmhost.Options{Kong: true, Store: wasmhost.NewSharedData(false)},
 			expectedErr: []string{"Options.Store has envoy semantics but the host runs in kong mode"},
 		},
 		{
 			name:        "not wasm",
-			opts:        Options{Wasm: []byte("nope")},
+			opts:        wasmhost.Options{Wasm: []byte("nope")},
 			expectedErr: []string{"host: compile:"},
 		},
 	}
@@ -137,7 +116,7 @@ func TestGuestStartFailures(t *testing.T) {
 				opts.Wasm = guestWasm
 			}
 			opts.PluginName, opts.LogSink, opts.Workers = "guest", discard, 2
-			h, err := New(context.Background(), opts)
+			h, err := wasmhost.New(context.Background(), opts)
 			if err == nil {
 				h.Close(context.Background())
 				t.Fatal("New succeeded, want an error")
@@ -174,7 +153,7 @@ func wasmWithImports(names ...string) []byte {
 }
 
 func TestImportCheck(t *testing.T) {
-	_, err := New(context.Background(), Options{
+	_, err := wasmhost.New(context.Background(), wasmhost.Options{
 		Wasm:    wasmWithImports("proxy_log", "proxy_get_log_level", "proxy_nope"),
 		LogSink: discard,
 	})
@@ -183,16 +162,16 @@ func TestImportCheck(t *testing.T) {
 	if err == nil || err.Error() != want {
 		t.Fatalf("got %v\nwant %s", err, want)
 	}
-	_, err = New(context.Background(), Options{Wasm: wasmWithImports(), LogSink: discard})
+	_, err = wasmhost.New(context.Background(), wasmhost.Options{Wasm: wasmWithImports(), LogSink: discard})
 	if err == nil || !strings.Contains(err.Error(), "does not export proxy_abi_version_0_2_1") {
 		t.Fatalf("got %v, want a missing ABI marker error", err)
 	}
 }
 
 func TestGuestRequests(t *testing.T) {
-	clk := NewFakeClock(time.Unix(1_700_000_000, 123))
-	h, srv := newGuestHost(t, Options{Workers: 2, Walltime: clk.Walltime, Nanotime: clk.Nanotime,
-		PluginConfig: []byte("cfg-1"), VMID: "vm", RootID: "root", PauseTimeout: 200 * time.Millisecond})
+	clk := wasmhost.NewFakeClock(time.Unix(1_700_000_000, 123))
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 2, Walltime: clk.Walltime, Nanotime: clk.Nanotime,
+		PluginConfig: []byte("cfg-1"), VMID: "vm", RootID: "root"}, proxy.Options{PauseTimeout: 200 * time.Millisecond})
 
 	tests := []struct {
 		name       string
@@ -304,7 +283,7 @@ func TestGuestRequests(t *testing.T) {
 
 	t.Run("edit reached upstream", func(t *testing.T) {
 		r := do(t, srv, "GET", "/", map[string]string{"x-test": "edit", "x-replace": "old", "x-remove": "gone"}, "")
-		var e Echo
+		var e proxy.Echo
 		if err := json.Unmarshal([]byte(r.body), &e); err != nil {
 			t.Fatalf("echo body %q: %v", r.body, err)
 		}
@@ -341,13 +320,13 @@ func TestGuestRequests(t *testing.T) {
 		if v, ok := h.Metric("test.gauge"); !ok || v != 3 {
 			t.Errorf("test.gauge = %d, %v; want 3", v, ok)
 		}
-		var hist Metric
+		var hist wasmhost.Metric
 		for _, m := range h.Metrics() {
 			if m.Name == "test.hist" {
 				hist = m
 			}
 		}
-		if hist.Value != 2 || hist.Sum != 12 || hist.Type != MetricHistogram {
+		if hist.Value != 2 || hist.Sum != 12 || hist.Type != wasmhost.MetricHistogram {
 			t.Errorf("test.hist = %+v, want count 2 sum 12", hist)
 		}
 		logged, _ := h.Metric("test.logged")
@@ -358,7 +337,7 @@ func TestGuestRequests(t *testing.T) {
 }
 
 func TestGuestKongProperties(t *testing.T) {
-	_, srv := newGuestHost(t, Options{Kong: true, Workers: 2})
+	_, srv := newGuestHost(t, wasmhost.Options{Kong: true, Workers: 2})
 	result := test(t, srv, "props").header.Get("X-Result")
 	for _, want := range []string{"source.address=127.0.0.1/0"} {
 		if !strings.Contains(result, want) {
@@ -379,11 +358,11 @@ func TestGuestKongProperties(t *testing.T) {
 
 func TestGuestSharedData(t *testing.T) {
 	t.Run("hammer", func(t *testing.T) {
-		h, srv := newGuestHost(t, Options{Workers: 4})
+		h, srv := newGuestHost(t, wasmhost.Options{Workers: 4})
 		// Under Envoy's rules a set with cas 0 never fails, so two workers
 		// that both find no counter would both create it: the counter
 		// exists before the hammer starts, and every set carries a cas.
-		if st := h.Store().Set("counter", []byte("0"), 0); st != StatusOK {
+		if st := h.Store().Set("counter", []byte("0"), 0); st != wasmhost.StatusOK {
 			t.Fatal(st)
 		}
 		const clients, each = 8, 50
@@ -402,13 +381,13 @@ func TestGuestSharedData(t *testing.T) {
 		}
 		wg.Wait()
 		v, cas, st := h.Store().Get("counter")
-		if st != StatusOK || string(v) != strconv.Itoa(clients*each) {
+		if st != wasmhost.StatusOK || string(v) != strconv.Itoa(clients*each) {
 			t.Fatalf("counter = %q (cas %d, status %d), want %d: lost updates", v, cas, st, clients*each)
 		}
 	})
 	t.Run("cas storm", func(t *testing.T) {
 		var sets atomic.Int64
-		_, srv := newGuestHost(t, Options{Workers: 2, Store: CASStorm(NewSharedData(false), &sets)})
+		_, srv := newGuestHost(t, wasmhost.Options{Workers: 2, Store: wasmhost.CASStorm(wasmhost.NewSharedData(false), &sets)})
 		got := test(t, srv, "shared").header.Get("X-Result")
 		if want := strings.TrimSuffix(strings.Repeat("set=8,", 10), ","); got != want {
 			t.Errorf("x-result %q, want %q", got, want)
@@ -418,11 +397,11 @@ func TestGuestSharedData(t *testing.T) {
 		}
 	})
 	t.Run("store failure", func(t *testing.T) {
-		h, srv := newGuestHost(t, Options{Workers: 2, Store: FailingData(NewSharedData(false), StatusInternalFailure, StatusOK)})
+		h, srv := newGuestHost(t, wasmhost.Options{Workers: 2, Store: wasmhost.FailingData(wasmhost.NewSharedData(false), wasmhost.StatusInternalFailure, wasmhost.StatusOK)})
 		if got := test(t, srv, "shared").header.Get("X-Result"); got != "get=10" { // INTERNAL_FAILURE
 			t.Errorf("x-result %q, want get=10", got)
 		}
-		if h.Store().(*FaultData).SharedData.(*MemData).Len() != 0 {
+		if h.Store().(*wasmhost.FaultData).SharedData.(*wasmhost.MemData).Len() != 0 {
 			t.Errorf("store was written")
 		}
 	})
@@ -435,38 +414,38 @@ func TestGuestSharedData(t *testing.T) {
 			{kong: true, expected: "0"},  // Kong deletes the key
 		}
 		for _, tc := range tests {
-			h, srv := newGuestHost(t, Options{Kong: tc.kong, Workers: 2})
+			h, srv := newGuestHost(t, wasmhost.Options{Kong: tc.kong, Workers: 2})
 			if got := test(t, srv, "delete").header.Get("X-Result"); got != tc.expected {
 				t.Errorf("kong=%v: x-result %q, want %q", tc.kong, got, tc.expected)
 			}
 			v, _, st := h.Store().Get("doomed")
-			if !tc.kong && (st != StatusOK || len(v) != 0) {
+			if !tc.kong && (st != wasmhost.StatusOK || len(v) != 0) {
 				t.Errorf("envoy: doomed = %q, status %d; want an empty value", v, st)
 			}
-			if tc.kong && st != StatusNotFound {
+			if tc.kong && st != wasmhost.StatusNotFound {
 				t.Errorf("kong: doomed = %q, status %d; want NOT_FOUND (deleted)", v, st)
 			}
 		}
 	})
 	t.Run("kong", func(t *testing.T) {
-		h, srv := newGuestHost(t, Options{Kong: true, Workers: 2})
+		h, srv := newGuestHost(t, wasmhost.Options{Kong: true, Workers: 2})
 		for i := 1; i <= 3; i++ {
 			if got := test(t, srv, "shared").header.Get("X-Result"); got != "counter="+strconv.Itoa(i) {
 				t.Errorf("request %d: x-result %q", i, got)
 			}
 		}
-		if md := h.Store().(*MemData); !md.Kong() {
+		if md := h.Store().(*wasmhost.MemData); !md.Kong() {
 			t.Errorf("default Kong store has Envoy semantics")
 		}
 	})
 }
 
 func TestGuestLogsAndTicks(t *testing.T) {
-	h, srv := newGuestHost(t, Options{Workers: 2, PluginConfig: []byte("tick"), DisableTicks: true, MinLogLevel: LogInfo})
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 2, PluginConfig: []byte("tick"), DisableTicks: true, MinLogLevel: wasmhost.LogInfo})
 	test(t, srv, "log-error")
 	var found bool
 	for _, e := range h.Logs() {
-		if e.Message == "an error from the filter" && e.Level == LogError && !e.Host && e.Context != 0 {
+		if e.Message == "an error from the filter" && e.Level == wasmhost.LogError && !e.Host && e.Context != 0 {
 			found = true
 		}
 	}
@@ -485,7 +464,7 @@ func TestGuestLogsAndTicks(t *testing.T) {
 }
 
 func TestGuestTrapRestartsWorker(t *testing.T) {
-	h, srv := newGuestHost(t, Options{Workers: 1})
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 1})
 	// Every request below runs on the only worker; "sleep" makes the Go
 	// runtime call poll_oneoff, which answers ENOSYS as Envoy does.
 	r := test(t, srv, "sleep")
@@ -504,7 +483,7 @@ func TestGuestTrapRestartsWorker(t *testing.T) {
 		t.Errorf("logs lack the poll_oneoff (%v) or restart (%v) line: %v", sawPoll, sawRestart, h.Logs())
 	}
 
-	_, srv2 := newGuestHost(t, Options{Workers: 1, AllowPollOneoff: true})
+	_, srv2 := newGuestHost(t, wasmhost.Options{Workers: 1, AllowPollOneoff: true})
 	if r := test(t, srv2, "sleep"); r.status != 200 {
 		t.Errorf("sleep with AllowPollOneoff: status %d, want 200", r.status)
 	}

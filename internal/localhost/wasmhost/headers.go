@@ -14,14 +14,38 @@ type Header struct {
 	Value string
 }
 
-// headerMap is an ordered multimap of lower-case header names, like Envoy's
-// HeaderMap: pseudo-headers first, repeated names allowed.
-type headerMap struct {
+// HeaderMap is an ordered multimap of lower-case header names, like Envoy's
+// HeaderMap: pseudo-headers first, repeated names allowed. The zero value
+// is an empty map.
+type HeaderMap struct {
 	h []Header
 }
 
+// NewHeaderMap returns a map of hs, lower-casing names.
+func NewHeaderMap(hs []Header) *HeaderMap {
+	m := &HeaderMap{}
+	m.set(hs)
+	return m
+}
+
+// Headers returns the headers in order (the map's own storage).
+func (m *HeaderMap) Headers() []Header { return m.h }
+
+// Get returns the first value of name.
+func (m *HeaderMap) Get(name string) (string, bool) { return m.get(name) }
+
+// Add appends a header, keeping any existing values of the same name.
+func (m *HeaderMap) Add(name, value string) { m.add(name, value) }
+
+// Replace sets the first value of name and drops the others, or appends
+// the header if it is absent.
+func (m *HeaderMap) Replace(name, value string) { m.replace(name, value) }
+
+// Remove drops every value of name.
+func (m *HeaderMap) Remove(name string) { m.remove(name) }
+
 // get returns the first value of name, as Envoy's getHeaderMapValue does.
-func (m *headerMap) get(name string) (string, bool) {
+func (m *HeaderMap) get(name string) (string, bool) {
 	name = strings.ToLower(name)
 	for _, h := range m.h {
 		if h.Name == name {
@@ -32,13 +56,13 @@ func (m *headerMap) get(name string) (string, bool) {
 }
 
 // add appends a header, keeping any existing values of the same name.
-func (m *headerMap) add(name, value string) {
+func (m *HeaderMap) add(name, value string) {
 	m.h = append(m.h, Header{Name: strings.ToLower(name), Value: value})
 }
 
 // replace sets the first value of name in place and drops the others, or
 // appends the header if it is absent (Envoy's setCopy).
-func (m *headerMap) replace(name, value string) {
+func (m *HeaderMap) replace(name, value string) {
 	name = strings.ToLower(name)
 	out := m.h[:0]
 	done := false
@@ -59,7 +83,7 @@ func (m *headerMap) replace(name, value string) {
 }
 
 // remove drops every value of name.
-func (m *headerMap) remove(name string) {
+func (m *HeaderMap) remove(name string) {
 	name = strings.ToLower(name)
 	out := m.h[:0]
 	for _, h := range m.h {
@@ -71,7 +95,7 @@ func (m *headerMap) remove(name string) {
 }
 
 // set replaces the whole map, lower-casing names.
-func (m *headerMap) set(hs []Header) {
+func (m *HeaderMap) set(hs []Header) {
 	m.h = m.h[:0]
 	for _, h := range hs {
 		m.add(h.Name, h.Value)

@@ -104,19 +104,19 @@ func TestHeaderMap(t *testing.T) {
 	start := []Header{{":path", "/"}, {"x-a", "1"}, {"x-b", "2"}, {"x-a", "3"}}
 	tests := []struct {
 		name     string
-		edit     func(m *headerMap)
+		edit     func(m *HeaderMap)
 		expected string
 	}{
-		{"add keeps existing", func(m *headerMap) { m.add("X-A", "4") }, ":path=/ x-a=1 x-b=2 x-a=3 x-a=4"},
-		{"replace sets first, drops others", func(m *headerMap) { m.replace("X-A", "9") }, ":path=/ x-a=9 x-b=2"},
-		{"replace absent appends", func(m *headerMap) { m.replace("x-c", "5") }, ":path=/ x-a=1 x-b=2 x-a=3 x-c=5"},
-		{"remove all values", func(m *headerMap) { m.remove("X-a") }, ":path=/ x-b=2"},
-		{"remove absent", func(m *headerMap) { m.remove("nope") }, ":path=/ x-a=1 x-b=2 x-a=3"},
-		{"set lower-cases", func(m *headerMap) { m.set([]Header{{"Content-Type", "a/b"}}) }, "content-type=a/b"},
+		{"add keeps existing", func(m *HeaderMap) { m.add("X-A", "4") }, ":path=/ x-a=1 x-b=2 x-a=3 x-a=4"},
+		{"replace sets first, drops others", func(m *HeaderMap) { m.replace("X-A", "9") }, ":path=/ x-a=9 x-b=2"},
+		{"replace absent appends", func(m *HeaderMap) { m.replace("x-c", "5") }, ":path=/ x-a=1 x-b=2 x-a=3 x-c=5"},
+		{"remove all values", func(m *HeaderMap) { m.remove("X-a") }, ":path=/ x-b=2"},
+		{"remove absent", func(m *HeaderMap) { m.remove("nope") }, ":path=/ x-a=1 x-b=2 x-a=3"},
+		{"set lower-cases", func(m *HeaderMap) { m.set([]Header{{"Content-Type", "a/b"}}) }, "content-type=a/b"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &headerMap{h: append([]Header(nil), start...)}
+			m := &HeaderMap{h: append([]Header(nil), start...)}
 			tc.edit(m)
 			var parts []string
 			for _, h := range m.h {
@@ -127,7 +127,7 @@ func TestHeaderMap(t *testing.T) {
 			}
 		})
 	}
-	m := &headerMap{h: start}
+	m := &HeaderMap{h: start}
 	if v, ok := m.get("X-A"); !ok || v != "1" {
 		t.Errorf("get(X-A) = %q, %v; want the first value \"1\", true", v, ok)
 	}

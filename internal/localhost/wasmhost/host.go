@@ -6,18 +6,22 @@
 // compilation cache), instantiates it once per worker, like Envoy's worker
 // threads, and starts each instance in proxy-wasm-cpp-host's order:
 // _initialize, proxy_on_context_create(root, 0), proxy_on_vm_start,
-// proxy_on_configure. It serves HTTP itself (Host implements http.Handler):
-// each request is a stream context on one worker, with the request and
-// response headers, local replies, properties, shared data and metrics
-// behaving as in Envoy. Shared data lives in one SharedData shared by
-// every worker, as Envoy shares one store per vm_id across threads.
+// proxy_on_configure. Each request is a stream context (Stream) on one
+// worker, with the request and response headers, local replies,
+// properties, shared data and metrics behaving as in Envoy. Shared data
+// lives in one SharedData shared by every worker, as Envoy shares one
+// store per vm_id across threads.
 //
-// A test typically does:
+// This package is the proxy-wasm ABI only: it serves no HTTP. The HTTP
+// side, Envoy's connection manager, jwt_authn, the upstream and the
+// admin's Prometheus text, is internal/localhost/proxy, which drives
+// Streams and depends on this package, never the other way. A test
+// typically does:
 //
 //	h, err := wasmhost.New(ctx, wasmhost.Options{Wasm: wasm, PluginConfig: cfg})
 //	if err != nil { ... }
 //	defer h.Close(ctx)
-//	srv := httptest.NewServer(h)
+//	srv := httptest.NewServer(proxy.New(h, proxy.Options{}))
 //	defer srv.Close()
 //	resp, err := http.Get(srv.URL + "/")
 package wasmhost
@@ -27,7 +31,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"runtime"
 	"strings"
@@ -72,16 +75,6 @@ type Options struct {
 	// NULL value pointer deletes the key, source.address has no port and
 	// integer properties are decimal strings.
 	Kong bool
-	// Manager is what Envoy's HTTP connection manager does to requests
-	// before the filters see them (path normalisation, the client
-	// address, x-forwarded-for, the header size bound); nil serves them
-	// as they arrive with the TCP peer as source.address. Outside Kong
-	// mode the repeated lines of Envoy's inline headers are merged in
-	// any case, as Envoy's header map does.
-	Manager *Manager
-	// JWTAuthn, if set, is Envoy's jwt_authn filter in front of the module.
-	JWTAuthn *JWTAuthn
-
 	// Walltime and Nanotime are the guest's WASI clocks (wazero's
 	// WithWalltime and WithNanotime). Nil means the real clock. Use a
 	// FakeClock to move time in tests without sleeping.
@@ -104,21 +97,6 @@ type Options struct {
 	// reach, by Envoy cluster name (e.g. the STATIC clusters of envoy.yaml).
 	// A call to another name fails as in Envoy.
 	Clusters map[string]Cluster
-	// PauseTimeout bounds how long a request paused by the filter waits
-	// for proxy_continue_stream or a local reply before the host answers
-	// 504, like a stream timeout. Zero means 60 s.
-	PauseTimeout time.Duration
-
-	// Upstream answers the requests the filter lets through. Nil means
-	// EchoHandler(). Use ProxyTo to forward to a URL.
-	Upstream http.Handler
-	// StreamResponses passes the upstream's response to the client as it
-	// arrives, one proxy_on_response_body per piece the upstream writes,
-	// and ends the stream without end_of_stream when the client leaves or
-	// the upstream aborts (stream.go). By default the response is
-	// buffered and the filter sees the whole body in one callback.
-	StreamResponses bool
-
 	// AllowPollOneoff gives the guest wazero's working WASI poll_oneoff.
 	// By default the host answers ENOSYS, as Envoy 1.33–1.38 does, so a
 	// guest whose Go runtime needs timers fails here as it would in Envoy
@@ -166,12 +144,10 @@ func (e LogEntry) String() string {
 	return "[" + e.Level.String() + "] " + e.Message
 }
 
-// Host runs one plugin in N worker VMs and serves HTTP through it. It is
-// safe for concurrent use.
+// Host runs one plugin in N worker VMs. It is safe for concurrent use.
 type Host struct {
-	opts     Options
-	store    SharedData
-	upstream http.Handler
+	opts  Options
+	store SharedData
 
 	rt       wazero.Runtime
 	compiled wazero.CompiledModule
@@ -223,7 +199,6 @@ func New(ctx context.Context, opts Options) (*Host, error) {
 	h := &Host{
 		opts:      opts,
 		store:     opts.Store,
-		upstream:  opts.Upstream,
 		metrics:   newRegistry(),
 		stopTicks: make(chan struct{}),
 	}
@@ -232,9 +207,6 @@ func New(ctx context.Context, opts Options) (*Host, error) {
 		h.store = NewSharedData(opts.Kong)
 	} else if md, ok := Unwrap(h.store); ok && md.Kong() != opts.Kong {
 		return nil, fmt.Errorf("host: Options.Store has %s semantics but the host runs in %s mode", semName(md.Kong()), semName(opts.Kong))
-	}
-	if h.upstream == nil {
-		h.upstream = EchoHandler()
 	}
 
 	cfg := wazero.NewRuntimeConfig().WithCompilationCache(compilationCache)

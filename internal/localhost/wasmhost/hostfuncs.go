@@ -222,12 +222,12 @@ func (h *Host) setBufferBytes(_ context.Context, w *worker, mem api.Memory, p []
 	return StatusOK
 }
 
-// headerMap returns the map of type t the running callback may use, as
+// HeaderMap returns the map of type t the running callback may use, as
 // Envoy exposes them: request headers during proxy_on_request_headers (and
 // later if it returned Pause), response headers during
 // proxy_on_response_headers, response trailers during
 // proxy_on_response_trailers, all of them during proxy_on_log.
-func (w *worker) headerMap(t MapType) (*headerMap, Status) {
+func (w *worker) headerMap(t MapType) (*HeaderMap, Status) {
 	if t > MapHTTPCallResponseTrailer {
 		return nil, StatusBadArgument
 	}
@@ -318,7 +318,7 @@ func (h *Host) setHeaderMapPairs(_ context.Context, w *worker, mem api.Memory, p
 
 // headerEdit reads a key (and value, when withValue) and applies edit to
 // the map.
-func (h *Host) headerEdit(w *worker, mem api.Memory, p []uint64, withValue bool, edit func(m *headerMap, k, v string)) Status {
+func (h *Host) headerEdit(w *worker, mem api.Memory, p []uint64, withValue bool, edit func(m *HeaderMap, k, v string)) Status {
 	if MapType(uint32(p[0])) > MapHTTPCallResponseTrailer {
 		return StatusBadArgument
 	}
@@ -344,15 +344,15 @@ func (h *Host) headerEdit(w *worker, mem api.Memory, p []uint64, withValue bool,
 }
 
 func (h *Host) addHeaderMapValue(_ context.Context, w *worker, mem api.Memory, p []uint64) Status {
-	return h.headerEdit(w, mem, p, true, (*headerMap).add)
+	return h.headerEdit(w, mem, p, true, (*HeaderMap).add)
 }
 
 func (h *Host) replaceHeaderMapValue(_ context.Context, w *worker, mem api.Memory, p []uint64) Status {
-	return h.headerEdit(w, mem, p, true, (*headerMap).replace)
+	return h.headerEdit(w, mem, p, true, (*HeaderMap).replace)
 }
 
 func (h *Host) removeHeaderMapValue(_ context.Context, w *worker, mem api.Memory, p []uint64) Status {
-	return h.headerEdit(w, mem, p, false, func(m *headerMap, k, _ string) { m.remove(k) })
+	return h.headerEdit(w, mem, p, false, func(m *HeaderMap, k, _ string) { m.remove(k) })
 }
 
 func (h *Host) sendLocalResponse(_ context.Context, w *worker, mem api.Memory, p []uint64) Status {
@@ -376,12 +376,12 @@ func (h *Host) sendLocalResponse(_ context.Context, w *worker, mem api.Memory, p
 		h.hostLog(w, LogError, "proxy_send_local_response: "+err.Error()+"; sending no extra headers as Envoy does")
 		hs = nil
 	}
-	s.local = &localReply{
-		status:     uint32(p[0]),
-		details:    details,
-		body:       body,
-		headers:    hs,
-		grpcStatus: int32(uint32(p[7])),
+	s.local = &LocalReply{
+		Status:     uint32(p[0]),
+		Details:    details,
+		Body:       body,
+		Headers:    hs,
+		GRPCStatus: int32(uint32(p[7])),
 	}
 	s.wakeUp()
 	return StatusOK

@@ -2,6 +2,8 @@ package wasmhost
 
 import (
 	"encoding/binary"
+	"encoding/json"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -32,7 +34,7 @@ func (w *worker) property(path string) ([]byte, bool) {
 	// source.address (Envoy looks up the first segment as a token).
 	name := strings.ReplaceAll(path, "\x00", ".")
 	if s := w.cur; s != nil && strings.HasPrefix(path, "metadata\x00") {
-		return s.metadataProperty(strings.Split(path, "\x00")[1:])
+		return MetadataProperty(s.metadata, strings.Split(path, "\x00")[1:])
 	}
 	if s := w.cur; s != nil && !strings.Contains(path, ".") {
 		if v, ok := s.builtin(name, h.opts.Kong); ok {
@@ -96,7 +98,7 @@ func (s *stream) builtin(name string, kong bool) ([]byte, bool) {
 		}
 		return num(n)
 	}
-	header := func(m *headerMap, k string) ([]byte, bool) {
+	header := func(m *HeaderMap, k string) ([]byte, bool) {
 		v, ok := m.get(k)
 		if !ok {
 			return nil, false
@@ -142,6 +144,48 @@ func (s *stream) builtin(name string, kong bool) ([]byte, bool) {
 			return nil, false
 		}
 		return num(c)
+	}
+	return nil, false
+}
+
+// MetadataProperty answers a "metadata" property path (the segments after
+// "metadata") from the dynamic metadata md as Envoy's CEL
+// lookup does for a leaf of the dynamic metadata: a string as its bytes, a
+// number as an 8-byte little-endian double, a boolean as one byte.
+// Objects and lists are not answered (Envoy's encoding of them differs
+// between releases).
+func MetadataProperty(md map[string]map[string]any, path []string) ([]byte, bool) {
+	if len(path) < 3 || path[0] != "filter_metadata" {
+		return nil, false
+	}
+	ns, ok := md[path[1]]
+	if !ok {
+		return nil, false
+	}
+	var v any = map[string]any(ns)
+	for _, seg := range path[2:] {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if v, ok = m[seg]; !ok {
+			return nil, false
+		}
+	}
+	switch v := v.(type) {
+	case string:
+		return []byte(v), true
+	case json.Number:
+		f, err := v.Float64()
+		if err != nil {
+			return nil, false
+		}
+		return binary.LittleEndian.AppendUint64(nil, math.Float64bits(f)), true
+	case bool:
+		if v {
+			return []byte{1}, true
+		}
+		return []byte{0}, true
 	}
 	return nil, false
 }

@@ -1,4 +1,4 @@
-package wasmhost
+package wasmhost_test
 
 import (
 	"slices"
@@ -6,13 +6,15 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // TestReconfigure: every worker's root context reads the new plugin
 // configuration through proxy_on_configure; one the guest refuses is
 // reported, naming the workers.
 func TestReconfigure(t *testing.T) {
-	h, srv := newGuestHost(t, Options{Workers: 2, PluginConfig: []byte("cfg-1")})
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 2, PluginConfig: []byte("cfg-1")})
 	if err := h.Reconfigure([]byte("cfg-2")); err != nil {
 		t.Fatal(err)
 	}
@@ -35,17 +37,17 @@ func TestReconfigure(t *testing.T) {
 // and shuts the refused one down.
 func TestReconfigureNewRoot(t *testing.T) {
 	var mu sync.Mutex
-	var calls []Call
-	h, srv := newGuestHost(t, Options{Workers: 1, PluginConfig: []byte("cfg-1"), DisableTicks: true,
-		Observe: func(c Call) {
+	var calls []wasmhost.Call
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 1, PluginConfig: []byte("cfg-1"), DisableTicks: true,
+		Observe: func(c wasmhost.Call) {
 			mu.Lock()
 			calls = append(calls, c)
 			mu.Unlock()
 		}})
-	seen := func(name string, guest bool) []Call {
+	seen := func(name string, guest bool) []wasmhost.Call {
 		mu.Lock()
 		defer mu.Unlock()
-		var out []Call
+		var out []wasmhost.Call
 		for _, c := range calls {
 			if c.Name == name && c.Guest == guest {
 				out = append(out, c)

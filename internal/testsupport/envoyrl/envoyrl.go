@@ -71,7 +71,7 @@ type Options struct {
 	Redis   string
 	Cluster bool
 	// Config is the YAML of one domain (`domain: ...` and `descriptors:`),
-	// written to the runtime directory as config/tokengate.yaml.
+	// written to the runtime directory as $RUNTIME_ROOT/ratelimit/config/tokengate.yaml.
 	Config string
 	// Files are more files of that directory (config/<name>), by name.
 	Files map[string]string

@@ -1,4 +1,4 @@
-package wasmhost
+package proxy
 
 import (
 	"io"
@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // TestResponseTrailers: an upstream that ends its response with trailers
@@ -56,7 +58,7 @@ func TestResponseTrailers(t *testing.T) {
 				{"none", `{"usage":42}`, false},
 			} {
 				t.Run(upName+"/stream="+strconv.FormatBool(stream)+"/"+tc.query, func(t *testing.T) {
-					h, srv := newGuestHost(t, Options{Workers: 1, Upstream: up, StreamResponses: stream})
+					h, srv := newGuestHost(t, wasmhost.Options{Workers: 1}, Options{Upstream: up, StreamResponses: stream})
 					resp, err := srv.Client().Get(srv.URL + "/?t=" + tc.query)
 					if err != nil {
 						t.Fatal(err)

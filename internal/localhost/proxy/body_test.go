@@ -1,4 +1,4 @@
-package wasmhost
+package proxy
 
 import (
 	"io"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // TestRequestBodyAfterContinue: a request paused in
@@ -16,12 +18,12 @@ import (
 // headers callback was told a body follows.
 func TestRequestBodyAfterContinue(t *testing.T) {
 	var mu sync.Mutex
-	var calls []Call
-	h, srv := newGuestHost(t, Options{Workers: 1, DisableTicks: true, Observe: func(c Call) {
+	var calls []wasmhost.Call
+	h, srv := newGuestHost(t, wasmhost.Options{Workers: 1, DisableTicks: true, Observe: func(c wasmhost.Call) {
 		mu.Lock()
 		calls = append(calls, c)
 		mu.Unlock()
-	}})
+	}}, Options{})
 	pr, pw := io.Pipe()
 	req, err := http.NewRequest(http.MethodPost, srv.URL+"/", pr)
 	if err != nil {
@@ -73,7 +75,7 @@ func TestRequestBodyAfterContinue(t *testing.T) {
 // TestRequestBodyTooLarge: a body over the host's bound, read once the
 // filter lets the request go on, becomes a 413 the response callbacks see.
 func TestRequestBodyTooLarge(t *testing.T) {
-	_, srv := newGuestHost(t, Options{Workers: 1})
+	_, srv := newGuestHost(t, wasmhost.Options{Workers: 1}, Options{})
 	r := do(t, srv, "POST", "/", map[string]string{"x-test": "none"}, strings.Repeat("x", maxRequestBody+1))
 	if r.status != http.StatusRequestEntityTooLarge || r.header.Get("X-Status-Seen") != "413" {
 		t.Errorf("got %d, x-status-seen %q; want 413 through the response callbacks", r.status, r.header.Get("X-Status-Seen"))

@@ -1,4 +1,4 @@
-package wasmhost
+package proxy
 
 import (
 	"crypto"
@@ -14,6 +14,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // TestJWTAuthn checks the host's jwt_authn model: signatures (RS256 and
@@ -68,10 +70,10 @@ func TestJWTAuthn(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &stream{}
-			s.req.add(":path", tc.path)
+			s := &request{}
+			s.req.Add(":path", tc.path)
 			if tc.token != "" {
-				s.req.add("authorization", "Bearer "+tc.token)
+				s.req.Add("authorization", "Bearer "+tc.token)
 			}
 			status, _ := j.authenticate(s, now)
 			if status != tc.status {
@@ -80,20 +82,20 @@ func TestJWTAuthn(t *testing.T) {
 			if tc.status != 0 || tc.token == "" {
 				return
 			}
-			if _, ok := s.req.get("authorization"); ok {
+			if _, ok := s.req.Get("authorization"); ok {
 				t.Error("the token was forwarded without forward: true")
 			}
-			if v, ok := s.metadataProperty([]string{"filter_metadata", "envoy.filters.http.jwt_authn", "pl", "sub"}); !ok || string(v) != "s" {
+			if v, ok := wasmhost.MetadataProperty(s.metadata, []string{"filter_metadata", "envoy.filters.http.jwt_authn", "pl", "sub"}); !ok || string(v) != "s" {
 				t.Errorf("sub = %q %v", v, ok)
 			}
-			if v, ok := s.metadataProperty([]string{"filter_metadata", "envoy.filters.http.jwt_authn", "pl", "n"}); !ok ||
+			if v, ok := wasmhost.MetadataProperty(s.metadata, []string{"filter_metadata", "envoy.filters.http.jwt_authn", "pl", "n"}); !ok ||
 				math.Float64frombits(binary.LittleEndian.Uint64(v)) != 42 {
 				t.Errorf("n = %x %v, want the double 42", v, ok)
 			}
-			if v, ok := s.metadataProperty([]string{"filter_metadata", "envoy.filters.http.jwt_authn", "pl", "ok"}); !ok || len(v) != 1 || v[0] != 1 {
+			if v, ok := wasmhost.MetadataProperty(s.metadata, []string{"filter_metadata", "envoy.filters.http.jwt_authn", "pl", "ok"}); !ok || len(v) != 1 || v[0] != 1 {
 				t.Errorf("ok = %x %v", v, ok)
 			}
-			if _, ok := s.metadataProperty([]string{"filter_metadata", "envoy.filters.http.jwt_authn", "pl", "aud"}); ok {
+			if _, ok := wasmhost.MetadataProperty(s.metadata, []string{"filter_metadata", "envoy.filters.http.jwt_authn", "pl", "aud"}); ok {
 				t.Error("a list was answered")
 			}
 		})

@@ -1,4 +1,4 @@
-package wasmhost
+package proxy
 
 import (
 	"bytes"
@@ -8,11 +8,9 @@ import (
 	"crypto/rsa"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"math/big"
 	"net/http"
 	"strings"
@@ -103,8 +101,8 @@ func ParseJWKS(data []byte) ([]JWK, error) {
 
 // authenticate applies the filter to a stream. It returns 0, or 401 with
 // the body Envoy sends, when the request is refused.
-func (j *JWTAuthn) authenticate(s *stream, now time.Time) (int, string) {
-	path, _ := s.req.get(":path")
+func (j *JWTAuthn) authenticate(s *request, now time.Time) (int, string) {
+	path, _ := s.req.Get(":path")
 	var rule *JWTRule
 	for i := range j.Rules {
 		if strings.HasPrefix(path, j.Rules[i].Prefix) {
@@ -115,7 +113,7 @@ func (j *JWTAuthn) authenticate(s *stream, now time.Time) (int, string) {
 	if rule == nil {
 		return 0, ""
 	}
-	auth, ok := s.req.get("authorization")
+	auth, ok := s.req.Get("authorization")
 	tok, hasBearer := strings.CutPrefix(auth, "Bearer ")
 	if !ok || !hasBearer || strings.TrimSpace(tok) == "" {
 		if rule.AllowMissing {
@@ -145,7 +143,7 @@ func (j *JWTAuthn) authenticate(s *stream, now time.Time) (int, string) {
 			ns[p.PayloadInMetadata] = payload
 		}
 		if !p.Forward {
-			s.req.remove("authorization")
+			s.req.Remove("authorization")
 		}
 		return 0, ""
 	}
@@ -244,45 +242,4 @@ func audienceOK(aud any, want []string) bool {
 		}
 	}
 	return false
-}
-
-// metadataProperty answers a "metadata" property path as Envoy's CEL
-// lookup does for a leaf of the dynamic metadata: a string as its bytes, a
-// number as an 8-byte little-endian double, a boolean as one byte.
-// Objects and lists are not answered (Envoy's encoding of them differs
-// between releases).
-func (s *stream) metadataProperty(path []string) ([]byte, bool) {
-	if len(path) < 3 || path[0] != "filter_metadata" {
-		return nil, false
-	}
-	ns, ok := s.metadata[path[1]]
-	if !ok {
-		return nil, false
-	}
-	var v any = map[string]any(ns)
-	for _, seg := range path[2:] {
-		m, ok := v.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if v, ok = m[seg]; !ok {
-			return nil, false
-		}
-	}
-	switch v := v.(type) {
-	case string:
-		return []byte(v), true
-	case json.Number:
-		f, err := v.Float64()
-		if err != nil {
-			return nil, false
-		}
-		return binary.LittleEndian.AppendUint64(nil, math.Float64bits(f)), true
-	case bool:
-		if v {
-			return []byte{1}, true
-		}
-		return []byte{0}, true
-	}
-	return nil, false
 }

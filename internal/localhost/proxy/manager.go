@@ -1,10 +1,12 @@
-package wasmhost
+package proxy
 
 import (
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // Manager is what Envoy's HTTP connection manager does to a request before
@@ -102,10 +104,10 @@ var inlineRequestHeaders = map[string]bool{
 
 // mergeInline joins the repeated lines of inline headers, as Envoy's header
 // map does when the codec adds them.
-func mergeInline(m *headerMap) {
-	out := m.h[:0]
+func mergeInline(hs []wasmhost.Header) []wasmhost.Header {
+	out := hs[:0]
 	first := map[string]int{}
-	for _, h := range m.h {
+	for _, h := range hs {
 		if inlineRequestHeaders[h.Name] {
 			if i, ok := first[h.Name]; ok {
 				out[i].Value += "," + h.Value
@@ -115,7 +117,7 @@ func mergeInline(m *headerMap) {
 		}
 		out = append(out, h)
 	}
-	m.h = out
+	return out
 }
 
 // headersSize is the size Envoy's codec compares with
@@ -133,8 +135,8 @@ func headersSize(r *http.Request) int {
 // apply runs the manager over a new stream. It returns a status other than
 // 0 when Envoy would answer itself (400, 307 with location); the header
 // limits (431) are codecReply's.
-func (m *Manager) apply(s *stream, r *http.Request) (status int, location string) {
-	path, _ := s.req.get(":path")
+func (m *Manager) apply(s *request, r *http.Request) (status int, location string) {
+	path, _ := s.req.Get(":path")
 	p, q, hasQuery := strings.Cut(path, "?")
 	action := m.EscapedSlashes
 	redirect := false
@@ -164,7 +166,7 @@ func (m *Manager) apply(s *stream, r *http.Request) (status int, location string
 	if redirect {
 		return http.StatusTemporaryRedirect, p
 	}
-	s.req.replace(":path", p)
+	s.req.Replace(":path", p)
 
 	m.clientAddress(s)
 	return 0, ""
@@ -172,8 +174,8 @@ func (m *Manager) apply(s *stream, r *http.Request) (status int, location string
 
 // clientAddress sets source.address and x-forwarded-for as the connection
 // manager does.
-func (m *Manager) clientAddress(s *stream) {
-	xff, _ := s.req.get("x-forwarded-for")
+func (m *Manager) clientAddress(s *request) {
+	xff, _ := s.req.Get("x-forwarded-for")
 	var final string
 	if m.UseRemoteAddress {
 		if m.XFFNumTrustedHops > 0 {
@@ -188,7 +190,7 @@ func (m *Manager) clientAddress(s *stream) {
 			if xff != "" {
 				appended = xff + "," + appended
 			}
-			s.req.replace("x-forwarded-for", appended)
+			s.req.Replace("x-forwarded-for", appended)
 		}
 	} else {
 		final = xffFromRight(xff, m.XFFNumTrustedHops)

@@ -1,10 +1,12 @@
-package wasmhost
+package proxy
 
 import (
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 func TestNormalizePath(t *testing.T) {
@@ -86,7 +88,7 @@ func TestManager(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, srv := newGuestHost(t, Options{Workers: 1, Manager: tc.m, Kong: tc.kong})
+			_, srv := newGuestHost(t, wasmhost.Options{Workers: 1, Kong: tc.kong}, Options{Manager: tc.m})
 			req, err := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
 			if err != nil {
 				t.Fatal(err)

@@ -1,4 +1,4 @@
-package wasmhost
+package proxy
 
 import (
 	"bufio"
@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tokengate/tokengate/internal/localhost/wasmhost"
 )
 
 // rawStatus sends req, written as is, to srv and returns the status code
@@ -51,7 +53,7 @@ func TestEnvoyCodecLimits(t *testing.T) {
 		return b.String()
 	}
 	for _, m := range []*Manager{nil, {MaxHeadersKB: 60, MaxHeadersCount: 100}} {
-		_, srv := newGuestHost(t, Options{Workers: 1, Manager: m})
+		_, srv := newGuestHost(t, wasmhost.Options{Workers: 1}, Options{Manager: m})
 		for _, tc := range []struct {
 			name, req string
 			want      int
@@ -73,7 +75,7 @@ func TestEnvoyCodecLimits(t *testing.T) {
 			continue
 		}
 		// A bootstrap's own limits.
-		_, small := newGuestHost(t, Options{Workers: 1, Manager: &Manager{MaxHeadersCount: 10}})
+		_, small := newGuestHost(t, wasmhost.Options{Workers: 1}, Options{Manager: &Manager{MaxHeadersCount: 10}})
 		if got := rawStatus(t, small, "GET / HTTP/1.1\r\nHost: a\r\n"+headers(10, 1)+"\r\n"); got != 431 {
 			t.Errorf("max_headers_count 10, 11 lines: got %d, want 431", got)
 		}
@@ -103,7 +105,7 @@ func TestProxyKeepsEncoding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, srv := newGuestHost(t, Options{Workers: 1, Upstream: ProxyTo(u)})
+	_, srv := newGuestHost(t, wasmhost.Options{Workers: 1}, Options{Upstream: ProxyTo(u)})
 	// The test's own client must not ask for gzip either.
 	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
 	for _, ae := range []string{"", "gzip"} {

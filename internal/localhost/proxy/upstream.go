@@ -1,4 +1,4 @@
-package wasmhost
+package proxy
 
 import (
 	"encoding/json"
