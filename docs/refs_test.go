@@ -48,15 +48,18 @@ var fileExts = map[string]bool{".golden": true, ".go": true, ".md": true, ".lua"
 var externalRefs = map[string]string{
 	"envoy/service/ratelimit/v3/rls.proto":                 `Envoy|envoyproxy|go-control-plane`,
 	"envoy/extensions/common/ratelimit/v3/ratelimit.proto": `Envoy|envoyproxy|go-control-plane`,
-	"rlqs.proto":                         `Envoy`,
-	"rls_vtproto.pb.go":                  `go-control-plane`,
-	"server_impl.go":                     `envoyproxy/ratelimit`,
-	"src/config/config_impl.go":          `envoyproxy/ratelimit`,
-	"proxywasm/proxytest/wasmwrapper.go": `proxy-wasm-go-sdk`,
-	"internal/sync":                      `net/netip`,
-	"deploy/envoy-gateway":               `kubectl`,
-	"deploy/envoy-ratelimit":             `kubectl`,
-	"deploy/tokengate-rls":               `kubectl`,
+	"rlqs.proto":                `Envoy`,
+	"rls_vtproto.pb.go":         `go-control-plane`,
+	"server_impl.go":            `envoyproxy/ratelimit`,
+	"src/config/config_impl.go": `envoyproxy/ratelimit`,
+	"test/integration/runtime/current/ratelimit/config/share_threshold.yaml": `envoyproxy/ratelimit`,
+	"test/config/duplicate_key.yaml":                                         `envoyproxy/ratelimit`,
+	"test/config/share_threshold.yaml":                                       `envoyproxy/ratelimit`,
+	"proxywasm/proxytest/wasmwrapper.go":                                     `proxy-wasm-go-sdk`,
+	"internal/sync":                                                          `net/netip`,
+	"deploy/envoy-gateway":                                                   `kubectl`,
+	"deploy/envoy-ratelimit":                                                 `kubectl`,
+	"deploy/tokengate-rls":                                                   `kubectl`,
 }
 
 // pendingOtherRooms are references known to dangle in files that other
