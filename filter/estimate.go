@@ -74,9 +74,7 @@ func (s *Stream) OnRequestBody(size int, endOfStream bool) (act Action) {
 	}
 	switch {
 	case size > MaxEstimateBody:
-		st.estimating = false // pre_charge stands
-		s.countWaiting(true)
-		return Continue
+		st.bodySize = 0 // not read: pre_charge stands (the ceiling if encoded)
 	case !endOfStream:
 		return Pause
 	}
@@ -102,14 +100,17 @@ func (s *Stream) reserveEstimate() Action {
 		if !c.estimate {
 			continue
 		}
+		c.estimate = false
 		e, ok := c.estimated()
 		if st.encoded {
 			e, ok = math.Inf(1), true // unreadable: the ceiling
 		}
 		if !ok || min(e, c.r.Limit.Burst) <= c.pre {
-			continue // counted by countWaiting
+			// Nothing more to take: admitted (counted by observe, reject,
+			// undecided or below for the others).
+			c.r.metrics.allowed.inc(p.host, 1)
+			continue
 		}
-		c.estimate = false // counted by observe, or below
 		g := enforce
 		if c.r.Shadow {
 			g = shadow
@@ -128,7 +129,6 @@ func (s *Stream) reserveEstimate() Action {
 		s.raise(shadow)
 	}
 	if len(enforce.reqs) == 0 {
-		s.countWaiting(true)
 		return Continue
 	}
 	req := p.newRequest()
@@ -139,15 +139,12 @@ func (s *Stream) reserveEstimate() Action {
 		if act != Continue {
 			s.refundCharges()
 		}
-		s.countWaiting(act == Continue)
 		return act
 	case !out.Allowed:
 		s.refundCharges()
-		s.countWaiting(false)
 		return s.reject(&req, enforce)
 	}
 	s.raise(enforce)
-	s.countWaiting(true)
 	for i, r := range enforce.rules {
 		r.metrics.allowed.inc(p.host, 1)
 		for k := range s.quotas {
@@ -157,22 +154,6 @@ func (s *Stream) reserveEstimate() Action {
 		}
 	}
 	return Continue
-}
-
-// countWaiting counts allowed, once, for the charges still awaiting their
-// estimate whose buckets had nothing more to take (an estimate no larger
-// than what the headers took, or none): shadow ones always, enforced ones
-// when the request goes on. The others were counted where their estimate
-// was taken (observe, reject, undecided, or reserveEstimate on success).
-func (s *Stream) countWaiting(goesOn bool) {
-	for i := range s.settle.charges {
-		if c := &s.settle.charges[i]; c.estimate {
-			c.estimate = false
-			if goesOn || c.r.Shadow {
-				c.r.metrics.allowed.inc(s.p.host, 1)
-			}
-		}
-	}
 }
 
 // deferCount reports whether r, admitted at the headers of a request

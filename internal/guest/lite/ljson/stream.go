@@ -408,19 +408,27 @@ func (s *PointerScanner) keep(c byte) {
 	}
 }
 
-// number parses the captured text: a non-negative finite number.
-func (s *PointerScanner) number(text []byte) (float64, bool) {
-	v, err := strconv.ParseFloat(string(text), 64)
-	return v, err == nil && v >= 0 && !math.IsInf(v, 0)
+// take ends the value captured at the pointer, if any: a non-negative
+// finite number is found; a string is quoted if it holds one, and
+// unreadable if not.
+func (s *PointerScanner) take(quoted bool) {
+	if !s.capture {
+		return
+	}
+	s.capture = false
+	v, err := strconv.ParseFloat(string(s.num[:s.numLen]), 64)
+	ok := err == nil && v >= 0 && !math.IsInf(v, 0)
+	switch {
+	case quoted:
+		s.quoted, s.str = ok, v
+		s.unreadable = s.unreadable || !ok
+	case ok:
+		s.found, s.value = true, v
+	}
 }
 
 func (s *PointerScanner) endNumber() {
-	if s.capture {
-		if v, ok := s.number(s.num[:s.numLen]); ok {
-			s.found, s.value = true, v
-		}
-		s.capture = false
-	}
+	s.take(false)
 	s.endValue()
 }
 
@@ -521,12 +529,7 @@ func (s *PointerScanner) endString() {
 		s.state = psColon
 		return
 	}
-	if s.capture {
-		v, ok := s.number(s.num[:s.numLen])
-		s.quoted, s.str = ok, v
-		s.unreadable = s.unreadable || !ok
-		s.capture = false
-	}
+	s.take(true)
 	s.endValue()
 }
 
