@@ -163,8 +163,8 @@ func (s *PointerScanner) Reset(p Pointer) {
 func (s *PointerScanner) Found() (float64, bool) { return s.value, s.found }
 
 // Quoted returns the number held by the last string found at the pointer
-// so far ("500", "5e2"; nothing else in the string), if any: Found ignores it, lax
-// readers (pydantic, for one) read it as a number.
+// so far ("500", "5e2"; nothing else in the string), if any: Found
+// ignores it, lax readers (pydantic, for one) read it as a number.
 func (s *PointerScanner) Quoted() (float64, bool) { return s.str, s.quoted }
 
 // Unreadable reports whether the document holds what a lax reader may
