@@ -69,3 +69,31 @@ func TestPointerScannerLax(t *testing.T) {
 		})
 	}
 }
+
+// FuzzPointerScannerLax: what Quoted and Unreadable report does not depend
+// on where the document was split, byte order marks and UTF-16 included.
+func FuzzPointerScannerLax(f *testing.F) {
+	f.Add([]byte("\xef\xbb\xbf{\"n\":\"500\"}"), uint(2))
+	f.Add([]byte("\xff\xfe{\x00\"\x00"), uint(1))
+	f.Add([]byte(`{"n":NaN,"n":-Infinity,"n":"5e2"}`), uint(9))
+	f.Add([]byte(`{"n":"`+strings.Repeat("9", 41)+`"}`), uint(20))
+	p, _ := ParsePointer("/n")
+	scan := func(parts ...[]byte) (float64, bool, bool) {
+		var s PointerScanner
+		s.Reset(p)
+		for _, b := range parts {
+			s.Write(b)
+		}
+		s.End()
+		q, ok := s.Quoted()
+		return q, ok, s.Unreadable()
+	}
+	f.Fuzz(func(t *testing.T, doc []byte, cut uint) {
+		c := int(cut % uint(len(doc)+1))
+		q1, ok1, u1 := scan(doc)
+		q2, ok2, u2 := scan(doc[:c], doc[c:])
+		if ok1 != ok2 || (ok1 && q1 != q2) || u1 != u2 {
+			t.Fatalf("%q: whole %v %v %v, split at %d %v %v %v", doc, q1, ok1, u1, c, q2, ok2, u2)
+		}
+	})
+}
