@@ -25,10 +25,22 @@ import (
 // headers is given back. So the reservations admitted never exceed what
 // the bucket holds, as with an estimate in a header.
 //
-// A body that is not JSON, lacks every pointer or states no valid number
-// keeps pre_charge; so does a body larger than MaxEstimateBody, which is
-// let go as soon as the host has buffered more than that, so the host never
-// holds more of it for this filter.
+// The scanner reads what lax JSON readers (Python's json, pydantic) read:
+// a number held in a string ("500"), a leading UTF-8 byte order mark, NaN
+// and Infinity elsewhere in the body. What they may read and it cannot
+// reserves the rule's ceiling, its burst (an estimate is capped there): a
+// body in UTF-16 or UTF-32, one sent with a Content-Encoding other than
+// identity (gzip, br, deflate), nesting deeper than 512 levels, or at a
+// pointer a number longer than 40 bytes or a string that holds no number
+// (ljson.PointerScanner.Unreadable). A body that is not JSON otherwise,
+// lacks every pointer or states no valid number keeps pre_charge; so does
+// a body larger than MaxEstimateBody, which is let go as soon as the host
+// has buffered more than that, so the host never holds more of it for
+// this filter.
+//
+// The rules awaiting their estimate count the request (allowed, rejected,
+// shadow_rejected, fail_open, store_denied) once, when the body has been
+// read, not when the headers took pre_charge (deferCount).
 //
 // The headers were passed on when proxy_on_request_headers returned, as
 // Envoy requires for the body to reach the filter at all (a Pause there
@@ -62,8 +74,7 @@ func (s *Stream) OnRequestBody(size int, endOfStream bool) (act Action) {
 	}
 	switch {
 	case size > MaxEstimateBody:
-		st.estimating = false // pre_charge stands
-		return Continue
+		st.bodySize = 0 // not read: pre_charge stands (the ceiling if encoded)
 	case !endOfStream:
 		return Pause
 	}
@@ -78,7 +89,9 @@ func (s *Stream) reserveEstimate() Action {
 	st := s.settle
 	st.estimating = false
 	p.buf.nowSet = false
-	s.readEstimates(st)
+	if !st.encoded {
+		s.readEstimates(st)
+	}
 	enforce, shadow := &p.est, &p.estShadow
 	enforce.reset()
 	shadow.reset()
@@ -89,7 +102,13 @@ func (s *Stream) reserveEstimate() Action {
 		}
 		c.estimate = false
 		e, ok := c.estimated()
-		if !ok || e <= c.pre {
+		if st.encoded {
+			e, ok = math.Inf(1), true // unreadable: the ceiling
+		}
+		if !ok || min(e, c.r.Limit.Burst) <= c.pre {
+			// Nothing more to take: admitted (counted by observe, reject,
+			// undecided or below for the others).
+			c.r.metrics.allowed.inc(p.host, 1)
 			continue
 		}
 		g := enforce
@@ -106,7 +125,7 @@ func (s *Stream) reserveEstimate() Action {
 		g.vals = append(g.vals, [2]int{i, i}) // the charge's index
 	}
 	now := p.time()
-	if len(shadow.reqs) > 0 && p.observe(shadow, now) {
+	if len(shadow.reqs) > 0 && p.observe(shadow, now, false) {
 		s.raise(shadow)
 	}
 	if len(enforce.reqs) == 0 {
@@ -127,6 +146,7 @@ func (s *Stream) reserveEstimate() Action {
 	}
 	s.raise(enforce)
 	for i, r := range enforce.rules {
+		r.metrics.allowed.inc(p.host, 1)
 		for k := range s.quotas {
 			if s.quotas[k].Plan == &r.plan {
 				s.quotas[k] = quotaOf(r, enforce.res[i])
@@ -134,6 +154,19 @@ func (s *Stream) reserveEstimate() Action {
 		}
 	}
 	return Continue
+}
+
+// deferCount reports whether r, admitted at the headers of a request
+// whose body follows, is counted when the body has been read
+// (reserveEstimate) rather than then.
+func (s *Stream) deferCount(r *rule) bool { return s.hasBody && awaitsEstimate(r) }
+
+// requestEncoded reports whether the request's body is sent with a
+// Content-Encoding other than identity, which the estimate scanner cannot
+// read. The host gives request headers only in proxy_on_request_headers.
+func requestEncoded(h Host) bool {
+	enc, _ := h.RequestHeader("content-encoding")
+	return enc != "" && enc != "identity"
 }
 
 // raise records, for the charges of g (located by g.vals), that admission
@@ -186,13 +219,23 @@ func (s *Stream) readEstimates(st *settleState) {
 }
 
 // estimated is the estimate c's scanners found: the sum of the numbers at
-// its pointers, if any was found and all found are non-negative and finite
-// and the sum is a valid cost.
+// its pointers (a number, or a string holding one: the larger if the
+// pointer has both), if any was found and all found are non-negative and
+// finite and the sum is a valid cost; +Inf (the ceiling) when a scanner
+// found the body unreadable.
 func (c *charge) estimated() (float64, bool) {
 	sum, any := 0.0, false
 	for k := range c.scans {
-		c.scans[k].End()
-		v, ok := c.scans[k].Found()
+		sc := &c.scans[k]
+		sc.End()
+		if sc.Unreadable() {
+			c.scans = c.scans[:0]
+			return math.Inf(1), true
+		}
+		v, ok := sc.Found()
+		if q, qok := sc.Quoted(); qok && (!ok || q > v) {
+			v, ok = q, true
+		}
 		if !ok {
 			continue
 		}

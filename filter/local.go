@@ -50,8 +50,10 @@ func (p *Plugin) take(g *group, now float64) (out sharedstate.Outcome, wait floa
 
 // observe runs the shadow buckets g: what enforcing them would have done is
 // counted and logged, and the request is never touched. It reports whether
-// the shadow buckets took their cost (they would have admitted it).
-func (p *Plugin) observe(g *group, now float64) bool {
+// the shadow buckets took their cost (they would have admitted it). With
+// body, the request's body follows: a rule awaiting its estimate from it
+// is counted allowed when it has been read (estimate.go).
+func (p *Plugin) observe(g *group, now float64, body bool) bool {
 	out, _, _ := p.take(g, now)
 	switch {
 	case out.Err != nil:
@@ -61,7 +63,9 @@ func (p *Plugin) observe(g *group, now float64) bool {
 		p.failures(g, now, "shadow_fail_open", out.Err)
 	case out.Allowed:
 		for _, r := range g.rules {
-			r.metrics.allowed.inc(p.host, 1)
+			if !body || !awaitsEstimate(r) {
+				r.metrics.allowed.inc(p.host, 1)
+			}
 		}
 		return true
 	default:
@@ -100,7 +104,9 @@ func (s *Stream) decide(st *reqState) Action {
 	s.quotas, s.best = s.quotas[:0], 0
 	settles := false
 	for i, r := range g.rules {
-		r.metrics.allowed.inc(p.host, 1)
+		if !s.deferCount(r) {
+			r.metrics.allowed.inc(p.host, 1)
+		}
 		s.quotas = append(s.quotas, quotaOf(r, g.res[i]))
 		if g.res[i].Tokens < g.res[s.best].Tokens {
 			s.best = i

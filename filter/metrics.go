@@ -9,7 +9,8 @@ package filter
 const (
 	metricPrefix = "tokengate."
 	// CounterAllowed counts requests the rule's bucket admitted (for a shadow
-	// rule: would have admitted).
+	// rule: would have admitted), each once: a rule awaiting its estimate
+	// from the request body counts when the body has been read.
 	CounterAllowed = "allowed"
 	// CounterRejected counts requests rejected because this rule's bucket
 	// lacked tokens, or because they lacked its limit key and the rule

@@ -157,7 +157,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 // answering the request; those that took their cost settle as enforced
 // ones would.
 func (s *Stream) shadowStage(st *reqState) Action {
-	if len(st.shadow.reqs) > 0 && s.p.observe(&st.shadow, st.now) {
+	if len(st.shadow.reqs) > 0 && s.p.observe(&st.shadow, st.now, s.hasBody) {
 		s.trackShadow(&st.shadow)
 	}
 	return Continue

@@ -64,6 +64,9 @@ type settleState struct {
 	// bodySize bytes of which the host has buffered (estimate.go).
 	estimating bool
 	bodySize   int
+	// encoded: the request body has a Content-Encoding the estimate
+	// scanner cannot read (requestEncoded): the estimate is the ceiling.
+	encoded bool
 	// status is the response's :status, 0 before proxy_on_response_headers.
 	status int
 	ended  bool
@@ -118,6 +121,7 @@ func (s *Stream) track(g *group) {
 		est := s.hasBody && awaitsEstimate(r)
 		st.charges = append(st.charges, charge{r: r, req: req, pre: pre, estimate: est})
 		st.estimating = st.estimating || est
+		st.encoded = st.encoded || est && requestEncoded(s.p.host)
 		s.identity(r)
 	}
 }

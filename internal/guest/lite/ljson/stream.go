@@ -103,6 +103,9 @@ const (
 	psFailed            // not JSON, or nested too deep: nothing more is found
 )
 
+// bom is the UTF-8 byte order mark.
+const bom = "\xef\xbb\xbf"
+
 // PointerScanner finds the number at a JSON pointer in a document that
 // arrives in pieces of any size, with memory bounded whatever the
 // document: it never keeps the document, only a bit per nesting level (up
@@ -111,6 +114,11 @@ const (
 // one) is not found; if the pointer appears several times (repeated keys),
 // the last number wins. Keys are compared after unescaping; a key escaped
 // as a UTF-16 surrogate pair never matches.
+//
+// It reads what lax readers such as Python's json read: a leading UTF-8
+// byte order mark is skipped, NaN, Infinity and -Infinity are values, and
+// a string at the pointer holding a number ("500") is reported by Quoted.
+// What they may read and it cannot is reported by Unreadable.
 //
 // The zero value is not usable: call Reset with a pointer first.
 type PointerScanner struct {
@@ -138,9 +146,12 @@ type PointerScanner struct {
 	peekEmptyArray bool
 	num            [maxNumber]byte
 	numLen         int
+	// lead counts the first bytes read (up to 3), bom those of them that
+	// were a UTF-8 byte order mark.
+	lead, bom uint8
 
-	found bool
-	value float64
+	found, quoted, unreadable bool
+	value, str                float64
 }
 
 // Reset starts a new document, looking for p.
@@ -150,6 +161,19 @@ func (s *PointerScanner) Reset(p Pointer) {
 
 // Found returns the number found at the pointer so far, if any.
 func (s *PointerScanner) Found() (float64, bool) { return s.value, s.found }
+
+// Quoted returns the number held by the last string found at the pointer
+// so far ("500", "5e2"; nothing else in the string), if any: Found
+// ignores it, lax readers (pydantic, for one) read it as a number.
+func (s *PointerScanner) Quoted() (float64, bool) { return s.str, s.quoted }
+
+// Unreadable reports whether the document holds what a lax reader may
+// read and this scanner cannot: a document in UTF-16 or UTF-32 (a NUL or a
+// UTF-16 byte order mark among its first bytes, as RFC 8259 section 8.1
+// and Python's json.detect_encoding tell them), nesting deeper than 512
+// levels, or at the pointer a number longer than 40 bytes or a string
+// that holds no non-negative finite number of at most 40 bytes.
+func (s *PointerScanner) Unreadable() bool { return s.unreadable }
 
 // Failed reports whether the scan stopped because the input is not JSON or
 // nests deeper than the scanner follows.
@@ -171,11 +195,14 @@ func (s *PointerScanner) isArray(d int) bool { return s.arrays[(d-1)/64]&(1<<((d
 
 func (s *PointerScanner) fail() { s.state = psFailed }
 
+// unread stops the scan: the document cannot be read (Unreadable).
+func (s *PointerScanner) unread() { s.unreadable, s.state = true, psFailed }
+
 // Write feeds the next piece of the document. It never fails: input that
 // is not JSON stops the scan (see Failed).
 func (s *PointerScanner) Write(b []byte) {
 	for i := 0; i < len(b) && s.state < psDone; i++ {
-		if s.state == psString && s.esc == 0 && !s.cmp {
+		if s.state == psString && s.esc == 0 && !s.cmp && !s.capture {
 			// Most of a large document is string contents that are not
 			// compared: skip them in a tight loop.
 			for i < len(b) && b[i] != '"' && b[i] != '\\' && b[i] >= 0x20 {
@@ -192,27 +219,35 @@ func (s *PointerScanner) Write(b []byte) {
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 func (s *PointerScanner) step(c byte) {
+	if s.lead < 3 {
+		s.lead++
+		switch {
+		case c == 0 || s.lead == 1 && c >= 0xFE:
+			s.unread() // UTF-16 or UTF-32
+			return
+		case s.bom+1 == s.lead && c == bom[s.bom]:
+			s.bom++
+			return
+		}
+	}
 	switch s.state {
 	case psString:
 		s.stringByte(c)
 		return
 	case psNumber:
 		if '0' <= c && c <= '9' || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' {
-			if s.capture {
-				if s.numLen == maxNumber {
-					s.capture = false
-				} else {
-					s.num[s.numLen] = c
-					s.numLen++
-				}
-			}
+			s.keep(c)
+			return
+		}
+		if 'a' <= c|0x20 && c|0x20 <= 'z' {
+			s.state, s.capture = psLiteral, false // -Infinity
 			return
 		}
 		s.endNumber()
 		s.step(c) // the delimiter
 		return
 	case psLiteral:
-		if 'a' <= c && c <= 'z' {
+		if 'a' <= c|0x20 && c|0x20 <= 'z' {
 			return
 		}
 		s.endValue()
@@ -268,7 +303,7 @@ func (s *PointerScanner) startValue(c byte) {
 	switch {
 	case c == '{' || c == '[':
 		if s.depth == maxScanDepth {
-			s.fail()
+			s.unread()
 			return
 		}
 		deeper := s.depth == 0 || (s.depth == s.on && s.match && s.depth < len(s.ptr))
@@ -297,12 +332,11 @@ func (s *PointerScanner) startValue(c byte) {
 		s.close()
 	case c == '"':
 		s.state, s.isKey, s.cmp, s.esc = psString, false, false, 0
+		s.capture, s.numLen = target, 0
 	case c == '-' || '0' <= c && c <= '9':
 		s.state, s.capture, s.numLen = psNumber, target, 0
-		if target {
-			s.num[0], s.numLen = c, 1
-		}
-	case c == 't' || c == 'f' || c == 'n':
+		s.keep(c)
+	case c == 't' || c == 'f' || c == 'n' || c == 'N' || c == 'I':
 		s.state = psLiteral
 	default:
 		s.fail()
@@ -361,13 +395,40 @@ func (s *PointerScanner) endValueInContainer() {
 	}
 }
 
-func (s *PointerScanner) endNumber() {
-	if s.capture {
-		if v, err := strconv.ParseFloat(string(s.num[:s.numLen]), 64); err == nil && v >= 0 && !math.IsInf(v, 0) {
-			s.found, s.value = true, v
-		}
-		s.capture = false
+// keep adds c to the number (or string) being captured; one longer than
+// maxNumber cannot be read.
+func (s *PointerScanner) keep(c byte) {
+	switch {
+	case !s.capture:
+	case s.numLen == maxNumber:
+		s.unreadable, s.capture = true, false
+	default:
+		s.num[s.numLen] = c
+		s.numLen++
 	}
+}
+
+// take ends the value captured at the pointer, if any: a non-negative
+// finite number is found; a string is quoted if it holds one, and
+// unreadable if not.
+func (s *PointerScanner) take(quoted bool) {
+	if !s.capture {
+		return
+	}
+	s.capture = false
+	v, err := strconv.ParseFloat(string(s.num[:s.numLen]), 64)
+	ok := err == nil && v >= 0 && !math.IsInf(v, 0)
+	switch {
+	case quoted:
+		s.quoted, s.str = ok, v
+		s.unreadable = s.unreadable || !ok
+	case ok:
+		s.found, s.value = true, v
+	}
+}
+
+func (s *PointerScanner) endNumber() {
+	s.take(false)
 	s.endValue()
 }
 
@@ -383,23 +444,23 @@ func (s *PointerScanner) stringByte(c byte) {
 		case c < 0x20:
 			s.fail()
 		default:
-			s.keyByte(c)
+			s.strByte(c)
 		}
 	case 1:
 		s.esc = 0
 		switch c {
 		case '"', '\\', '/':
-			s.keyByte(c)
+			s.strByte(c)
 		case 'b':
-			s.keyByte('\b')
+			s.strByte('\b')
 		case 'f':
-			s.keyByte('\f')
+			s.strByte('\f')
 		case 'n':
-			s.keyByte('\n')
+			s.strByte('\n')
 		case 'r':
-			s.keyByte('\r')
+			s.strByte('\r')
 		case 't':
-			s.keyByte('\t')
+			s.strByte('\t')
 		case 'u':
 			s.esc, s.uval = 2, 0
 		default:
@@ -423,19 +484,30 @@ func (s *PointerScanner) stringByte(c byte) {
 			return
 		}
 		s.esc = 0
-		if !s.cmp {
+		if !s.cmp && !s.capture {
 			return
 		}
 		if s.uval >= 0xD800 && s.uval < 0xE000 {
 			s.keyPos = -1 // surrogates never match
+			s.strByte(0)  // nor make a number
 			return
 		}
 		var buf [4]byte
 		n := encodeRune(buf[:], s.uval)
 		for _, b := range buf[:n] {
-			s.keyByte(b)
+			s.strByte(b)
 		}
 	}
+}
+
+// strByte takes one decoded byte of a string: a key's is compared with
+// the pointer's token, a value's at the pointer captured.
+func (s *PointerScanner) strByte(c byte) {
+	if s.capture {
+		s.keep(c)
+		return
+	}
+	s.keyByte(c)
 }
 
 // keyByte compares one decoded byte of a key with the pointer's token.
@@ -457,6 +529,7 @@ func (s *PointerScanner) endString() {
 		s.state = psColon
 		return
 	}
+	s.take(true)
 	s.endValue()
 }
 
