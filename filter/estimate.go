@@ -77,7 +77,6 @@ func (s *Stream) reserveEstimate() Action {
 	p := s.p
 	st := s.settle
 	st.estimating = false
-	p.buf.nowSet = false
 	s.readEstimates(st)
 	enforce, shadow := &p.est, &p.estShadow
 	enforce.reset()
