@@ -1,0 +1,254 @@
+package dynmod
+
+import (
+	"errors"
+	"strconv"
+	"unsafe"
+
+	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/sharedstate/procstore"
+)
+
+// whost is a worker's filter.Host: calls act on the worker's current
+// stream (worker.cur), as proxy-wasm calls act on the effective context.
+type whost struct {
+	w    *worker
+	view procstore.View
+	// hdrs is SendLocalResponse's scratch for the reply's headers.
+	hdrs [][2]string
+	// body is CallResponseBody's scratch for a body in several chunks.
+	body []byte
+}
+
+var (
+	_ filter.Host   = (*whost)(nil)
+	_ filter.Caller = (*whost)(nil)
+	_ filter.Ticker = (*whost)(nil)
+)
+
+var errRefused = errors.New("dynmod: Envoy refused the callout")
+
+// Get implements sharedstate.Store over the process's store; the value is
+// the worker's copy, valid until its next Get.
+func (h *whost) Get(key string) ([]byte, uint32, error) { return h.view.Get(key) }
+
+// Set implements sharedstate.Store.
+func (h *whost) Set(key string, value []byte, cas uint32) error { return h.view.Set(key, value, cas) }
+
+// Log implements filter.Host (callback_log).
+func (h *whost) Log(level filter.LogLevel, msg string) { env.Log(level, msg) }
+
+// DefineCounter implements filter.Host: every worker of a config shares its
+// counters, defined with Envoy inside config_new.
+func (h *whost) DefineCounter(name string) (uint32, error) { return h.w.c.defineCounter(name) }
+
+// IncrementCounter implements filter.Host. Envoy counts on a stream, so a
+// count outside one (a tick) is dropped, as is a negative one.
+func (h *whost) IncrementCounter(id uint32, delta int64) {
+	w := h.w
+	if w.cur == 0 || delta <= 0 {
+		return
+	}
+	if eid, ok := w.c.envoyCounter(id); ok {
+		env.IncrementCounter(w.cur, eid, uint64(delta))
+	}
+}
+
+// RequestHeader implements filter.Host.
+func (h *whost) RequestHeader(name string) (string, bool) {
+	if h.w.cur == 0 {
+		return "", false
+	}
+	v, _, ok := env.Header(h.w.cur, RequestHeader, name, 0)
+	return v, ok
+}
+
+// RequestHeaderAll implements filter.Host: every value of the header,
+// joined with ", ".
+func (h *whost) RequestHeaderAll(name string) (string, bool) {
+	if h.w.cur == 0 {
+		return "", false
+	}
+	v, n, ok := env.Header(h.w.cur, RequestHeader, name, 0)
+	if !ok || n <= 1 {
+		return v, ok
+	}
+	joined := []byte(v)
+	for i := 1; i < n; i++ {
+		if x, _, ok := env.Header(h.w.cur, RequestHeader, name, i); ok {
+			joined = append(append(joined, ", "...), x...)
+		}
+	}
+	return string(joined), true
+}
+
+// Property implements filter.Host for source.address, the one property
+// the ABI gives a filter as a string (with its port, as the filter
+// expects); metadata paths are not readable field by field.
+func (h *whost) Property(path ...string) ([]byte, bool) {
+	v, ok := h.PropertyString(path...)
+	return unsafe.Slice(unsafe.StringData(v), len(v)), ok
+}
+
+// PropertyString is Property as a string view.
+func (h *whost) PropertyString(path ...string) (string, bool) {
+	if h.w.cur == 0 || len(path) != 2 || path[0] != "source" || path[1] != "address" {
+		return "", false
+	}
+	return env.SourceAddress(h.w.cur)
+}
+
+// ViewString returns a string sharing b's bytes (the filter asks only for
+// buffers it leaves alone while the view is used).
+func (h *whost) ViewString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// ResponseHeader implements filter.Host.
+func (h *whost) ResponseHeader(name string) (string, bool) {
+	if h.w.cur == 0 {
+		return "", false
+	}
+	v, _, ok := env.Header(h.w.cur, ResponseHeader, name, 0)
+	return v, ok
+}
+
+// SetResponseHeader implements filter.Host.
+func (h *whost) SetResponseHeader(name, value string) {
+	if h.w.cur != 0 {
+		env.SetHeader(h.w.cur, ResponseHeader, name, value)
+	}
+}
+
+// SetResponseHeaderBytes is SetResponseHeader without a copy (Envoy
+// copies the value during the call).
+func (h *whost) SetResponseHeaderBytes(name string, value []byte) {
+	h.SetResponseHeader(name, h.ViewString(value))
+}
+
+// AddResponseHeader implements filter.Host.
+func (h *whost) AddResponseHeader(name, value string) {
+	if h.w.cur != 0 {
+		env.AddHeader(h.w.cur, ResponseHeader, name, value)
+	}
+}
+
+// AddResponseHeaderBytes is AddResponseHeader without a copy.
+func (h *whost) AddResponseHeaderBytes(name string, value []byte) {
+	h.AddResponseHeader(name, h.ViewString(value))
+}
+
+// SetRequestHeader replaces a request header of the current stream.
+func (h *whost) SetRequestHeader(name, value string) {
+	if h.w.cur != 0 {
+		env.SetHeader(h.w.cur, RequestHeader, name, value)
+	}
+}
+
+// SendLocalResponse implements filter.Host (http_send_response); a gRPC
+// status is sent as the grpc-status header.
+func (h *whost) SendLocalResponse(status uint32, details string, body []byte, headers [][2]string, grpcStatus int32) error {
+	w := h.w
+	if w.cur == 0 {
+		return errGo
+	}
+	if grpcStatus != filter.NoGRPCStatus {
+		h.hdrs = append(append(h.hdrs[:0], headers...), [2]string{"grpc-status", strconv.Itoa(int(grpcStatus))})
+		headers = h.hdrs
+	}
+	if int(w.curSlot) < len(w.streams) && w.streams[w.curSlot].f == w.cur {
+		w.streams[w.curSlot].replied = true
+	}
+	env.SendResponse(w.cur, status, headers, body, details)
+	return nil
+}
+
+// HTTPCall implements filter.Caller: the callout is made on the current
+// stream, or, from a tick or an answer (no current stream), on the most
+// recently paused stream of the worker; Envoy cancels it if that stream
+// ends first, and the binding then answers it as failed (Destroy).
+func (h *whost) HTTPCall(cluster string, headers [][2]string, body []byte, timeoutMs uint32) (uint32, error) {
+	w := h.w
+	f, slot := w.cur, w.curSlot
+	if f == 0 {
+		for i := len(w.streams) - 1; i >= 0; i-- {
+			if st := &w.streams[i]; st.live && st.sched != 0 {
+				f, slot = st.f, uint32(i)
+				break
+			}
+		}
+	}
+	if f == 0 {
+		return 0, errGo
+	}
+	id, ok := env.Callout(f, cluster, headers, body, uint64(timeoutMs))
+	if !ok {
+		return 0, errRefused
+	}
+	if w.token++; w.token == 0 {
+		w.token = 1
+	}
+	w.calls = append(w.calls, call{token: w.token, id: id, slot: slot})
+	return w.token, nil
+}
+
+// CallResponseHeader implements filter.Caller over the answer being
+// delivered.
+func (h *whost) CallResponseHeader(name string) (string, bool) {
+	if r := h.w.resp; r != nil {
+		for _, kv := range r.Headers {
+			if kv[0] == name {
+				return kv[1], true
+			}
+		}
+	}
+	return "", false
+}
+
+// CallResponseTrailer implements filter.Caller: the ABI delivers no
+// trailers, so a trailer is looked for among the headers (a gRPC
+// trailers-only answer carries grpc-status there).
+func (h *whost) CallResponseTrailer(name string) (string, bool) { return h.CallResponseHeader(name) }
+
+// CallResponseBody implements filter.Caller: the body's chunks, joined
+// when there are several.
+func (h *whost) CallResponseBody(size int) ([]byte, bool) {
+	r := h.w.resp
+	if r == nil {
+		return nil, size == 0
+	}
+	if len(r.Body) == 1 {
+		return r.Body[0], true
+	}
+	h.body = h.body[:0]
+	for _, b := range r.Body {
+		h.body = append(h.body, b...)
+	}
+	return h.body, true
+}
+
+// SetEffectiveContext implements filter.Caller: stream id of this worker
+// becomes the current one, if it is still alive.
+func (h *whost) SetEffectiveContext(id uint32) bool {
+	w := h.w
+	slot := id&slotMask - 1
+	if int(slot) >= len(w.streams) {
+		return false
+	}
+	st := &w.streams[slot]
+	if !st.live || st.id != id {
+		return false
+	}
+	w.cur, w.curSlot = st.f, slot
+	return true
+}
+
+// ContinueRequest implements filter.Caller (continue_decoding).
+func (h *whost) ContinueRequest() error {
+	if h.w.cur == 0 {
+		return errGo
+	}
+	env.ContinueDecoding(h.w.cur)
+	return nil
+}
+
+// SetTickPeriod implements filter.Ticker with the worker's timer.
+func (h *whost) SetTickPeriod(ms uint32) error { return h.w.setTick(ms) }
