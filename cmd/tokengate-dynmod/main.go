@@ -273,10 +273,12 @@ func envoy_dynamic_module_on_http_filter_scheduled(f, h C.uintptr_t, event C.uin
 }
 
 //export envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark
-func envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(f, h C.uintptr_t) {}
+func envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(f, h C.uintptr_t) {
+}
 
 //export envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark
-func envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(f, h C.uintptr_t) {}
+func envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(f, h C.uintptr_t) {
+}
 
 // allocSample reads the Go heap's allocation count without allocating.
 var allocSample = []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
