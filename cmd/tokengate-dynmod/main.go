@@ -5,7 +5,11 @@
 // the hooks of Envoy's dynamic-module ABI "v0.1.0" (Envoy 1.38; 1.39 and
 // 1.40 load it too) and runs the same filter, with the same JSON
 // configuration, as the proxy-wasm module. The hooks and the callbacks are
-// bound here with cgo; everything else is filter/dynmod. See
+// bound here with cgo; everything else is filter/dynmod. Every wrapper is
+// noescape (C keeps no Go pointer past a call, and a Go argument frame
+// that escaped would cost an allocation per call); those that cannot call
+// back into the module (Envoy may re-enter hooks from send_response,
+// continue_decoding, callouts and scheduler_new/delete) are nocallback. See
 // docs/deploy/dynamic-module.md.
 package main
 
@@ -14,16 +18,31 @@ package main
 #cgo linux LDFLAGS: -Wl,--unresolved-symbols=ignore-all
 #cgo darwin LDFLAGS: -Wl,-undefined,dynamic_lookup
 #cgo noescape tg_get_header
-#cgo nocallback tg_get_header
 #cgo noescape tg_set_header
-#cgo nocallback tg_set_header
 #cgo noescape tg_log
-#cgo nocallback tg_log
 #cgo noescape tg_hdr_add
+#cgo noescape tg_hdr_reset
+#cgo noescape tg_worker_index
+#cgo noescape tg_concurrency
+#cgo noescape tg_define_counter
+#cgo noescape tg_increment_counter
+#cgo noescape tg_source_address
+#cgo noescape tg_continue_decoding
+#cgo noescape tg_send_response
+#cgo noescape tg_callout
+#cgo noescape tg_scheduler_new
+#cgo noescape tg_scheduler_commit
+#cgo noescape tg_scheduler_delete
+#cgo noescape tg_abi_version
+#cgo nocallback tg_get_header
+#cgo nocallback tg_set_header
+#cgo nocallback tg_log
 #cgo nocallback tg_hdr_add
+#cgo nocallback tg_hdr_reset
 #cgo nocallback tg_worker_index
 #cgo nocallback tg_increment_counter
 #cgo nocallback tg_source_address
+#cgo nocallback tg_scheduler_commit
 #include "abi.h"
 */
 import "C"

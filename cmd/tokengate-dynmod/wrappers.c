@@ -67,44 +67,60 @@ tg_result tg_source_address(uintptr_t f) {
 
 void tg_continue_decoding(uintptr_t f) { envoy_dynamic_module_callback_http_filter_continue_decoding((void*)f); }
 
-// This thread's header buffer: the bytes, and the array pointing into them
-// (built at send time, since the bytes may move when they grow).
-static __thread char* hdr_bytes;
-static __thread size_t hdr_len, hdr_cap;
-static __thread size_t hdr_off[128][4];
-static __thread size_t hdr_n;
+// This thread's header buffer: the bytes, and the offsets of each header
+// in them (the array Envoy reads is built at send time, since the bytes may
+// move when they grow). One pointer of thread-local storage, dynamic model:
+// static TLS is scarce in a library loaded with dlopen.
+typedef struct {
+	char* bytes;
+	size_t len, cap, n;
+	size_t off[128][4];
+} hdr_buf;
 
-void tg_hdr_reset(void) { hdr_len = 0; hdr_n = 0; }
+static __thread hdr_buf* hdr __attribute__((tls_model("global-dynamic")));
+
+static hdr_buf* hdrs(void) {
+	if (hdr == NULL) hdr = calloc(1, sizeof *hdr);
+	return hdr;
+}
+
+void tg_hdr_reset(void) {
+	hdr_buf* h = hdrs();
+	if (h) h->len = h->n = 0;
+}
 
 int tg_hdr_add(const char* k, size_t kl, const char* v, size_t vl) {
-	if (hdr_n >= 128) return 0;
-	if (hdr_len + kl + vl > hdr_cap) {
-		size_t c = hdr_cap ? hdr_cap : 1024;
-		while (c < hdr_len + kl + vl) c *= 2;
-		char* nb = realloc(hdr_bytes, c);
+	hdr_buf* h = hdrs();
+	if (h == NULL || h->n >= 128) return 0;
+	if (h->len + kl + vl > h->cap) {
+		size_t c = h->cap ? h->cap : 1024;
+		while (c < h->len + kl + vl) c *= 2;
+		char* nb = realloc(h->bytes, c);
 		if (nb == NULL) return 0;
-		hdr_bytes = nb;
-		hdr_cap = c;
+		h->bytes = nb;
+		h->cap = c;
 	}
-	if (kl) memcpy(hdr_bytes + hdr_len, k, kl);
-	if (vl) memcpy(hdr_bytes + hdr_len + kl, v, vl);
-	hdr_off[hdr_n][0] = hdr_len;
-	hdr_off[hdr_n][1] = kl;
-	hdr_off[hdr_n][2] = hdr_len + kl;
-	hdr_off[hdr_n][3] = vl;
-	hdr_n++;
-	hdr_len += kl + vl;
+	if (kl) memcpy(h->bytes + h->len, k, kl);
+	if (vl) memcpy(h->bytes + h->len + kl, v, vl);
+	h->off[h->n][0] = h->len;
+	h->off[h->n][1] = kl;
+	h->off[h->n][2] = h->len + kl;
+	h->off[h->n][3] = vl;
+	h->n++;
+	h->len += kl + vl;
 	return 1;
 }
 
 static size_t hdr_array(tg_header* hs) {
-	for (size_t i = 0; i < hdr_n; i++) {
-		hs[i].key_ptr = hdr_bytes + hdr_off[i][0];
-		hs[i].key_length = hdr_off[i][1];
-		hs[i].value_ptr = hdr_bytes + hdr_off[i][2];
-		hs[i].value_length = hdr_off[i][3];
+	hdr_buf* h = hdrs();
+	if (h == NULL) return 0;
+	for (size_t i = 0; i < h->n; i++) {
+		hs[i].key_ptr = h->bytes + h->off[i][0];
+		hs[i].key_length = h->off[i][1];
+		hs[i].value_ptr = h->bytes + h->off[i][2];
+		hs[i].value_length = h->off[i][3];
 	}
-	return hdr_n;
+	return h->n;
 }
 
 void tg_send_response(uintptr_t f, uint32_t status, const char* body, size_t body_len, const char* details, size_t details_len) {

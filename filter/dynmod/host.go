@@ -42,11 +42,21 @@ func (h *whost) Log(level filter.LogLevel, msg string) { env.Log(level, msg) }
 // counters, defined with Envoy inside config_new.
 func (h *whost) DefineCounter(name string) (uint32, error) { return h.w.c.defineCounter(name) }
 
-// IncrementCounter implements filter.Host. Envoy counts on a stream, so a
-// count outside one (a tick) is dropped, as is a negative one.
+// IncrementCounter implements filter.Host. Envoy counts on a stream: a
+// count made outside one (a tick, a lease call's answer) is kept until the
+// worker's next hook on a stream (worker.flushCounts). Negative deltas are
+// dropped (Envoy's counters only grow).
 func (h *whost) IncrementCounter(id uint32, delta int64) {
 	w := h.w
-	if w.cur == 0 || delta <= 0 {
+	if delta <= 0 {
+		return
+	}
+	if w.cur == 0 {
+		if int(id) >= len(w.owed) {
+			w.owed = append(w.owed, make([]uint64, int(id)+1-len(w.owed))...)
+		}
+		w.owed[id] += uint64(delta)
+		w.owing = true
 		return
 	}
 	if eid, ok := w.c.envoyCounter(id); ok {

@@ -207,6 +207,10 @@ type worker struct {
 	cur     uintptr
 	curSlot uint32
 	resp    *CallResponse // the callout answer being delivered
+	// owed are counts made outside a stream, by counter id, for the next
+	// hook on a stream to report; owing says some are.
+	owed  []uint64
+	owing bool
 
 	// The timer (filter.Ticker): a goroutine's time.Timer that, every
 	// period, commits a scheduler event to a paused stream of the worker
@@ -239,6 +243,23 @@ func (w *worker) enter(f uintptr, slot uint32) {
 		w.p.OnTick()
 	}
 	w.cur, w.curSlot = f, slot
+	if w.owing {
+		w.flushCounts()
+	}
+}
+
+// flushCounts reports the counts made outside a stream on the current one.
+func (w *worker) flushCounts() {
+	w.owing = false
+	for id, n := range w.owed {
+		if n == 0 {
+			continue
+		}
+		w.owed[id] = 0
+		if eid, ok := w.c.envoyCounter(uint32(id)); ok {
+			env.IncrementCounter(w.cur, eid, n)
+		}
+	}
 }
 
 // streamOf returns the worker and slot of stream handle h.
