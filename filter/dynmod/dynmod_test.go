@@ -49,7 +49,7 @@ func (e *fakeEnvoy) Log(level filter.LogLevel, msg string) {
 	}
 }
 func (e *fakeEnvoy) DefineCounter(cfg uintptr, name string) (uint64, bool) { return 1, true }
-func (e *fakeEnvoy) IncrementCounter(f uintptr, id, delta uint64)         {}
+func (e *fakeEnvoy) IncrementCounter(f uintptr, id, delta uint64)          {}
 func (e *fakeEnvoy) Header(f uintptr, kind HeaderKind, name string, index int) (string, int, bool) {
 	s := e.stream(f)
 	hs := s.req
@@ -72,14 +72,14 @@ func (e *fakeEnvoy) AddHeader(f uintptr, kind HeaderKind, name, value string) {}
 func (e *fakeEnvoy) SendResponse(f uintptr, status uint32, hs [][2]string, body []byte, details string) {
 	e.stream(f).local = status
 }
-func (e *fakeEnvoy) ContinueDecoding(f uintptr)              { e.stream(f).continued = true }
+func (e *fakeEnvoy) ContinueDecoding(f uintptr)             { e.stream(f).continued = true }
 func (e *fakeEnvoy) SourceAddress(f uintptr) (string, bool) { return "10.0.0.1:4000", true }
 func (e *fakeEnvoy) Callout(f uintptr, cluster string, hs [][2]string, body []byte, ms uint64) (uint64, bool) {
 	return 0, false
 }
-func (e *fakeEnvoy) SchedulerNew(f uintptr) uintptr      { return 0 }
+func (e *fakeEnvoy) SchedulerNew(f uintptr) uintptr       { return 0 }
 func (e *fakeEnvoy) SchedulerCommit(s uintptr, ev uint64) {}
-func (e *fakeEnvoy) SchedulerDelete(s uintptr)           {}
+func (e *fakeEnvoy) SchedulerDelete(s uintptr)            {}
 
 // request runs one request through the hooks on stream f, reused: it
 // reports whether the filter admitted it.
