@@ -38,6 +38,10 @@ typedef struct { uint64_t id; uint32_t status; } tg_id_result;
 const char* tg_abi_version(void);
 tg_result tg_get_header(uintptr_t f, uint32_t kind, const char* name, size_t name_len, size_t index);
 void tg_set_header(uintptr_t f, uint32_t kind, const char* name, size_t name_len, const char* value, size_t value_len, int add);
+// tg_set_headers applies n set (ops[3i] == 0) or add operations; ops[3i+1]
+// and ops[3i+2] are the name's and value's lengths, laid out back to back
+// in buf.
+void tg_set_headers(uintptr_t f, uint32_t kind, const char* buf, const uint32_t* ops, size_t n);
 void tg_log(uint32_t level, const char* msg, size_t len);
 uint32_t tg_worker_index(uintptr_t f);
 uint32_t tg_concurrency(void);

@@ -19,6 +19,7 @@ package main
 #cgo darwin LDFLAGS: -Wl,-undefined,dynamic_lookup
 #cgo noescape tg_get_header
 #cgo noescape tg_set_header
+#cgo noescape tg_set_headers
 #cgo noescape tg_log
 #cgo noescape tg_hdr_add
 #cgo noescape tg_hdr_reset
@@ -36,6 +37,7 @@ package main
 #cgo noescape tg_abi_version
 #cgo nocallback tg_get_header
 #cgo nocallback tg_set_header
+#cgo nocallback tg_set_headers
 #cgo nocallback tg_log
 #cgo nocallback tg_hdr_add
 #cgo nocallback tg_hdr_reset
@@ -112,6 +114,11 @@ func (cenv) SetHeader(f uintptr, kind dynmod.HeaderKind, name, value string) {
 	kp, kn := cstr(name)
 	vp, vn := cstr(value)
 	C.tg_set_header(C.uintptr_t(f), C.uint32_t(kind), kp, kn, vp, vn, 0)
+}
+
+func (cenv) SetHeaders(f uintptr, kind dynmod.HeaderKind, buf []byte, ops []uint32) {
+	bp, _ := cbytes(buf)
+	C.tg_set_headers(C.uintptr_t(f), C.uint32_t(kind), bp, (*C.uint32_t)(unsafe.Pointer(unsafe.SliceData(ops))), C.size_t(len(ops)/3))
 }
 
 func (cenv) AddHeader(f uintptr, kind dynmod.HeaderKind, name, value string) {

@@ -37,6 +37,14 @@ void tg_set_header(uintptr_t f, uint32_t kind, const char* name, size_t name_len
 	}
 }
 
+void tg_set_headers(uintptr_t f, uint32_t kind, const char* buf, const uint32_t* ops, size_t n) {
+	for (size_t i = 0; i < n; i++) {
+		uint32_t add = ops[3 * i], kl = ops[3 * i + 1], vl = ops[3 * i + 2];
+		tg_set_header(f, kind, buf, kl, buf + kl, vl, (int)add);
+		buf += kl + vl;
+	}
+}
+
 void tg_log(uint32_t level, const char* msg, size_t len) { envoy_dynamic_module_callback_log(level, buf(msg, len)); }
 
 uint32_t tg_worker_index(uintptr_t f) { return envoy_dynamic_module_callback_http_filter_get_worker_index((void*)f); }

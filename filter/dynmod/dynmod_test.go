@@ -24,6 +24,7 @@ type fakeStream struct {
 	req, resp [][2]string
 	local     uint32
 	continued bool
+	sets      int // response headers set or added
 }
 
 func (e *fakeEnvoy) stream(f uintptr) *fakeStream {
@@ -69,6 +70,16 @@ func (e *fakeEnvoy) Header(f uintptr, kind HeaderKind, name string, index int) (
 }
 func (e *fakeEnvoy) SetHeader(f uintptr, kind HeaderKind, name, value string) {}
 func (e *fakeEnvoy) AddHeader(f uintptr, kind HeaderKind, name, value string) {}
+func (e *fakeEnvoy) SetHeaders(f uintptr, kind HeaderKind, buf []byte, ops []uint32) {
+	n := 0
+	for i := 0; i+2 < len(ops); i += 3 {
+		n += int(ops[i+1] + ops[i+2])
+	}
+	if n != len(buf) {
+		panic("SetHeaders: the lengths do not add up to the buffer")
+	}
+	e.stream(f).sets += len(ops) / 3
+}
 func (e *fakeEnvoy) SendResponse(f uintptr, status uint32, hs [][2]string, body []byte, details string) {
 	e.stream(f).local = status
 }
@@ -112,6 +123,7 @@ func TestNoAllocsPerRequest(t *testing.T) {
 	for range 100 {
 		request(cfg, f, s)
 	}
+	s.sets = 0
 	allocs := testing.AllocsPerRun(2000, func() {
 		if !request(cfg, f, s) {
 			t.Fatal("rejected")
@@ -119,6 +131,9 @@ func TestNoAllocsPerRequest(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per request, want 0", allocs)
+	}
+	if s.sets < 2001*4 { // RateLimit-Limit, -Remaining, -Reset, RateLimit, RateLimit-Policy
+		t.Fatalf("%d response headers set over 2001 requests, want the RateLimit headers on each", s.sets)
 	}
 }
 

@@ -67,6 +67,10 @@ type Envoy interface {
 	// SetHeader is http_set_header, AddHeader http_add_header.
 	SetHeader(f uintptr, kind HeaderKind, name, value string)
 	AddHeader(f uintptr, kind HeaderKind, name, value string)
+	// SetHeaders applies several http_set_header (or, with add,
+	// http_add_header) calls in one: ops holds {add, name length, value
+	// length} per header, buf their names and values back to back.
+	SetHeaders(f uintptr, kind HeaderKind, buf []byte, ops []uint32)
 	// SendResponse is http_send_response.
 	SendResponse(f uintptr, status uint32, headers [][2]string, body []byte, details string)
 	// ContinueDecoding is http_filter_continue_decoding.

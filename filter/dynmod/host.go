@@ -18,6 +18,48 @@ type whost struct {
 	hdrs [][2]string
 	// body is CallResponseBody's scratch for a body in several chunks.
 	body []byte
+	// The response headers set or added during a hook, sent to Envoy in
+	// one call when the hook ends or before a response header is read
+	// (flushHeaders): one crossing into C instead of one per header.
+	// pendF is the stream they belong to.
+	pendBuf []byte
+	pendOps []uint32
+	pendF   uintptr
+}
+
+// queueHeader queues a set (add false) or add of a response header of the
+// current stream.
+func (h *whost) queueHeader(add bool, name, value string) {
+	w := h.w
+	if w.cur == 0 {
+		return
+	}
+	if h.pendF != w.cur {
+		h.flushHeaders()
+		h.pendF = w.cur
+	}
+	a := uint32(0)
+	if add {
+		a = 1
+	}
+	h.pendBuf = append(append(h.pendBuf, name...), value...)
+	h.pendOps = append(h.pendOps, a, uint32(len(name)), uint32(len(value)))
+}
+
+// flushHeaders sends the queued response headers.
+func (h *whost) flushHeaders() {
+	if len(h.pendOps) == 0 {
+		return
+	}
+	env.SetHeaders(h.pendF, ResponseHeader, h.pendBuf, h.pendOps)
+	h.pendBuf, h.pendOps, h.pendF = h.pendBuf[:0], h.pendOps[:0], 0
+}
+
+// dropHeaders forgets the headers queued for stream f (it is destroyed).
+func (h *whost) dropHeaders(f uintptr) {
+	if h.pendF == f {
+		h.pendBuf, h.pendOps, h.pendF = h.pendBuf[:0], h.pendOps[:0], 0
+	}
 }
 
 var (
@@ -117,33 +159,27 @@ func (h *whost) ResponseHeader(name string) (string, bool) {
 	if h.w.cur == 0 {
 		return "", false
 	}
+	h.flushHeaders()
 	v, _, ok := env.Header(h.w.cur, ResponseHeader, name, 0)
 	return v, ok
 }
 
 // SetResponseHeader implements filter.Host.
-func (h *whost) SetResponseHeader(name, value string) {
-	if h.w.cur != 0 {
-		env.SetHeader(h.w.cur, ResponseHeader, name, value)
-	}
-}
+func (h *whost) SetResponseHeader(name, value string) { h.queueHeader(false, name, value) }
 
-// SetResponseHeaderBytes is SetResponseHeader without a copy (Envoy
-// copies the value during the call).
+// SetResponseHeaderBytes is SetResponseHeader from bytes (queued as a
+// copy).
 func (h *whost) SetResponseHeaderBytes(name string, value []byte) {
-	h.SetResponseHeader(name, h.ViewString(value))
+	h.queueHeader(false, name, h.ViewString(value))
 }
 
 // AddResponseHeader implements filter.Host.
-func (h *whost) AddResponseHeader(name, value string) {
-	if h.w.cur != 0 {
-		env.AddHeader(h.w.cur, ResponseHeader, name, value)
-	}
-}
+func (h *whost) AddResponseHeader(name, value string) { h.queueHeader(true, name, value) }
 
-// AddResponseHeaderBytes is AddResponseHeader without a copy.
+// AddResponseHeaderBytes is AddResponseHeader from bytes (queued as a
+// copy).
 func (h *whost) AddResponseHeaderBytes(name string, value []byte) {
-	h.AddResponseHeader(name, h.ViewString(value))
+	h.queueHeader(true, name, h.ViewString(value))
 }
 
 // SetRequestHeader replaces a request header of the current stream.

@@ -312,7 +312,9 @@ func RequestHeaders(f, h uintptr, end bool) (status uint32) {
 		return HeadersContinue
 	}
 	w.enter(f, slot)
-	if st.s.OnRequestHeaders(0, end) == filter.Continue {
+	act := st.s.OnRequestHeaders(0, end)
+	w.host.flushHeaders()
+	if act == filter.Continue {
 		return HeadersContinue
 	}
 	if !st.replied {
@@ -355,6 +357,7 @@ func ResponseHeaders(f, h uintptr, end bool) (status uint32) {
 	if w, slot, st := streamOf(h); w != nil {
 		w.enter(f, slot)
 		st.s.OnResponseHeaders(0, end)
+		w.host.flushHeaders()
 	}
 	return HeadersContinue
 }
@@ -366,6 +369,7 @@ func ResponseBody(f, h uintptr, end bool) (status uint32) {
 	if w, slot, st := streamOf(h); w != nil {
 		w.enter(f, slot)
 		st.s.OnResponseBody(0, end)
+		w.host.flushHeaders()
 	}
 	return BodyContinue
 }
@@ -376,6 +380,7 @@ func ResponseTrailers(f, h uintptr) (status uint32) {
 	if w, slot, st := streamOf(h); w != nil {
 		w.enter(f, slot)
 		st.s.OnResponseTrailers(0)
+		w.host.flushHeaders()
 	}
 	return TrailersContinue
 }
@@ -403,6 +408,7 @@ func Destroy(h uintptr) {
 		return
 	}
 	st.live = false
+	w.host.dropHeaders(st.f)
 	if st.sched != 0 {
 		w.unpause(st.sched)
 		env.SchedulerDelete(st.sched)
@@ -437,6 +443,7 @@ func Scheduled(f, h uintptr, event uint64) {
 	w.due.Store(false)
 	w.cur, w.curSlot = 0, 0 // the tick runs as the root context
 	w.p.OnTick()
+	w.host.flushHeaders()
 }
 
 // CalloutDone is on_http_filter_http_callout_done: the answer (result
@@ -465,6 +472,7 @@ func CalloutDone(f, h uintptr, id uint64, result uint32, resp *CallResponse) {
 		}
 		w.p.OnHTTPCallResponse(token, nh, size, 0)
 		w.resp = nil
+		w.host.flushHeaders()
 		return
 	}
 }

@@ -85,16 +85,19 @@ static const char* required_hooks[] = {
 };
 
 // ---- streams and workers ----
+// A header map keeps its bytes inline (no malloc per header), so that the
+// host's own cost per request stays small beside the module's.
 #define MAXH 48
+#define HBYTES 4096
 typedef struct {
-	char* k;
-	char* v;
-} kv_t;
-
-typedef struct {
-	kv_t h[MAXH];
 	int n;
+	size_t used;
+	size_t koff[MAXH], klen[MAXH], voff[MAXH], vlen[MAXH];
+	char buf[HBYTES];
 } hmap_t;
+
+#define HK(m, i) ((m)->buf + (m)->koff[i])
+#define HV(m, i) ((m)->buf + (m)->voff[i])
 
 struct worker;
 
@@ -166,29 +169,35 @@ static char* dupn(const char* p, size_t n) {
 }
 
 static void hmap_clear(hmap_t* m) {
-	for (int i = 0; i < m->n; i++) {
-		free(m->h[i].k);
-		free(m->h[i].v);
-	}
 	m->n = 0;
+	m->used = 0;
 }
 
 static void hmap_add(hmap_t* m, const char* k, size_t kl, const char* v, size_t vl) {
-	if (m->n >= MAXH) return;
-	m->h[m->n].k = dupn(k, kl);
-	m->h[m->n].v = dupn(v, vl);
+	if (m->n >= MAXH || m->used + kl + vl + 2 > HBYTES) {
+		fprintf(stderr, "header map full\n");
+		exit(2);
+	}
+	m->koff[m->n] = m->used;
+	m->klen[m->n] = kl;
+	if (kl) memcpy(m->buf + m->used, k, kl);
+	m->buf[m->used + kl] = 0;
+	m->used += kl + 1;
+	m->voff[m->n] = m->used;
+	m->vlen[m->n] = vl;
+	if (vl) memcpy(m->buf + m->used, v, vl);
+	m->buf[m->used + vl] = 0;
+	m->used += vl + 1;
 	m->n++;
 }
 
+// hmap_remove drops every line named k (their bytes stay until clear).
 static void hmap_remove(hmap_t* m, const char* k, size_t kl) {
 	int j = 0;
 	for (int i = 0; i < m->n; i++) {
-		if (strlen(m->h[i].k) == kl && strncasecmp(m->h[i].k, k, kl) == 0) {
-			free(m->h[i].k);
-			free(m->h[i].v);
-			continue;
-		}
-		m->h[j++] = m->h[i];
+		if (m->klen[i] == kl && strncasecmp(HK(m, i), k, kl) == 0) continue;
+		m->koff[j] = m->koff[i], m->klen[j] = m->klen[i], m->voff[j] = m->voff[i], m->vlen[j] = m->vlen[i];
+		j++;
 	}
 	m->n = j;
 }
@@ -246,10 +255,10 @@ static int dispatch(worker_t* w, double wait_s) {
 			} else {
 				header_t hs[MAXH];
 				for (int i = 0; i < e->hdrs.n; i++) {
-					hs[i].key_ptr = e->hdrs.h[i].k;
-					hs[i].key_length = strlen(e->hdrs.h[i].k);
-					hs[i].value_ptr = e->hdrs.h[i].v;
-					hs[i].value_length = strlen(e->hdrs.h[i].v);
+					hs[i].key_ptr = HK(&e->hdrs, i);
+					hs[i].key_length = e->hdrs.klen[i];
+					hs[i].value_ptr = HV(&e->hdrs, i);
+					hs[i].value_length = e->hdrs.vlen[i];
 				}
 				buffer_t chunk = {e->body, e->body_len};
 				H.callout_done(e->s, e->s->module, e->id, (uint32_t)e->result, e->hdrs.n ? hs : NULL, e->hdrs.n,
@@ -311,10 +320,10 @@ bool envoy_dynamic_module_callback_http_get_header(void* f, uint32_t type, buffe
 	result->length = 0;
 	if (m) {
 		for (int i = 0; i < m->n; i++) {
-			if (strlen(m->h[i].k) != key.length || strncasecmp(m->h[i].k, key.ptr, key.length) != 0) continue;
+			if (m->klen[i] != key.length || strncasecmp(HK(m, i), key.ptr, key.length) != 0) continue;
 			if (seen == index) {
-				result->ptr = m->h[i].v;
-				result->length = strlen(m->h[i].v);
+				result->ptr = HV(m, i);
+				result->length = m->vlen[i];
 				found = true;
 			}
 			seen++;
@@ -333,10 +342,10 @@ bool envoy_dynamic_module_callback_http_get_headers(void* f, uint32_t type, head
 	hmap_t* m = map_of((stream_t*)f, type);
 	if (!m) return false;
 	for (int i = 0; i < m->n; i++) {
-		out[i].key_ptr = m->h[i].k;
-		out[i].key_length = strlen(m->h[i].k);
-		out[i].value_ptr = m->h[i].v;
-		out[i].value_length = strlen(m->h[i].v);
+		out[i].key_ptr = HK(m, i);
+		out[i].key_length = m->klen[i];
+		out[i].value_ptr = HV(m, i);
+		out[i].value_length = m->vlen[i];
 	}
 	return true;
 }
@@ -537,7 +546,7 @@ uint32_t envoy_dynamic_module_callback_http_filter_http_callout(void* f, uint64_
 }
 
 // ---- script ----
-#define MAXS 4096
+#define MAXS 1024
 static stream_t streams[MAXS];
 static worker_t* cur_worker = &workers[0];
 
@@ -562,7 +571,7 @@ static stream_t* new_stream(const char* id) {
 }
 
 static void print_map(const char* tag, hmap_t* m) {
-	for (int i = 0; i < m->n; i++) printf("  %s %s: %s\n", tag, m->h[i].k, m->h[i].v);
+	for (int i = 0; i < m->n; i++) printf("  %s %s: %s\n", tag, HK(m, i), HV(m, i));
 }
 
 // add_headers parses "name:value" arguments (and src=ADDR) into s.
