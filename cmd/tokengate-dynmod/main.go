@@ -4,8 +4,10 @@
 // with -buildmode=c-shared into libtokengate.so (make dynmod), it exports
 // the hooks of Envoy's dynamic-module ABI "v0.1.0" (Envoy 1.38; 1.39 and
 // 1.40 load it too) and runs the same filter, with the same JSON
-// configuration, as the proxy-wasm module. The hooks and the callbacks are
-// bound here with cgo; everything else is filter/dynmod. Every wrapper is
+// configuration, as the proxy-wasm module. The hooks are C functions
+// (hooks.c) that call the Go side here when a stream needs it; the
+// callbacks are reached through the C wrappers of wrappers.c; everything
+// else is filter/dynmod. Every wrapper is
 // noescape (C keeps no Go pointer past a call, and a Go argument frame
 // that escaped would cost an allocation per call); those that cannot call
 // back into the module (Envoy may re-enter hooks from send_response,
@@ -34,7 +36,6 @@ package main
 #cgo noescape tg_scheduler_new
 #cgo noescape tg_scheduler_commit
 #cgo noescape tg_scheduler_delete
-#cgo noescape tg_abi_version
 #cgo nocallback tg_get_header
 #cgo nocallback tg_set_header
 #cgo nocallback tg_set_headers
@@ -174,87 +175,86 @@ func (cenv) SchedulerDelete(s uintptr) { C.tg_scheduler_delete(C.uintptr_t(s)) }
 // dynmod hooks recover their own.
 func recovered() { _ = recover() }
 
-//export envoy_dynamic_module_on_program_init
-func envoy_dynamic_module_on_program_init() *C.char {
-	defer recovered()
-	return C.tg_abi_version()
-}
+// The Go side of the hooks, called by hooks.c, which exports Envoy's hook
+// symbols, keeps a C record per stream (so that Envoy holds no Go
+// pointer), and crosses into Go only when the stream needs it.
 
-//export envoy_dynamic_module_on_http_filter_config_new
-func envoy_dynamic_module_on_http_filter_config_new(cfg C.uintptr_t, name C.tg_buffer, config C.tg_buffer) (h C.uintptr_t) {
+//export tgo_config_new
+func tgo_config_new(cfg C.uintptr_t, config *C.char, n C.size_t) (h C.uintptr_t) {
 	defer recovered()
 	var raw []byte
-	if config.ptr != nil && config.length > 0 {
-		raw = unsafe.Slice((*byte)(unsafe.Pointer(config.ptr)), int(config.length))
+	if config != nil && n > 0 {
+		raw = unsafe.Slice((*byte)(unsafe.Pointer(config)), int(n))
 	}
 	return C.uintptr_t(dynmod.ConfigNew(uintptr(cfg), raw)) // ConfigNew copies raw
 }
 
-//export envoy_dynamic_module_on_http_filter_config_destroy
-func envoy_dynamic_module_on_http_filter_config_destroy(h C.uintptr_t) {
+//export tgo_config_destroy
+func tgo_config_destroy(h C.uintptr_t) {
 	defer recovered()
 	dynmod.ConfigDestroy(uintptr(h))
 }
 
-//export envoy_dynamic_module_on_http_filter_config_scheduled
-func envoy_dynamic_module_on_http_filter_config_scheduled(cfg, h C.uintptr_t, event C.uint64_t) {}
-
-//export envoy_dynamic_module_on_http_filter_new
-func envoy_dynamic_module_on_http_filter_new(cfg, f C.uintptr_t) (h C.uintptr_t) {
+//export tgo_request_headers_new
+func tgo_request_headers_new(cfg, f C.uintptr_t, end C.bool) (h C.uintptr_t, st C.uint32_t) {
 	defer recovered()
-	return C.uintptr_t(dynmod.FilterNew(uintptr(cfg), uintptr(f)))
+	gh, gst := dynmod.RequestHeadersNew(uintptr(cfg), uintptr(f), bool(end))
+	return C.uintptr_t(gh), C.uint32_t(gst)
 }
 
-//export envoy_dynamic_module_on_http_filter_request_headers
-func envoy_dynamic_module_on_http_filter_request_headers(f, h C.uintptr_t, end C.bool) (st C.uint32_t) {
+//export tgo_request_headers
+func tgo_request_headers(f, h C.uintptr_t, end C.bool) (st C.uint32_t) {
 	defer recovered()
 	return C.uint32_t(dynmod.RequestHeaders(uintptr(f), uintptr(h), bool(end)))
 }
 
-//export envoy_dynamic_module_on_http_filter_request_body
-func envoy_dynamic_module_on_http_filter_request_body(f, h C.uintptr_t, end C.bool) (st C.uint32_t) {
+//export tgo_request_body
+func tgo_request_body(f, h C.uintptr_t, end C.bool) (st C.uint32_t) {
 	defer recovered()
 	return C.uint32_t(dynmod.RequestBody(uintptr(f), uintptr(h), bool(end)))
 }
 
-//export envoy_dynamic_module_on_http_filter_request_trailers
-func envoy_dynamic_module_on_http_filter_request_trailers(f, h C.uintptr_t) (st C.uint32_t) {
+//export tgo_request_trailers
+func tgo_request_trailers(f, h C.uintptr_t) (st C.uint32_t) {
 	defer recovered()
 	return C.uint32_t(dynmod.RequestTrailers(uintptr(f), uintptr(h)))
 }
 
-//export envoy_dynamic_module_on_http_filter_response_headers
-func envoy_dynamic_module_on_http_filter_response_headers(f, h C.uintptr_t, end C.bool) (st C.uint32_t) {
+//export tgo_response_headers
+func tgo_response_headers(f, h C.uintptr_t, end C.bool) (st C.uint32_t) {
 	defer recovered()
 	return C.uint32_t(dynmod.ResponseHeaders(uintptr(f), uintptr(h), bool(end)))
 }
 
-//export envoy_dynamic_module_on_http_filter_response_body
-func envoy_dynamic_module_on_http_filter_response_body(f, h C.uintptr_t, end C.bool) (st C.uint32_t) {
+//export tgo_response_body
+func tgo_response_body(f, h C.uintptr_t, end C.bool) (st C.uint32_t) {
 	defer recovered()
 	return C.uint32_t(dynmod.ResponseBody(uintptr(f), uintptr(h), bool(end)))
 }
 
-//export envoy_dynamic_module_on_http_filter_response_trailers
-func envoy_dynamic_module_on_http_filter_response_trailers(f, h C.uintptr_t) (st C.uint32_t) {
+//export tgo_response_trailers
+func tgo_response_trailers(f, h C.uintptr_t) (st C.uint32_t) {
 	defer recovered()
 	return C.uint32_t(dynmod.ResponseTrailers(uintptr(f), uintptr(h)))
 }
 
-//export envoy_dynamic_module_on_http_filter_stream_complete
-func envoy_dynamic_module_on_http_filter_stream_complete(f, h C.uintptr_t) {
+//export tgo_stream_complete
+func tgo_stream_complete(f, h C.uintptr_t) (released C.int) {
 	defer recovered()
-	dynmod.StreamComplete(uintptr(f), uintptr(h))
+	if dynmod.StreamComplete(uintptr(f), uintptr(h)) {
+		return 1
+	}
+	return 0
 }
 
-//export envoy_dynamic_module_on_http_filter_destroy
-func envoy_dynamic_module_on_http_filter_destroy(h C.uintptr_t) {
+//export tgo_destroy
+func tgo_destroy(h C.uintptr_t) {
 	defer recovered()
 	dynmod.Destroy(uintptr(h))
 }
 
-//export envoy_dynamic_module_on_http_filter_http_callout_done
-func envoy_dynamic_module_on_http_filter_http_callout_done(f, h C.uintptr_t, id C.uint64_t, result C.uint32_t,
+//export tgo_callout_done
+func tgo_callout_done(f, h C.uintptr_t, id C.uint64_t, result C.uint32_t,
 	hs *C.tg_header, nh C.size_t, chunks *C.tg_buffer, nc C.size_t) {
 	defer recovered()
 	resp := &dynmod.CallResponse{}
@@ -273,37 +273,10 @@ func envoy_dynamic_module_on_http_filter_http_callout_done(f, h C.uintptr_t, id 
 	dynmod.CalloutDone(uintptr(f), uintptr(h), uint64(id), uint32(result), resp)
 }
 
-//export envoy_dynamic_module_on_http_filter_http_stream_headers
-func envoy_dynamic_module_on_http_filter_http_stream_headers(f, h C.uintptr_t, id C.uint64_t, hs *C.tg_header, n C.size_t, end C.bool) {
-}
-
-//export envoy_dynamic_module_on_http_filter_http_stream_data
-func envoy_dynamic_module_on_http_filter_http_stream_data(f, h C.uintptr_t, id C.uint64_t, data *C.tg_buffer, n C.size_t, end C.bool) {
-}
-
-//export envoy_dynamic_module_on_http_filter_http_stream_trailers
-func envoy_dynamic_module_on_http_filter_http_stream_trailers(f, h C.uintptr_t, id C.uint64_t, hs *C.tg_header, n C.size_t) {
-}
-
-//export envoy_dynamic_module_on_http_filter_http_stream_complete
-func envoy_dynamic_module_on_http_filter_http_stream_complete(f, h C.uintptr_t, id C.uint64_t) {}
-
-//export envoy_dynamic_module_on_http_filter_http_stream_reset
-func envoy_dynamic_module_on_http_filter_http_stream_reset(f, h C.uintptr_t, id C.uint64_t, reason C.uint32_t) {
-}
-
-//export envoy_dynamic_module_on_http_filter_scheduled
-func envoy_dynamic_module_on_http_filter_scheduled(f, h C.uintptr_t, event C.uint64_t) {
+//export tgo_scheduled
+func tgo_scheduled(f, h C.uintptr_t, event C.uint64_t) {
 	defer recovered()
 	dynmod.Scheduled(uintptr(f), uintptr(h), uint64(event))
-}
-
-//export envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark
-func envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(f, h C.uintptr_t) {
-}
-
-//export envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark
-func envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(f, h C.uintptr_t) {
 }
 
 // allocSample reads the Go heap's allocation count without allocating.

@@ -262,15 +262,19 @@ func (w *worker) flushCounts() {
 	}
 }
 
-// streamOf returns the worker and slot of stream handle h.
+// streamOf returns the worker and slot of stream handle h: the config's
+// index in its low 8 bits, the worker's in the next 16, then the stream's
+// id (its slot plus one and the slot's generation, 32 bits), so that the
+// handle of a released stream never reaches the stream reusing its slot.
 func streamOf(h uintptr) (*worker, uint32, *stream) {
 	c := cfgs[h&0xff].Load()
-	if c == nil || h>>24 == 0 {
+	id := uint32(h >> 24)
+	if c == nil || id&slotMask == 0 {
 		return nil, 0, nil
 	}
 	w := c.workers[(h>>8)&0xffff].Load()
-	slot := uint32(h>>24) - 1
-	if w == nil || int(slot) >= len(w.streams) || !w.streams[slot].live {
+	slot := id&slotMask - 1
+	if w == nil || int(slot) >= len(w.streams) || !w.streams[slot].live || w.streams[slot].id != id {
 		return nil, 0, nil
 	}
 	return w, slot, &w.streams[slot]
@@ -301,7 +305,18 @@ func FilterNew(cfgHandle, f uintptr) (h uintptr) {
 	s := w.p.NewStream()
 	s.SetID(id)
 	w.streams[slot] = stream{s: s, f: f, id: id, live: true}
-	return uintptr(c.idx) | uintptr(wi)<<8 | uintptr(slot+1)<<24
+	return uintptr(c.idx) | uintptr(wi)<<8 | uintptr(id)<<24
+}
+
+// RequestHeadersNew is FilterNew and RequestHeaders in one crossing from C:
+// the binding's C hooks (cmd/tokengate-dynmod/hooks.c) create the Go side
+// of a stream only when its request headers arrive. It returns the
+// stream's handle (0: none) and the hook's answer.
+func RequestHeadersNew(cfgHandle, f uintptr, end bool) (h uintptr, status uint32) {
+	if h = FilterNew(cfgHandle, f); h == 0 {
+		return 0, HeadersContinue
+	}
+	return h, RequestHeaders(f, h, end)
 }
 
 // RequestHeaders is on_http_filter_request_headers.
@@ -387,14 +402,29 @@ func ResponseTrailers(f, h uintptr) (status uint32) {
 
 // StreamComplete is on_http_filter_stream_complete: the stream ended, by
 // whatever path; the filter settles and releases what it holds (filter
-// pointers stay valid until Destroy).
-func StreamComplete(f, h uintptr) {
+// pointers stay valid until Destroy). A stream that left nothing behind
+// (no callout in flight, no scheduler) is destroyed at once: released
+// reports it, and Destroy need not be called for it (it would do
+// nothing).
+func StreamComplete(f, h uintptr) (released bool) {
 	defer guard("on_http_filter_stream_complete", nil)
-	if w, slot, st := streamOf(h); w != nil {
-		w.enter(f, slot)
-		st.s.OnDone()
-		w.cur = 0
+	w, slot, st := streamOf(h)
+	if w == nil {
+		return false
 	}
+	w.enter(f, slot)
+	st.s.OnDone()
+	w.cur = 0
+	if st.sched != 0 {
+		return false
+	}
+	for i := range w.calls {
+		if w.calls[i].slot == slot {
+			return false
+		}
+	}
+	Destroy(h)
+	return true
 }
 
 // Destroy is on_http_filter_destroy: Envoy cancels the stream's callouts
