@@ -46,7 +46,8 @@ const void* envoy_dynamic_module_on_http_filter_new(const void* cfg, void* f) {
 uint32_t envoy_dynamic_module_on_http_filter_request_headers(void* f, const void* m, bool end) {
 	tg_stream* s = (tg_stream*)m;
 	if (s->go == 0) {
-		struct tgo_request_headers_new_return r = tgo_request_headers_new(s->cfg, (uintptr_t)f, end);
+		uint32_t worker = envoy_dynamic_module_callback_http_filter_get_worker_index(f);
+		struct tgo_request_headers_new_return r = tgo_request_headers_new(s->cfg, (uintptr_t)f, worker, end);
 		s->go = r.r0 ? r.r0 : NONE;
 		return r.r1;
 	}

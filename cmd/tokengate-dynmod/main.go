@@ -196,9 +196,9 @@ func tgo_config_destroy(h C.uintptr_t) {
 }
 
 //export tgo_request_headers_new
-func tgo_request_headers_new(cfg, f C.uintptr_t, end C.bool) (h C.uintptr_t, st C.uint32_t) {
+func tgo_request_headers_new(cfg, f C.uintptr_t, worker C.uint32_t, end C.bool) (h C.uintptr_t, st C.uint32_t) {
 	defer recovered()
-	gh, gst := dynmod.RequestHeadersNew(uintptr(cfg), uintptr(f), bool(end))
+	gh, gst := dynmod.RequestHeadersNew(uintptr(cfg), uintptr(f), uint32(worker), bool(end))
 	return C.uintptr_t(gh), C.uint32_t(gst)
 }
 

@@ -285,11 +285,16 @@ func streamOf(h uintptr) (*worker, uint32, *stream) {
 // config is gone.
 func FilterNew(cfgHandle, f uintptr) (h uintptr) {
 	defer guard("on_http_filter_new", func() { h = 0 })
+	return filterNew(cfgHandle, f, env.WorkerIndex(f))
+}
+
+// filterNew is FilterNew on Envoy worker wi.
+func filterNew(cfgHandle, f uintptr, wi uint32) uintptr {
 	c := configOf(cfgHandle)
 	if c == nil {
 		return 0
 	}
-	wi := env.WorkerIndex(f) % maxWorkers
+	wi %= maxWorkers
 	w := c.worker(wi)
 	var slot uint32
 	if n := len(w.free); n > 0 {
@@ -310,10 +315,15 @@ func FilterNew(cfgHandle, f uintptr) (h uintptr) {
 
 // RequestHeadersNew is FilterNew and RequestHeaders in one crossing from C:
 // the binding's C hooks (cmd/tokengate-dynmod/hooks.c) create the Go side
-// of a stream only when its request headers arrive. It returns the
-// stream's handle (0: none) and the hook's answer.
-func RequestHeadersNew(cfgHandle, f uintptr, end bool) (h uintptr, status uint32) {
-	if h = FilterNew(cfgHandle, f); h == 0 {
+// of a stream only when its request headers arrive, on Envoy worker wi
+// (which the C side asked Envoy for). It returns the stream's handle (0:
+// none) and the hook's answer.
+func RequestHeadersNew(cfgHandle, f uintptr, wi uint32, end bool) (h uintptr, status uint32) {
+	func() {
+		defer guard("on_http_filter_new", func() { h = 0 })
+		h = filterNew(cfgHandle, f, wi)
+	}()
+	if h == 0 {
 		return 0, HeadersContinue
 	}
 	return h, RequestHeaders(f, h, end)
