@@ -111,6 +111,7 @@ typedef struct stream {
 	hmap_t local_hdrs;
 	char local_body[512];
 	int continued;
+	double started; // monotonic seconds when its request headers were sent
 	int destroyed;
 	int in_use;
 } stream_t;
@@ -804,6 +805,7 @@ static void run_script(FILE* in) {
 			stream_t* s = new_stream(argv[1]);
 			s->w = cur_worker;
 			add_headers(s, &s->req, argv + 2, argc - 2);
+			s->started = now_s();
 			s->module = H.filter_new(config_module, s);
 			if (!s->module) {
 				printf("req %s nofilter\n", s->id);
@@ -813,7 +815,8 @@ static void run_script(FILE* in) {
 			print_req("req", s, st);
 		} else if (!strcmp(cmd, "wait")) {
 			// wait ID MS: run the stream's worker loop until the stream
-			// goes on, gets a local reply, or MS pass.
+			// goes on (printing the ms since its request headers were
+			// sent), gets a local reply, or MS pass.
 			stream_t* s = find_stream(argv[1]);
 			double t0 = now_s(), limit = atof(argv[2]) / 1000;
 			while (s && !s->continued && !s->local_status && now_s() - t0 < limit) dispatch(s->w, 0.002);
@@ -822,7 +825,7 @@ static void run_script(FILE* in) {
 			else if (s->local_status)
 				print_req("wait", s, 1);
 			else if (s->continued)
-				printf("wait %s continued %.1f\n", s->id, (now_s() - t0) * 1000);
+				printf("wait %s continued %.1f\n", s->id, (now_s() - s->started) * 1000); // ms since its request
 			else
 				printf("wait %s timeout\n", s->id);
 		} else if (!strcmp(cmd, "resp")) {
