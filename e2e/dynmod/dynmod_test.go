@@ -2,9 +2,10 @@
 // (libtokengate.so, cmd/tokengate-dynmod) from testdata/host.c, a C test host
 // written from the ABI alone: it dlopens the library with RTLD_NOW,
 // provides every callback the library references, and runs the scripts
-// below on simulated Envoy workers, each a thread with its own event loop
-// for scheduler events and callout completions. Callouts are real HTTP/1.1
-// requests to 127.0.0.1.
+// below: config hooks on the script's thread (Envoy's main thread), stream
+// hooks on simulated Envoy workers, each a thread with its own event loop
+// for its streams, scheduler events and callout completions. Callouts are
+// real HTTP/1.1 requests to 127.0.0.1.
 package dynmod_test
 
 import (

@@ -2,10 +2,13 @@
 // Envoy 1.38) and sharing no code with the module it judges. It dlopens a
 // module with RTLD_NOW, provides the callbacks a module may reference
 // (exported from this executable, linked with -rdynamic), and runs a script
-// read from stdin: one command per line (see the commands in run_script).
-// Each simulated Envoy worker has its own event queue, as Envoy's worker
-// dispatcher: scheduler commits (from any thread) and callout completions
-// are delivered on it, on the worker's thread.
+// read from stdin: one command per line (see run_script and stream_cmd).
+// The script's thread plays Envoy's main thread (program init, config new
+// and destroy); each simulated Envoy worker is a thread of its own running
+// its dispatcher loop, as Envoy's worker does: a stream's hooks, the
+// scheduler events committed to it (from any thread) and its callouts'
+// completions all run there, and so do the script's commands about the
+// worker's streams.
 //
 // Build: cc -O2 -pthread -rdynamic -o host host.c -ldl
 #define _GNU_SOURCE
@@ -118,7 +121,10 @@ typedef struct stream {
 
 typedef struct event {
 	struct event* next;
-	int kind; // 1: scheduled, 2: callout done
+	int kind; // 1: scheduled, 2: callout done, 3: a command to run on the worker
+	void (*fn)(void*);
+	void* arg;
+	int* done;
 	stream_t* s;
 	uint64_t id;
 	// callout answer
@@ -133,6 +139,8 @@ typedef struct worker {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	event_t *head, *tail;
+	pthread_t thread;
+	int started;
 } worker_t;
 
 typedef struct {
@@ -220,6 +228,11 @@ static double now_s(void) {
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+// Commands the script thread hands to a worker thread signal their end
+// through these.
+static pthread_mutex_t cmd_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cmd_cv = PTHREAD_COND_INITIALIZER;
+
 static void push(worker_t* w, event_t* e) {
 	e->next = NULL;
 	pthread_mutex_lock(&w->mu);
@@ -250,7 +263,13 @@ static int dispatch(worker_t* w, double wait_s) {
 	pthread_mutex_unlock(&w->mu);
 	while (e) {
 		event_t* next = e->next;
-		if (!e->s->destroyed) {
+		if (e->kind == 3) {
+			e->fn(e->arg);
+			pthread_mutex_lock(&cmd_mu);
+			*e->done = 1;
+			pthread_cond_broadcast(&cmd_cv);
+			pthread_mutex_unlock(&cmd_mu);
+		} else if (!e->s->destroyed) {
 			if (e->kind == 1) {
 				H.scheduled(e->s, e->s->module, e->id);
 			} else {
@@ -273,6 +292,45 @@ static int dispatch(worker_t* w, double wait_s) {
 		n++;
 	}
 	return n;
+}
+
+// worker_main is a simulated Envoy worker: its thread runs its dispatcher
+// loop for good (scheduler events, callout completions, and the script's
+// commands for streams of this worker).
+static void* worker_main(void* arg) {
+	worker_t* w = arg;
+	for (;;) dispatch(w, 0.01);
+	return NULL;
+}
+
+// post hands fn(arg) to worker w's thread; *done becomes 1 once it ran.
+static void post(worker_t* w, void (*fn)(void*), void* arg, int* done) {
+	pthread_mutex_lock(&cmd_mu);
+	if (!w->started) {
+		w->started = 1;
+		pthread_create(&w->thread, NULL, worker_main, w);
+	}
+	pthread_mutex_unlock(&cmd_mu);
+	event_t* e = calloc(1, sizeof *e);
+	e->kind = 3;
+	e->fn = fn;
+	e->arg = arg;
+	e->done = done;
+	*done = 0;
+	push(w, e);
+}
+
+static void await_done(int* done) {
+	pthread_mutex_lock(&cmd_mu);
+	while (!*done) pthread_cond_wait(&cmd_cv, &cmd_mu);
+	pthread_mutex_unlock(&cmd_mu);
+}
+
+// run_on runs fn(arg) on worker w's thread and waits for it.
+static void run_on(worker_t* w, void (*fn)(void*), void* arg) {
+	int done;
+	post(w, fn, arg, &done);
+	await_done(&done);
 }
 
 // ---- the callbacks Envoy provides ----
@@ -649,6 +707,8 @@ static int one_request(worker_t* w, stream_t* s, char** hdrs, int nhdrs) {
 	return rc;
 }
 
+static void load_cmd(void* arg);
+
 static void* load_thread(void* arg) {
 	load_t* l = arg;
 	stream_t* s = calloc(1, sizeof *s);
@@ -670,23 +730,28 @@ static void* load_thread(void* arg) {
 	return NULL;
 }
 
+static void load_cmd(void* arg) { load_thread(arg); }
+
+// run_load runs the load on the first `threads` workers, each on its own
+// thread (threads beyond the workers are cut to their number).
 static void run_load(int threads, int n, double seconds, char** hdrs, int nhdrs) {
 	load_t ls[MAXW];
-	pthread_t ts[MAXW];
+	int done[MAXW];
+	if (threads > (int)concurrency) threads = (int)concurrency;
 	double start = now_s();
 	for (int i = 0; i < threads; i++) {
 		memset(&ls[i], 0, sizeof ls[i]);
-		ls[i].w = &workers[i % concurrency];
+		ls[i].w = &workers[i];
 		ls[i].n = n;
 		ls[i].deadline = start + seconds;
 		ls[i].hdrs = hdrs;
 		ls[i].nhdrs = nhdrs;
-		pthread_create(&ts[i], NULL, load_thread, &ls[i]);
+		post(&workers[i], load_cmd, &ls[i], &done[i]);
 	}
 	long a = 0, r = 0, o = 0;
 	double first0 = 1e18, first1 = 1e18, last0 = 0, last1 = 0;
 	for (int i = 0; i < threads; i++) {
-		pthread_join(ts[i], NULL);
+		await_done(&done[i]);
 		a += ls[i].admitted;
 		r += ls[i].rejected;
 		o += ls[i].other;
@@ -726,7 +791,7 @@ static int cmp_double(const void* a, const void* b) {
 }
 
 static void run_bench(int rounds, int n, char** hdrs, int nhdrs) {
-	worker_t* w = &workers[0];
+	worker_t* w = cur_worker;
 	stream_t* s = calloc(1, sizeof *s);
 	double with[256], without[256];
 	if (rounds > 256) rounds = 256;
@@ -748,7 +813,7 @@ static void run_bench(int rounds, int n, char** hdrs, int nhdrs) {
 }
 
 static void run_allocs(int n, char** hdrs, int nhdrs) {
-	worker_t* w = &workers[0];
+	worker_t* w = cur_worker;
 	stream_t* s = calloc(1, sizeof *s);
 	if (!H.go_allocs) {
 		printf("allocs unavailable\n");
@@ -760,6 +825,73 @@ static void run_allocs(int n, char** hdrs, int nhdrs) {
 	uint64_t a1 = H.go_allocs();
 	printf("allocs requests %d objects %llu\n", n, (unsigned long long)(a1 - a0));
 	free(s);
+}
+
+// A script command about streams, run on the current worker's thread.
+typedef struct {
+	char** argv;
+	int argc;
+} cmd_t;
+
+static void stream_cmd(void* arg) {
+	cmd_t* c = arg;
+	char** argv = c->argv;
+	int argc = c->argc;
+	const char* cmd = argv[0];
+	if (!strcmp(cmd, "req")) {
+		// req ID [src=ADDR] [name:value]...: a new stream, its request
+		// headers (end of stream).
+		stream_t* s = new_stream(argv[1]);
+		s->w = cur_worker;
+		add_headers(s, &s->req, argv + 2, argc - 2);
+		s->started = now_s();
+		s->module = H.filter_new(config_module, s);
+		if (!s->module) {
+			printf("req %s nofilter\n", s->id);
+			return;
+		}
+		uint32_t st = H.request_headers(s, s->module, true);
+		print_req("req", s, st);
+	} else if (!strcmp(cmd, "wait")) {
+		// wait ID MS: run this worker's loop until the stream goes on
+		// (printing the ms since its request headers were sent), gets a
+		// local reply, or MS pass.
+		stream_t* s = find_stream(argv[1]);
+		double t0 = now_s(), limit = atof(argv[2]) / 1000;
+		while (s && !s->continued && !s->local_status && now_s() - t0 < limit) dispatch(s->w, 0.002);
+		if (!s)
+			printf("wait %s nostream\n", argv[1]);
+		else if (s->local_status)
+			print_req("wait", s, 1);
+		else if (s->continued)
+			printf("wait %s continued %.1f\n", s->id, (now_s() - s->started) * 1000); // ms since its request
+		else
+			printf("wait %s timeout\n", s->id);
+	} else if (!strcmp(cmd, "resp")) {
+		// resp ID STATUS [name:value]...: the upstream's response headers.
+		stream_t* s = find_stream(argv[1]);
+		hmap_add(&s->resp, ":status", 7, argv[2], strlen(argv[2]));
+		add_headers(s, &s->resp, argv + 3, argc - 3);
+		H.response_headers(s, s->module, true);
+		printf("resp %s\n", s->id);
+		print_map("hdr", &s->resp);
+	} else if (!strcmp(cmd, "done")) {
+		stream_t* s = find_stream(argv[1]);
+		finish_stream(s);
+		hmap_clear(&s->req);
+		hmap_clear(&s->resp);
+		s->in_use = 0;
+		printf("done %s\n", argv[1]);
+	} else if (!strcmp(cmd, "pump")) {
+		// pump MS: run this worker's loop for MS.
+		double t0 = now_s(), limit = atof(argv[1]) / 1000;
+		while (now_s() - t0 < limit) dispatch(cur_worker, 0.002);
+	} else if (!strcmp(cmd, "bench")) {
+		run_bench(atoi(argv[1]), atoi(argv[2]), argv + 3, argc - 3);
+	} else if (!strcmp(cmd, "allocs")) {
+		run_allocs(atoi(argv[1]), argv + 2, argc - 2);
+	}
+	fflush(stdout);
 }
 
 static int split(char* line, char** argv, int max) {
@@ -799,54 +931,12 @@ static void run_script(FILE* in) {
 			clusters[nclusters++].port = atoi(argv[2]);
 		} else if (!strcmp(cmd, "worker")) {
 			cur_worker = &workers[atoi(argv[1])];
-		} else if (!strcmp(cmd, "req")) {
-			// req ID [src=ADDR] [name:value]...: a new stream, its request
-			// headers (end of stream).
-			stream_t* s = new_stream(argv[1]);
-			s->w = cur_worker;
-			add_headers(s, &s->req, argv + 2, argc - 2);
-			s->started = now_s();
-			s->module = H.filter_new(config_module, s);
-			if (!s->module) {
-				printf("req %s nofilter\n", s->id);
-				continue;
-			}
-			uint32_t st = H.request_headers(s, s->module, true);
-			print_req("req", s, st);
-		} else if (!strcmp(cmd, "wait")) {
-			// wait ID MS: run the stream's worker loop until the stream
-			// goes on (printing the ms since its request headers were
-			// sent), gets a local reply, or MS pass.
-			stream_t* s = find_stream(argv[1]);
-			double t0 = now_s(), limit = atof(argv[2]) / 1000;
-			while (s && !s->continued && !s->local_status && now_s() - t0 < limit) dispatch(s->w, 0.002);
-			if (!s)
-				printf("wait %s nostream\n", argv[1]);
-			else if (s->local_status)
-				print_req("wait", s, 1);
-			else if (s->continued)
-				printf("wait %s continued %.1f\n", s->id, (now_s() - s->started) * 1000); // ms since its request
-			else
-				printf("wait %s timeout\n", s->id);
-		} else if (!strcmp(cmd, "resp")) {
-			// resp ID STATUS [name:value]...: the upstream's response headers.
-			stream_t* s = find_stream(argv[1]);
-			hmap_add(&s->resp, ":status", 7, argv[2], strlen(argv[2]));
-			add_headers(s, &s->resp, argv + 3, argc - 3);
-			H.response_headers(s, s->module, true);
-			printf("resp %s\n", s->id);
-			print_map("hdr", &s->resp);
-		} else if (!strcmp(cmd, "done")) {
-			stream_t* s = find_stream(argv[1]);
-			finish_stream(s);
-			hmap_clear(&s->req);
-			hmap_clear(&s->resp);
-			s->in_use = 0;
-			printf("done %s\n", argv[1]);
-		} else if (!strcmp(cmd, "pump")) {
-			// pump MS: run the current worker's loop for MS.
-			double t0 = now_s(), limit = atof(argv[1]) / 1000;
-			while (now_s() - t0 < limit) dispatch(cur_worker, 0.002);
+		} else if (!strcmp(cmd, "req") || !strcmp(cmd, "wait") || !strcmp(cmd, "resp") || !strcmp(cmd, "done") ||
+		           !strcmp(cmd, "pump") || !strcmp(cmd, "bench") || !strcmp(cmd, "allocs")) {
+			// Stream commands run on the current worker's thread, as
+			// Envoy runs a stream's hooks on the worker that owns it.
+			cmd_t c = {argv, argc};
+			run_on(cur_worker, stream_cmd, &c);
 		} else if (!strcmp(cmd, "sleep")) {
 			usleep((useconds_t)(atof(argv[1]) * 1000));
 		} else if (!strcmp(cmd, "counter")) {
@@ -861,10 +951,6 @@ static void run_script(FILE* in) {
 		} else if (!strcmp(cmd, "hammer")) {
 			// hammer THREADS SECONDS [name:value]...
 			run_load(atoi(argv[1]), 0, atof(argv[2]), argv + 3, argc - 3);
-		} else if (!strcmp(cmd, "bench")) {
-			run_bench(atoi(argv[1]), atoi(argv[2]), argv + 3, argc - 3);
-		} else if (!strcmp(cmd, "allocs")) {
-			run_allocs(atoi(argv[1]), argv + 2, argc - 2);
 		} else if (!strcmp(cmd, "destroy")) {
 			H.config_destroy(config_module);
 			config_module = NULL;
