@@ -665,3 +665,40 @@ func TestLease(t *testing.T) {
 		t.Error("no lease call was made")
 	}
 }
+
+// TestClusterSettleOnAnotherStream: a cluster rule's settlement is a
+// callout made as the stream ends; Envoy would cancel it with the ending
+// stream, so the module makes it on another live stream of the worker.
+// With count_statuses [200] a 500 refunds its hit in tokengate-rls, and
+// the bucket (burst 1) admits the next request.
+func TestClusterSettleOnAnotherStream(t *testing.T) {
+	need(t)
+	cfg := `{"rules":[{"name":"cs","scope":"cluster","limit_keys":["header:x-key"],"algorithm_config":{"rps":0.001,"burst":1,"count_statuses":[200]}}],` +
+		`"settings":{"rls":{"cluster":"ratelimit","protocol":"json","timeout_ms":5000,"on_error":"deny"}}}`
+	port := startRLS(t, cfg)
+	lines := run(t, "workers 1\ncluster ratelimit "+strconv.Itoa(port)+"\nconfig "+cfg+`
+req k x-key:keeper
+wait k 10000
+req a x-key:alice
+wait a 10000
+resp a 500
+done a
+pump 1000
+req c x-key:alice
+wait c 10000
+counter tokengate.rls_settle_calls
+counter tokengate.rls_settle_errors
+`)
+	m := replies(lines)
+	for _, id := range []string{"k", "a", "c"} {
+		if r := m["wait "+id]; r == nil || r.verdict != "continued" {
+			t.Fatalf("request %s: %+v, want admitted by the service (c only if a's hit was refunded)", id, r)
+		}
+	}
+	if n := counter(t, lines, "tokengate.rls_settle_errors"); n != 0 {
+		t.Errorf("rls_settle_errors %d, want 0", n)
+	}
+	if n := counter(t, lines, "tokengate.rls_settle_calls"); n < 1 {
+		t.Errorf("rls_settle_calls %d, want the settlement's call", n)
+	}
+}

@@ -207,16 +207,23 @@ func (h *whost) SendLocalResponse(status uint32, details string, body []byte, he
 	return nil
 }
 
-// HTTPCall implements filter.Caller: the callout is made on the current
-// stream, or, from a tick or an answer (no current stream), on the most
-// recently paused stream of the worker; Envoy cancels it if that stream
-// ends first, and the binding then answers it as failed (Destroy).
+// HTTPCall implements filter.Caller. A callout belongs to a stream in
+// Envoy, which cancels it when the stream is destroyed (the binding then
+// answers it as failed, Destroy). It is made on the current stream; from a
+// tick or an answer (no current stream), on the most recently paused
+// stream of the worker; from a stream's response or end (a cluster
+// settlement), on another live stream of the worker if there is one, so
+// that it outlives the stream that made it.
 func (h *whost) HTTPCall(cluster string, headers [][2]string, body []byte, timeoutMs uint32) (uint32, error) {
 	w := h.w
 	f, slot := w.cur, w.curSlot
-	if f == 0 {
+	if ending := f != 0 && w.ending == slot+1; f == 0 || ending {
 		for i := len(w.streams) - 1; i >= 0; i-- {
-			if st := &w.streams[i]; st.live && st.sched != 0 {
+			st := &w.streams[i]
+			if !st.live || ending && uint32(i) == slot {
+				continue
+			}
+			if st.sched != 0 || ending { // from a tick: a paused stream; from an end: any other
 				f, slot = st.f, uint32(i)
 				break
 			}

@@ -207,6 +207,12 @@ type worker struct {
 	cur     uintptr
 	curSlot uint32
 	resp    *CallResponse // the callout answer being delivered
+	// ending is the slot plus one of the stream whose response hook or
+	// stream_complete is running, 0 outside: a callout it makes (a cluster
+	// settlement) would die with it, as the stream ends right after its
+	// response, so it goes on another live stream if there is one
+	// (HTTPCall).
+	ending uint32
 	// owed are counts made outside a stream, by counter id, for the next
 	// hook on a stream to report; owing says some are.
 	owed  []uint64
@@ -381,7 +387,9 @@ func ResponseHeaders(f, h uintptr, end bool) (status uint32) {
 	defer guard("on_http_filter_response_headers", func() { status = HeadersContinue })
 	if w, slot, st := streamOf(h); w != nil {
 		w.enter(f, slot)
+		w.ending = slot + 1
 		st.s.OnResponseHeaders(0, end)
+		w.ending = 0
 		w.host.flushHeaders()
 	}
 	return HeadersContinue
@@ -393,7 +401,9 @@ func ResponseBody(f, h uintptr, end bool) (status uint32) {
 	defer guard("on_http_filter_response_body", func() { status = BodyContinue })
 	if w, slot, st := streamOf(h); w != nil {
 		w.enter(f, slot)
+		w.ending = slot + 1
 		st.s.OnResponseBody(0, end)
+		w.ending = 0
 		w.host.flushHeaders()
 	}
 	return BodyContinue
@@ -404,7 +414,9 @@ func ResponseTrailers(f, h uintptr) (status uint32) {
 	defer guard("on_http_filter_response_trailers", func() { status = TrailersContinue })
 	if w, slot, st := streamOf(h); w != nil {
 		w.enter(f, slot)
+		w.ending = slot + 1
 		st.s.OnResponseTrailers(0)
+		w.ending = 0
 		w.host.flushHeaders()
 	}
 	return TrailersContinue
@@ -423,8 +435,9 @@ func StreamComplete(f, h uintptr) (released bool) {
 		return false
 	}
 	w.enter(f, slot)
+	w.ending = slot + 1
 	st.s.OnDone()
-	w.cur = 0
+	w.ending, w.cur = 0, 0
 	if st.sched != 0 {
 		return false
 	}

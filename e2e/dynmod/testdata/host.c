@@ -281,6 +281,7 @@ static int dispatch(worker_t* w, double wait_s) {
 					hs[i].value_length = e->hdrs.vlen[i];
 				}
 				buffer_t chunk = {e->body, e->body_len};
+				if (!quiet_logs) fprintf(stderr, "host: callout %llu done on stream %s\n", (unsigned long long)e->id, e->s->id);
 				H.callout_done(e->s, e->s->module, e->id, (uint32_t)e->result, e->hdrs.n ? hs : NULL, e->hdrs.n,
 				               e->body_len ? &chunk : NULL, e->body_len ? 1 : 0);
 			}
@@ -546,6 +547,7 @@ static void* callout_thread(void* arg) {
 		free(resp);
 	}
 	if (fd >= 0) close(fd);
+	if (!quiet_logs) fprintf(stderr, "host: callout %llu to port %d: %s\n", (unsigned long long)e->id, c->port, e->result == 0 ? "answered" : "failed");
 	free(c->req);
 	worker_t* w = c->w;
 	free(c);
