@@ -702,3 +702,46 @@ counter tokengate.rls_settle_errors
 		t.Errorf("rls_settle_calls %d, want the settlement's call", n)
 	}
 }
+
+// TestQuiesceOnDestroy: a config's timers stop when Envoy destroys it: a
+// worker ticking for held requests (b released at 0.5 s, c still held
+// when the config goes at 0.7 s) commits no scheduler event after
+// on_http_filter_config_destroy returns (Envoy would no longer deliver it,
+// and a commit racing the worker's shutdown is what the quiescing
+// prevents).
+func TestQuiesceOnDestroy(t *testing.T) {
+	need(t)
+	cfg := `{"rules":[{"name":"d","limit_keys":["header:x-key"],"algorithm_config":{"rps":2,"burst":1,"max_reserved":2,"max_delay_ms":5000}}]}`
+	lines := run(t, "workers 1\nconfig "+cfg+`
+req a x-key:k
+req b x-key:k
+req c x-key:k
+pump 700
+commits
+destroy
+sleep 50
+commits
+sleep 1500
+commits
+`)
+	m := replies(lines)
+	if got, want := verdicts(m, "a", "b", "c"), []string{"continue", "paused", "paused"}; !same(got, want) {
+		t.Fatalf("verdicts %v, want %v", got, want)
+	}
+	var counts []int
+	for _, l := range lines {
+		var n int
+		if _, err := fmt.Sscanf(l, "commits %d", &n); err == nil {
+			counts = append(counts, n)
+		}
+	}
+	if len(counts) != 3 {
+		t.Fatalf("commit counts %v", counts)
+	}
+	if counts[0] == 0 {
+		t.Fatal("no scheduler event before the destroy: the held requests' timer never ticked")
+	}
+	if counts[2] != counts[1] {
+		t.Errorf("scheduler events after the config was destroyed: %d, then %d a second and a half later", counts[1], counts[2])
+	}
+}

@@ -169,6 +169,7 @@ static int ncounters;
 static int frozen;
 
 static int quiet_logs;
+static atomic_uint_fast64_t commits; // scheduler events committed, ever
 
 static char* dupn(const char* p, size_t n) {
 	char* s = malloc(n + 1);
@@ -471,6 +472,7 @@ void* envoy_dynamic_module_callback_http_filter_scheduler_new(void* f) {
 
 void envoy_dynamic_module_callback_http_filter_scheduler_commit(void* p, uint64_t event) {
 	sched_t* sc = p;
+	atomic_fetch_add(&commits, 1);
 	event_t* e = calloc(1, sizeof *e);
 	e->kind = 1;
 	e->s = sc->s;
@@ -953,6 +955,8 @@ static void run_script(FILE* in) {
 		} else if (!strcmp(cmd, "hammer")) {
 			// hammer THREADS SECONDS [name:value]...
 			run_load(atoi(argv[1]), 0, atof(argv[2]), argv + 3, argc - 3);
+		} else if (!strcmp(cmd, "commits")) {
+			printf("commits %llu\n", (unsigned long long)atomic_load(&commits));
 		} else if (!strcmp(cmd, "destroy")) {
 			H.config_destroy(config_module);
 			config_module = NULL;
