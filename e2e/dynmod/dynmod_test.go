@@ -59,6 +59,9 @@ func build() error {
 		cc = "cc"
 	}
 	if _, err := exec.LookPath(cc); err != nil {
+		if os.Getenv("TOKENGATE_REQUIRE_CC") != "" {
+			return fmt.Errorf("no C compiler (%s), and TOKENGATE_REQUIRE_CC is set (.ci/run)", cc)
+		}
 		skipWhy = "no C compiler (" + cc + ") on this machine: the dynamic module and its C test host cannot be built"
 		return nil
 	}
