@@ -8,7 +8,7 @@ package filter
 //     table with the owner of the answer, and nothing else keeps the token
 //     but the stream that waits for it (Stream.call, to drop the entry when
 //     the stream ends first): a request's rate-limit call (cluster.go, the
-//     *pendingCall's answered), a lease call (lease.go, the *leaseCall's
+//     *pendingCall's answered), a lease call (lease_call.go, the *leaseCall's
 //     answered) and a settlement (cluster_settle.go, settleAnswered);
 //   - OnHTTPCallResponse takes the entry out of the table and hands the
 //     answer to its owner, which alone reads it (readRLS) and acts on it.
@@ -66,7 +66,7 @@ func (p *Plugin) OnHTTPCallResponse(token uint32, numHeaders, bodySize, numTrail
 	}
 }
 
-// answered is a lease call's answer (lease.go).
+// answered is a lease call's answer (lease_call.go).
 func (lc *leaseCall) answered(p *Plugin, numHeaders, bodySize int) {
 	p.leaseAnswer(lc, numHeaders, bodySize)
 }

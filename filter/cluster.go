@@ -39,7 +39,7 @@ type pendingCall struct {
 	// ("" for others; nil if none): a rejection marks them empty.
 	leaseKeys []string
 	// lease are the allowances lease rules debited: given back with the
-	// local buckets (lease.go).
+	// local buckets (lease_admit.go).
 	lease []leaseDebit
 }
 
@@ -54,7 +54,7 @@ func (s *Stream) askCluster(st *reqState) Action {
 	}
 	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), grpc: isGRPCRequest(req)}
 	pc.local = cloneReqs(st.enforce.reqs)
-	if st.debits != nil {
+	if len(st.debits) > 0 {
 		pc.lease = cloneDebits(st.debits)
 	}
 	pc.rules = append(pc.rules, g.rules...)
@@ -85,7 +85,7 @@ func (s *Stream) askCluster(st *reqState) Action {
 		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
 	}
 	p.callouts.add(token, pc.answered)
-	s.call = token
+	s.cont.call = token
 	return Pause
 }
 
@@ -131,7 +131,7 @@ func cloneReqs(reqs []sharedstate.Request) []sharedstate.Request {
 // failure (no headers): the request goes on or is answered as the decision
 // or settings.rls.on_error says.
 func (pc *pendingCall) answered(p *Plugin, numHeaders, bodySize int) {
-	pc.s.call = 0
+	pc.s.cont.call = 0
 	if !p.caller.SetEffectiveContext(pc.s.id) {
 		pc.s.dropHold(true) // gone: never continued
 		return

@@ -158,7 +158,7 @@ func (s *Stream) sendClusterSettles() {
 	ds := st.remote
 	st.remote = nil
 	p := s.p
-	now := p.Clock()
+	now := p.time()
 	fail := func(reason string) {
 		p.metrics.settleErrors.inc(p.host, 1)
 		p.warnf(now, "event=rls_settle_error settlements="+strconv.Itoa(len(ds))+" reason="+strconv.Quote(reason))
@@ -192,6 +192,6 @@ func settleAnswered(p *Plugin, numHeaders, bodySize int) {
 	p.settling--
 	if _, reason := p.readRLS(numHeaders, bodySize); reason != "" {
 		p.metrics.settleErrors.inc(p.host, 1)
-		p.warnf(p.Clock(), "event=rls_settle_error reason="+strconv.Quote(reason))
+		p.warnf(p.time(), "event=rls_settle_error reason="+strconv.Quote(reason))
 	}
 }

@@ -17,13 +17,15 @@ import (
 // finish: end of the response, trailers, proxy_on_done, proxy_on_delete),
 // including a request that a bucket or this filter then rejects. A full
 // key answers 429 with reason concurrency_limit. A count that a VM never
-// released (it died) is dropped after between one and two lease periods.
+// released (it died) is dropped after between one and two expiry periods
+// (the in-flight rule's "lease" setting, sharedstate.InFlight.Lease: not
+// lease mode).
 
 // ReasonConcurrency: the key already has max_in_flight requests in flight.
 const ReasonConcurrency = "concurrency_limit"
 
-// lease is a place in flight a stream holds.
-type lease struct {
+// slot is a place in flight a stream holds until it ends.
+type slot struct {
 	_ incomparable
 	r *rule
 	f sharedstate.InFlight
@@ -112,10 +114,10 @@ func quote(err error) string { return `"` + lite.ReplaceByte(err.Error(), '"', '
 // holdInFlight keeps a place in flight for release when the stream ends; the keys
 // are copied, since the request's key buffer is reused.
 func (s *Stream) holdInFlight(r *rule, f *sharedstate.InFlight) {
-	l := lease{r: r, f: *f}
+	l := slot{r: r, f: *f}
 	l.f.Key, l.f.Alt, l.f.Owner, l.f.Stored = "", "", strings.Clone(f.Owner), strings.Clone(f.Stored)
 	st := s.settleOf()
-	st.leases = append(st.leases, l)
+	st.slots = append(st.slots, l)
 }
 
 // releaseAll gives back the stream's places in flight.
@@ -125,16 +127,16 @@ func (s *Stream) releaseAll() {
 		return
 	}
 	p := s.p
-	for i := range st.leases {
-		l := &st.leases[i]
-		now := p.Clock()
+	for i := range st.slots {
+		l := &st.slots[i]
+		now := p.time()
 		n, err := p.upd.Release(&l.f, now)
 		l.r.metrics.casRetries.inc(p.host, int64(n))
 		if err != nil {
 			p.warnf(now, "event=release_error rule="+l.r.Name+" reason="+quote(err))
 		}
 	}
-	st.leases = st.leases[:0]
+	st.slots = st.slots[:0]
 }
 
 // logInFlight logs a concurrency rejection at debug level.

@@ -115,7 +115,7 @@ func (s *Stream) startHold(w *waiter, now float64) bool {
 		return false
 	}
 	p.held++
-	s.waiter = w
+	s.cont.held = w
 	for _, r := range w.rules {
 		r.metrics.delayed.inc(p.host, 1)
 	}
@@ -127,15 +127,15 @@ func (s *Stream) startHold(w *waiter, now float64) bool {
 // its client left before its release (counted, and refunded if its rules
 // ask for it, as a held request whose client leaves).
 func (s *Stream) dropHold(cancelled bool) {
-	w := s.pending
+	w := s.cont.pending
 	if w == nil {
 		return
 	}
 	p := s.p
-	s.pending = nil
+	s.cont.pending = nil
 	p.forget(w)
 	if cancelled {
-		p.cancelled(w, p.Clock())
+		p.cancelled(w, p.time())
 	}
 }
 
@@ -147,14 +147,14 @@ func (s *Stream) dropHold(cancelled bool) {
 // naming the reserving rule, with the request's tokens given back where
 // they can be (pc).
 func (s *Stream) proceed(pc *pendingCall) {
-	w := s.pending
+	w := s.cont.pending
 	if w == nil {
 		s.resume()
 		return
 	}
-	s.pending = nil
+	s.cont.pending = nil
 	p := s.p
-	now := p.Clock()
+	now := p.time()
 	if w.deadline <= now {
 		p.forget(w)
 		for _, r := range w.rules {
@@ -210,7 +210,7 @@ func (s *Stream) refuseHold(req *request, g *group, now, wait float64, over int)
 func (w *waiter) due(p *Plugin, now float64) {
 	p.held--
 	p.forget(w)
-	w.s.waiter = nil
+	w.s.cont.held = nil
 	if p.caller.SetEffectiveContext(w.s.id) {
 		w.s.resume()
 	} else {
@@ -226,9 +226,9 @@ func (w *waiter) due(p *Plugin, now float64) {
 func (s *Stream) abandon() {
 	p := s.p
 	s.ended = true
-	if s.call != 0 {
-		p.callouts.take(s.call) // its answer is dropped
-		s.call = 0
+	if s.cont.call != 0 {
+		p.callouts.take(s.cont.call) // its answer is dropped
+		s.cont.call = 0
 	}
 	s.dropHold(true)
 }
@@ -246,16 +246,16 @@ func (p *Plugin) forget(w *waiter) {
 // on_delete Envoy may still run the root's tick, and the stream's context
 // still exists then: it must not be continued.
 func (s *Stream) cancelWait() {
-	w := s.waiter
+	w := s.cont.held
 	if w == nil {
 		return
 	}
 	p := s.p
 	defer p.recoverTo("the end of a held stream", nil)
-	s.waiter = nil
+	s.cont.held = nil
 	p.held--
 	p.forget(w)
-	now := p.Clock()
+	now := p.time()
 	p.timer.stop(&w.timerEntry, now)
 	p.cancelled(w, now)
 }

@@ -88,7 +88,6 @@ func (s *Stream) reserveEstimate() Action {
 	p := s.p
 	st := s.settle
 	st.estimating = false
-	p.buf.nowSet = false
 	if !st.encoded {
 		s.readEstimates(st)
 	}

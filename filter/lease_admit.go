@@ -115,7 +115,7 @@ func (p *Plugin) leaseAskNew(key string, mayWait bool) leaseAsk {
 }
 
 // leaseTake debits cost from the allowance under key if it holds that
-// much (as ask says), appending the debit to p.lease.debits. Otherwise it
+// much (as ask says), appending the debit to *debits. Otherwise it
 // says why: leaseEmpty (with the time until the retry), leaseShort, or,
 // for a waiting request, when a lease call claimed since it was counted
 // failed: leaseDown if the calls have been failing for lease_fallback_ms,
@@ -127,7 +127,7 @@ func (p *Plugin) leaseAskNew(key string, mayWait bool) leaseAsk {
 // exact take claimed next is for it): for askWaiting, an argument (and
 // the result after leaseRecount); for a new request that starts waiting,
 // the result.
-func (p *Plugin) leaseTake(key string, cost, now float64, ask leaseAsk, seq uint32) (leaseOutcome, float64, uint32) {
+func (p *Plugin) leaseTake(debits *[]leaseDebit, key string, cost, now float64, ask leaseAsk, seq uint32) (leaseOutcome, float64, uint32) {
 	tick := float64(p.lease.refill) / 1000
 	fallback := float64(p.cfg.Settings.RLS.LeaseFallbackMs) / 1000
 	out := leaseShort
@@ -203,7 +203,7 @@ func (p *Plugin) leaseTake(key string, cost, now float64, ask leaseAsk, seq uint
 		return leaseBroken, 0, 0
 	}
 	if out == leaseAdmitted {
-		p.lease.debits = append(p.lease.debits, d)
+		*debits = append(*debits, d)
 	}
 	return out, retry, seq
 }
@@ -235,7 +235,7 @@ func (s *Stream) leaseAdmit(st *reqState) Action {
 	if s.costOverBurst(st, g) {
 		return Pause
 	}
-	p.lease.debits = p.lease.debits[:0]
+	st.debits = st.debits[:0]
 	var (
 		empty      *rule
 		emptyRetry float64
@@ -248,7 +248,7 @@ func (s *Stream) leaseAdmit(st *reqState) Action {
 	canWait := p.lease.refill > 0 && p.timer.usable() && len(st.cluster.reqs) == 0 && len(p.lease.waiters) < maxLeaseWaiters
 	for i, r := range g.rules {
 		lr := &g.reqs[i]
-		out, retry, seq := p.leaseTake(lr.Key, lr.Cost, now, p.leaseAskNew(lr.Key, canWait && !r.Shadow), 0)
+		out, retry, seq := p.leaseTake(&st.debits, lr.Key, lr.Cost, now, p.leaseAskNew(lr.Key, canWait && !r.Shadow), 0)
 		if out != leaseAdmitted && out != leaseBroken {
 			p.leaseRemember(r, lr.Key, lr.Owner)
 		}
@@ -278,7 +278,7 @@ func (s *Stream) leaseAdmit(st *reqState) Action {
 	if empty == nil && len(short) == 0 && len(broken) == 0 {
 		return Continue
 	}
-	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), local: st.enforce.reqs, lease: p.lease.debits}
+	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), local: st.enforce.reqs, lease: st.debits}
 	if ct, ok := req.header("content-type"); ok && IsGRPC(ct) {
 		pc.grpc = true
 	}
@@ -370,7 +370,7 @@ func (p *Plugin) leaseRefund(ds []leaseDebit) {
 	if len(ds) == 0 {
 		return
 	}
-	now := p.Clock()
+	now := p.time()
 	for _, d := range ds {
 		_, _, _ = p.lease.upd.Update(d.key, func(rec *sharedstate.LeaseRecord) bool {
 			if d.taken {
@@ -409,16 +409,14 @@ func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
 			waiting = true
 			continue
 		}
-		p.lease.debits = p.lease.debits[:0]
-		out, retry, seq := p.leaseTake(it.b.key, it.cost, now, askWaiting, it.seq)
+		out, retry, seq := p.leaseTake(&w.pc.lease, it.b.key, it.cost, now, askWaiting, it.seq)
 		it.b.seen = 0 // changed: read it again
 		switch out {
 		case leaseRecount:
 			it.seq = seq
 			waiting = true
 		case leaseAdmitted:
-			it.done = true
-			w.pc.lease = append(w.pc.lease, p.lease.debits[0])
+			it.done = true // leaseTake appended its debit to w.pc.lease
 			it.b.r.metrics.allowed.inc(p.host, 1)
 		case leaseEmpty:
 			if w.empty == nil || retry > w.retry {

@@ -124,7 +124,7 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 		// and its claim expires by itself.
 		return
 	}
-	now := p.Clock()
+	now := p.time()
 	resp, reason := p.readRLS(numHeaders, bodySize)
 	var st *rlscontract.Status
 	if reason == "" {

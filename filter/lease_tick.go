@@ -60,10 +60,8 @@ type leaseState struct {
 	holder  string
 	buckets []*leaseBucket
 	waiters []*leaseWaiter
-	// debits are the current request's debits (scratch).
-	debits []leaseDebit
-	pass   uint64
-	upd    sharedstate.LeaseUpdater
+	pass    uint64
+	upd     sharedstate.LeaseUpdater
 	// refill is the refill period in ms (0: no lease rule, or a host
 	// without ticks or callouts). tick is lease mode's entry in the
 	// plugin's timer (timer.go), armed while refill is not 0: its deadline
@@ -147,7 +145,7 @@ func (p *Plugin) leaseSetPeriod() {
 	e := &p.lease.tick
 	if p.lease.refill == 0 {
 		if e.armed() {
-			p.timer.stop(e, p.Clock())
+			p.timer.stop(e, p.time())
 		}
 		return
 	}
@@ -159,7 +157,7 @@ func (p *Plugin) leaseSetPeriod() {
 		return
 	}
 	e.every, e.poll, e.owner = every, poll, (*Plugin).leaseOnTick
-	if !p.timer.arm(e, p.Clock()) {
+	if !p.timer.arm(e, p.time()) {
 		p.lease.refill = 0
 	}
 }

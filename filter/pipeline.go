@@ -38,11 +38,12 @@ type reqState struct {
 	// hold: output of the local stage, input of the hold stage. The
 	// prepared hold of a request the local buckets admitted into their
 	// reservation; nil for none. The lease and cluster stages, which may
-	// answer after this callback, hand it to the stream (Stream.pending)
+	// answer after this callback, hand it to the stream (Stream.cont)
 	// while they ask: whoever answers then starts or drops it.
 	hold *waiter
 	// debits: output of the lease stage. The allowances it debited, given
-	// back if a later stage turns the request down (nil: none).
+	// back if a later stage turns the request down (empty: none). Its
+	// storage is the request state's, reused from one request to the next.
 	debits []leaseDebit
 	// exact: output of the lease stage, input of the cluster stage. The
 	// lease rules the allowance cannot serve (cold, or their shared data
@@ -64,7 +65,8 @@ type reqState struct {
 // begin starts a request's decision.
 func (st *reqState) begin(req request) {
 	st.req = req
-	st.now, st.wait, st.waitRule, st.hold, st.debits, st.denied = 0, 0, -1, nil, nil, nil
+	st.now, st.wait, st.waitRule, st.hold, st.denied = 0, 0, -1, nil, nil
+	st.debits = st.debits[:0]
 	st.shadow.reset()
 	st.inflight.reset()
 	st.enforce.reset()
@@ -133,7 +135,6 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	if cfg == nil {
 		return Continue
 	}
-	p.buf.nowSet = false
 	s.hasBody = !endOfStream
 	st := &p.st
 	st.begin(p.newRequest())
@@ -187,12 +188,8 @@ func (s *Stream) leaseStage(st *reqState) Action {
 	if len(st.lease.reqs) == 0 {
 		return Continue
 	}
-	s.pending = st.hold // the request may wait for a lease
-	if act := s.leaseAdmit(st); act != Continue {
-		return act
-	}
-	st.debits = s.p.lease.debits
-	return Continue
+	s.cont.await(st.hold) // the request may wait for a lease
+	return s.leaseAdmit(st)
 }
 
 // clusterStage asks the rate-limit service about the cluster rules and
@@ -202,7 +199,7 @@ func (s *Stream) clusterStage(st *reqState) Action {
 		return Continue
 	}
 	st.cluster.extend(&st.exact)
-	s.pending = st.hold // proceed starts it when the service admits the request
+	s.cont.await(st.hold) // proceed starts it when the service admits the request
 	return s.askCluster(st)
 }
 
@@ -212,6 +209,6 @@ func (s *Stream) holdStage(st *reqState) Action {
 	if st.hold == nil {
 		return Continue
 	}
-	s.pending = nil // back from the lease stage: no one else will start it
+	s.cont.await(nil) // back from the lease stage: no one else will start it
 	return s.holdNow(st)
 }

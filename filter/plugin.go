@@ -61,7 +61,7 @@ type Plugin struct {
 	// (cluster_settle.go).
 	callouts calloutTable
 	settling int
-	// lease is the lease-mode state of this worker (lease.go).
+	// lease is the lease-mode state of this worker (lease_tick.go).
 	lease leaseState
 	// timer is the worker's one timer (timer.go): held requests
 	// (delay.go) and lease mode's refills arm entries in it; held counts
@@ -146,7 +146,6 @@ func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 		return false
 	}
 	rules := newRules(cfg, p.host)
-	p.buf.nowSet = false
 	p.refreshSeed()
 	p.cfg, p.rules = cfg, rules
 	p.upd.MaxAttempts = cfg.Settings.MaxAttempts
@@ -179,9 +178,8 @@ const maxFreeStreams = 64
 func (s *Stream) Release() {
 	p := s.p
 	if p != nil {
-		s.abandon() // a host that skipped proxy_on_done
-		s.cancelWait()
-		s.finish()
+		s.end()              // a host that skipped proxy_on_done
+		p.buf.nowSet = false // as recoverTo does for the other callbacks
 	}
 	if p == nil || len(p.free) >= maxFreeStreams {
 		return
@@ -198,19 +196,14 @@ func (s *Stream) SetID(id uint32) { s.id = id }
 type Stream struct {
 	p  *Plugin
 	id uint32 // the host's context id, see SetID
-	// call is the token of the rate-limit call the request waits for, 0
-	// for none; rlsHeaders are the service's response_headers_to_add for
-	// an admitted request.
-	call       uint32
+	// rlsHeaders are the service's response_headers_to_add for an
+	// admitted request.
 	rlsHeaders [][2]string
-	// waiter is the request's place in the plugin's timer heap while it
-	// is held for its reservation (delay.go); pending is its hold while
-	// the rate-limit service or a lease decides its other rules, before
-	// it starts. ended is set once the stream has ended (proxy_on_done):
-	// nothing resumes it after that.
-	waiter  *waiter
-	pending *waiter
-	ended   bool
+	// cont is what the request needs to go on once paused (continuation).
+	// ended is set once the stream has ended (Stream.end): nothing resumes
+	// it after that.
+	cont  continuation
+	ended bool
 	// quotas describe, for the response headers, the bucket of every
 	// enforced rule that admitted the request; best indexes the one with
 	// the fewest tokens left, which the legacy headers describe.
@@ -233,7 +226,11 @@ func quotaOf(r *rule, res bucket.Result) ratelimitheader.Quota {
 	}
 }
 
-// time returns the current callback's time, reading the clock once.
+// time returns the current callback's time, reading the clock once. Not
+// inlined: it is called from a dozen places, and each inlined copy costs
+// the module bytes.
+//
+//go:noinline
 func (p *Plugin) time() float64 {
 	if !p.buf.nowSet {
 		p.buf.now, p.buf.nowSet = p.Clock(), true
@@ -278,7 +275,7 @@ func (p *Plugin) warnf(now float64, msg string) {
 }
 
 // OnResponseHeaders is proxy_on_response_headers: it adds the RateLimit
-// headers of an allowed, enforced request (see appendHeaders).
+// headers of an allowed, enforced request (see setRateLimitHeaders).
 func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action) {
 	defer s.p.recoverTo("proxy_on_response_headers", func() { act = Continue })
 	p := s.p
@@ -299,7 +296,13 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 // the fail-open answer set by fail; nil for a callback that answers
 // nothing (a func literal that does nothing would cost the module a
 // function).
+//
+// It is also the one hook that sets the callback clock: every callback the
+// host calls into (the On* methods, Release) defers it, and it forgets the
+// callback's time as the callback ends, so that the next callback reads the
+// clock afresh, once, on its first use (time).
 func (p *Plugin) recoverTo(callback string, fail func()) {
+	p.buf.nowSet = false
 	v := recover()
 	if v == nil {
 		return

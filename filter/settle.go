@@ -59,7 +59,7 @@ type settleState struct {
 	// it (cluster_settle.go).
 	awaiting []charge
 	remote   []rlscontract.Descriptor
-	leases   []lease
+	slots    []slot
 	// estimating: a charge awaits its estimate from the request body,
 	// bodySize bytes of which the host has buffered (estimate.go).
 	estimating bool
@@ -272,9 +272,7 @@ func (s *Stream) OnResponseTrailers(numTrailers int) (act Action) {
 // OnDone is proxy_on_done: the stream has ended, by whatever path.
 func (s *Stream) OnDone() {
 	defer s.p.recoverTo("proxy_on_done", nil)
-	s.abandon()    // nothing waited for resumes it any more (delay.go)
-	s.cancelWait() // a held stream ended: never released (delay.go)
-	s.finish()
+	s.end()
 }
 
 // finish settles every charge not yet settled and releases the stream's
@@ -378,7 +376,7 @@ func (s *Stream) apply(c *charge, op sharedstate.SettleOp, amount float64) {
 		return
 	}
 	p := s.p
-	now := p.Clock()
+	now := p.time()
 	n, err := p.upd.Settle(&c.req, op, amount, now)
 	c.r.metrics.casRetries.inc(p.host, int64(n))
 	switch op {

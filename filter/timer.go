@@ -15,7 +15,7 @@ import (
 //     every deadline when the clock is stepped back (rebase);
 //   - each entry belongs to the code that armed it, which alone arms, moves
 //     or stops it: one one-shot entry per held request (delay.go, owned by
-//     waiter.due), and lease mode's periodic entry (lease.go,
+//     waiter.due), and lease mode's periodic entry (lease_tick.go,
 //     leaseState.tick, owned by leaseOnTick: due at the next periodic refill,
 //     every lease_tick_ms; polled at every tick, every leasePollMs, while
 //     requests wait for a refill);
@@ -23,7 +23,7 @@ import (
 //     first, then the one-shot ones in deadline order. Lease mode makes its
 //     calls from its periodic entry, and a call made once a stream is
 //     effective would belong to that stream and die with it in Envoy
-//     (lease.go, leaseServe): so every call of a tick is made before a held
+//     (lease_tick.go, leaseServe): so every call of a tick is made before a held
 //     request is resumed.
 //
 // Envoy recreates the timer on every proxy_set_tick_period_milliseconds, so
@@ -318,7 +318,7 @@ func (p *Plugin) OnTick() {
 	if p.timer.ticker == nil {
 		return
 	}
-	p.timer.dispatch(p, p.Clock())
+	p.timer.dispatch(p, p.time())
 }
 
 // TickPeriod returns the tick period, in milliseconds, the plugin last set

@@ -1,0 +1,114 @@
+// The hooks of Envoy's dynamic-module ABI "v0.1.0", as C functions: Envoy
+// resolves them by name. Each stream gets a small C record (the module
+// pointer Envoy holds: C memory, never a Go pointer) carrying its config's
+// handle and, once its request headers arrived, its Go handle. A hook
+// crosses into Go only when the stream has a Go side: filter_new and a
+// destroy after a stream that left nothing behind cost no crossing, and a
+// stream whose request headers never reached the module costs none at all.
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "_cgo_export.h"
+#include "abi.h"
+
+// The hook answers meaning "continue" (0 in every status enum).
+enum { CONTINUE = 0 };
+
+// A Go handle that means "no Go side" (none was made, or it is released).
+#define NONE ((uintptr_t)-1)
+
+typedef struct {
+	uintptr_t cfg; // the config's handle
+	uintptr_t go;  // the stream's Go handle; 0: not made yet; NONE: none
+} tg_stream;
+
+static int live(const tg_stream* s) { return s->go != 0 && s->go != NONE; }
+
+const char* envoy_dynamic_module_on_program_init(void) { return tg_abi_version(); }
+
+const void* envoy_dynamic_module_on_http_filter_config_new(void* cfg_envoy, tg_buffer name, tg_buffer config) {
+	uintptr_t h = tgo_config_new((uintptr_t)cfg_envoy, (char*)config.ptr, config.length);
+	return (const void*)h; // NULL: Envoy rejects the configuration
+}
+
+void envoy_dynamic_module_on_http_filter_config_destroy(const void* cfg) { tgo_config_destroy((uintptr_t)cfg); }
+
+void envoy_dynamic_module_on_http_filter_config_scheduled(void* cfg_envoy, const void* cfg, uint64_t event) {}
+
+const void* envoy_dynamic_module_on_http_filter_new(const void* cfg, void* f) {
+	tg_stream* s = malloc(sizeof *s);
+	if (s == NULL) return NULL;
+	s->cfg = (uintptr_t)cfg;
+	s->go = 0;
+	return s;
+}
+
+uint32_t envoy_dynamic_module_on_http_filter_request_headers(void* f, const void* m, bool end) {
+	tg_stream* s = (tg_stream*)m;
+	if (s->go == 0) {
+		uint32_t worker = envoy_dynamic_module_callback_http_filter_get_worker_index(f);
+		struct tgo_request_headers_new_return r = tgo_request_headers_new(s->cfg, (uintptr_t)f, worker, end);
+		s->go = r.r0 ? r.r0 : NONE;
+		return r.r1;
+	}
+	return live(s) ? tgo_request_headers((uintptr_t)f, s->go, end) : CONTINUE;
+}
+
+uint32_t envoy_dynamic_module_on_http_filter_request_body(void* f, const void* m, bool end) {
+	const tg_stream* s = m;
+	return live(s) ? tgo_request_body((uintptr_t)f, s->go, end) : CONTINUE;
+}
+
+uint32_t envoy_dynamic_module_on_http_filter_request_trailers(void* f, const void* m) {
+	const tg_stream* s = m;
+	return live(s) ? tgo_request_trailers((uintptr_t)f, s->go) : CONTINUE;
+}
+
+uint32_t envoy_dynamic_module_on_http_filter_response_headers(void* f, const void* m, bool end) {
+	const tg_stream* s = m;
+	return live(s) ? tgo_response_headers((uintptr_t)f, s->go, end) : CONTINUE;
+}
+
+uint32_t envoy_dynamic_module_on_http_filter_response_body(void* f, const void* m, bool end) {
+	const tg_stream* s = m;
+	return live(s) ? tgo_response_body((uintptr_t)f, s->go, end) : CONTINUE;
+}
+
+uint32_t envoy_dynamic_module_on_http_filter_response_trailers(void* f, const void* m) {
+	const tg_stream* s = m;
+	return live(s) ? tgo_response_trailers((uintptr_t)f, s->go) : CONTINUE;
+}
+
+void envoy_dynamic_module_on_http_filter_stream_complete(void* f, const void* m) {
+	tg_stream* s = (tg_stream*)m;
+	if (live(s) && tgo_stream_complete((uintptr_t)f, s->go)) s->go = NONE;
+}
+
+void envoy_dynamic_module_on_http_filter_destroy(const void* m) {
+	tg_stream* s = (tg_stream*)m;
+	if (live(s)) tgo_destroy(s->go);
+	free(s);
+}
+
+void envoy_dynamic_module_on_http_filter_http_callout_done(void* f, const void* m, uint64_t id, uint32_t result,
+                                                          tg_header* headers, size_t n, tg_buffer* chunks, size_t nchunks) {
+	const tg_stream* s = m;
+	if (live(s)) tgo_callout_done((uintptr_t)f, s->go, id, result, headers, n, chunks, nchunks);
+}
+
+void envoy_dynamic_module_on_http_filter_scheduled(void* f, const void* m, uint64_t event) {
+	const tg_stream* s = m;
+	if (live(s)) tgo_scheduled((uintptr_t)f, s->go, event);
+}
+
+// The module makes no HTTP streams of its own, and does not hold the
+// downstream: these hooks are required, and do nothing.
+void envoy_dynamic_module_on_http_filter_http_stream_headers(void* f, const void* m, uint64_t id, tg_header* h, size_t n,
+                                                            bool end) {}
+void envoy_dynamic_module_on_http_filter_http_stream_data(void* f, const void* m, uint64_t id, const tg_buffer* d, size_t n,
+                                                         bool end) {}
+void envoy_dynamic_module_on_http_filter_http_stream_trailers(void* f, const void* m, uint64_t id, tg_header* h, size_t n) {}
+void envoy_dynamic_module_on_http_filter_http_stream_complete(void* f, const void* m, uint64_t id) {}
+void envoy_dynamic_module_on_http_filter_http_stream_reset(void* f, const void* m, uint64_t id, uint32_t reason) {}
+void envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(void* f, const void* m) {}
+void envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(void* f, const void* m) {}
