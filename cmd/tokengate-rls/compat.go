@@ -31,9 +31,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tokengate/tokengate/internal/rls"
-	"github.com/tokengate/tokengate/internal/rlsxds"
-	"github.com/tokengate/tokengate/internal/rlsyaml"
+	"github.com/tokengate/tokengate/internal/service/dropin/rlsxds"
+	"github.com/tokengate/tokengate/internal/service/dropin/rlsyaml"
+	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
 // isRatelimit reports whether the program was started under

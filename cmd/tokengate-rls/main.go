@@ -26,8 +26,8 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/tokengate/tokengate/internal/rlqs"
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rlqs"
+	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
 // defaultRedisTimeout is -redis-timeout's default: tens of milliseconds, so

@@ -9,7 +9,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
 // Environment variables that carry Redis passwords when no file names

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"

@@ -30,7 +30,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )

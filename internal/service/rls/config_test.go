@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
 func TestResolve(t *testing.T) {

@@ -25,7 +25,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	yaml "go.yaml.in/yaml/v3"
 
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
 // Parse parses one file (named name in errors) of one domain.

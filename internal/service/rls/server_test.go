@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 	"github.com/tokengate/tokengate/rlscontract"
 )

@@ -25,8 +25,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tokengate/tokengate/internal/rls"
-	"github.com/tokengate/tokengate/internal/rlsxds"
+	"github.com/tokengate/tokengate/internal/service/dropin/rlsxds"
+	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
 // adsServer is go-control-plane's snapshot cache and server on

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tokengate/tokengate/internal/rlqs"
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rlqs"
+	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
 // failingSharer is a Redis that fails every share request.

@@ -11,7 +11,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 

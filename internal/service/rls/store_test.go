@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 	"github.com/tokengate/tokengate/sharedstate"
 )

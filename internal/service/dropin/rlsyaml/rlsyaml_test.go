@@ -8,8 +8,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/tokengate/tokengate/internal/rls"
-	"github.com/tokengate/tokengate/internal/rlsyaml"
+	"github.com/tokengate/tokengate/internal/service/dropin/rlsyaml"
+	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
 func TestParse(t *testing.T) {
