@@ -1,4 +1,4 @@
-package rls_test
+package e2e
 
 import (
 	"context"
@@ -26,14 +26,36 @@ type clockedStore struct {
 
 func (c clockedStore) Run(ctx context.Context, ops []rls.Op) []rls.Outcome {
 	for i := range ops {
-		ops[i].Now = at(*c.now)
+		ops[i].Now = fairAt(*c.now)
 	}
 	return c.s.Run(ctx, ops)
 }
 
 func (c clockedStore) Lease(ctx context.Context, op rls.LeaseOp) (rls.LeaseResult, error) {
-	op.Now = at(*c.now)
+	op.Now = fairAt(*c.now)
 	return c.s.Lease(ctx, op)
+}
+
+// fairAt is a fake instant as the scripts take it (Op.Now).
+func fairAt(sec float64) string { return strconv.FormatFloat(sec, 'f', 6, 64) }
+
+// newFairStore connects a store to the redis-server at addr and waits
+// until it answers PING.
+func newFairStore(t *testing.T, addr string) *rls.Store {
+	t.Helper()
+	s, err := rls.NewStore(rls.StoreOptions{Addrs: []string{addr}, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Ping(context.Background()) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("store on %s: no PING answer within 10 s", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return s
 }
 
 // fairFleet is n proxy processes (the filter on a test host each, one
@@ -103,6 +125,9 @@ func (f *fairFleet) serve(t *testing.T, i, upTo int) {
 	}
 }
 
+// The fleet moved here from the service's package, which must not import
+// the filter (a layer above it).
+
 // TestLeaseFairShares: n processes with equal demand on one key (each
 // offered the same requests per step, in the same order every step, so
 // that process 0 always asks first), saturated, on a fake clock. Past the
@@ -114,7 +139,7 @@ func (f *fairFleet) serve(t *testing.T, i, upTo int) {
 // nearly everything (issue 22: 0/98/0).
 func TestLeaseFairShares(t *testing.T) {
 	srv := redistest.Start(t)
-	store := newStore(t, []string{srv.Addr}, false, 5*time.Second)
+	store := newFairStore(t, srv.Addr)
 	const rate, burst = 60.0, 60.0
 	cfg := `{"rules":[{"name":"fair","scope":"cluster","mode":"lease","lease_max":10,"lease_ttl_ms":2000,
 		"limit_keys":["header:x-api-key"],"algorithm_config":{"rps":60,"burst":60}}],
