@@ -223,23 +223,19 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 		s.metrics.request(reqUnavailable)
 		return nil, true, status.Error(codes.Unavailable, "tokengate-rls: redis: "+err.Error())
 	}
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{
-		Code:           rlsv3.RateLimitResponse_OK,
-		CurrentLimit:   currentLimit(r),
-		LimitRemaining: uint32(min(math.Floor(res.Tokens), math.MaxUint32)),
+	a := rlscontract.LeaseAnswer{OverLimit: res.OverLimit, Remaining: uint32(min(math.Floor(res.Tokens), math.MaxUint32))}
+	if res.OverLimit {
+		a.Retry = res.Retry
 	}
 	if !l.Release {
-		sec, frac := math.Modf(res.ValidUntil)
 		// The grant's whole amount: the reported tokens it carries over
 		// plus the new ones (docs/lease.md, wire protocol).
-		st.Quota = &rlsv3.RateLimitResponse_Quota{Requests: uint32(min(res.Covered+res.Granted, math.MaxUint32)), Id: strconv.FormatUint(res.ID, 10),
-			ExpirationSpecifier: &rlsv3.RateLimitResponse_Quota_ValidUntil{ValidUntil: &timestamppb.Timestamp{Seconds: int64(sec), Nanos: int32(frac * 1e9)}}}
+		a.HasGrant, a.Grant, a.Tokens, a.ValidUntil = true, res.ID, uint32(min(res.Covered+res.Granted, math.MaxUint32)), res.ValidUntil
 	}
-	resp = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st}}
+	st := statusMessage(rlscontract.LeaseStatus(a))
+	st.CurrentLimit = currentLimit(r)
+	resp = &rlsv3.RateLimitResponse{OverallCode: st.Code, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st}}
 	if res.OverLimit {
-		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-		st.DurationUntilReset = duration(res.Retry)
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		s.metrics.decision(r, codeOver, 0)
 		s.metrics.request(reqOver)
 	} else {
@@ -247,4 +243,21 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 		s.metrics.request(reqOK)
 	}
 	return resp, true, nil
+}
+
+// statusMessage is a contract status as the protocol's message: code,
+// limit_remaining, duration_until_reset when over the limit or not 0, and the quota
+// (requests, id, valid_until) when it has one. current_limit is the
+// caller's.
+func statusMessage(c rlscontract.Status) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_Code(c.Code), LimitRemaining: c.LimitRemaining}
+	if c.Code == rlscontract.CodeOverLimit || c.UntilReset != 0 {
+		st.DurationUntilReset = duration(c.UntilReset)
+	}
+	if c.HasQuota {
+		sec, frac := math.Modf(c.Quota.ValidUntil)
+		st.Quota = &rlsv3.RateLimitResponse_Quota{Requests: c.Quota.Requests, Id: c.Quota.ID,
+			ExpirationSpecifier: &rlsv3.RateLimitResponse_Quota_ValidUntil{ValidUntil: &timestamppb.Timestamp{Seconds: int64(sec), Nanos: int32(frac * 1e9)}}}
+	}
+	return st
 }
