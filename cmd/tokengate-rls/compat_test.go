@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/tokengate/tokengate/internal/service/daemon"
+	"github.com/tokengate/tokengate/internal/service/dropin"
 	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
@@ -260,10 +262,15 @@ func TestHealthAfterSigterm(t *testing.T) {
 // drop-in is unhealthy, Redis answering, until a configuration with a
 // domain is in force; both health checks follow the one readiness.
 func TestHealthWithConfig(t *testing.T) {
-	d := &dropin{env: &ratelimitEnv{healthyWithConfig: true}}
+	d := struct {
+		env   *ratelimitEnv
+		ready *rls.Readiness
+	}{env: &ratelimitEnv{healthyWithConfig: true}}
 	d.ready = rls.NewReadiness(pingOK{}, 10*time.Millisecond, nil)
 	defer d.ready.Stop()
 	hs := rls.RegisterHealth(grpc.NewServer(), d.ready, "ratelimit")
+	// What the lifecycle does with each configuration it puts in force.
+	holdForConfig := func(c *rls.Config) { daemon.HoldFor(d.ready, d.env.healthyWithConfig, c) }
 	empty, err := rls.NewDropinConfig(nil, rls.DropinOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -281,21 +288,21 @@ func TestHealthWithConfig(t *testing.T) {
 		}
 		return r.GetStatus()
 	}
-	d.holdForConfig(one)
+	holdForConfig(one)
 	waitUntil(t, "healthy with a domain and Redis answering", func() bool { return code() == http.StatusOK })
-	d.holdForConfig(empty)
+	holdForConfig(empty)
 	if c := code(); c != http.StatusInternalServerError {
 		t.Errorf("/healthcheck with no domain: %d, want 500", c)
 	}
 	if st := status(); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("grpc health with no domain: %v, want NOT_SERVING", st)
 	}
-	d.holdForConfig(one)
+	holdForConfig(one)
 	if c, st := code(), status(); c != http.StatusOK || st != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("once a domain is in force again: /healthcheck %d, grpc health %v; want 200, SERVING", c, st)
 	}
 	d.env.healthyWithConfig = false
-	d.holdForConfig(empty)
+	holdForConfig(empty)
 	if c := code(); c != http.StatusOK {
 		t.Errorf("without HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, no domain: /healthcheck %d, want 200", c)
 	}
@@ -308,7 +315,7 @@ func configWithDomain(t *testing.T) *rls.Config {
 	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, err := loadRuntime(dir, false, rls.DropinOptions{})
+	c, err := dropin.LoadRuntime(dir, false, rls.DropinOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

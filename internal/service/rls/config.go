@@ -38,7 +38,17 @@ type Config struct {
 	// dropin, when not nil, is a configuration of envoyproxy/ratelimit's
 	// kind (NewDropinConfig), which replaces all of the above.
 	dropin *dropin
+	// unloaded marks the configuration of a service that has none
+	// (Unloaded).
+	unloaded bool
 }
+
+// Unloaded returns the configuration of a drop-in whose runtime directory
+// did not load at start and which was asked to serve anyway
+// (TOKENGATE_BAD_CONFIG_AT_START=serve, docs/dropin.md): every call is
+// answered with an error, "no rate limit configuration loaded", as
+// envoyproxy/ratelimit answers, until a configuration loads.
+func Unloaded() *Config { return &Config{unloaded: true} }
 
 // ParseConfig parses a tokengate JSON configuration for the service. A
 // configuration without a cluster rule or rls_descriptors parses, but no

@@ -24,6 +24,10 @@ type Runner interface {
 	Run(ctx context.Context, ops []Op) []Outcome
 }
 
+// errUnloaded answers every call while no configuration is loaded
+// (Unloaded): envoyproxy/ratelimit's words.
+const errUnloaded = "no rate limit configuration loaded"
+
 // Server answers ShouldRateLimit. It is safe for concurrent use.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
@@ -79,6 +83,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
 	cfg := s.cfg.Load() // one configuration for the whole call
+	if cfg.unloaded {
+		s.metrics.request(reqUnavailable)
+		return nil, status.Error(codes.Unknown, errUnloaded)
+	}
 	if d := cfg.dropin; d != nil {
 		return s.shouldDropin(ctx, d, req) // envoyproxy/ratelimit's configuration (dropin.go)
 	}
