@@ -13,6 +13,7 @@ import (
 
 	"github.com/tokengate/tokengate/filter"
 	"github.com/tokengate/tokengate/filter/filtertest"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
@@ -20,18 +21,18 @@ import (
 // clockedStore runs the store's scripts at the test's clock instead of
 // Redis TIME, so that a fleet can be stepped through fixed instants.
 type clockedStore struct {
-	s   *rls.Store
+	s   *redisstore.Store
 	now *float64
 }
 
-func (c clockedStore) Run(ctx context.Context, ops []rls.Op) []rls.Outcome {
+func (c clockedStore) Run(ctx context.Context, ops []redisstore.Op) []redisstore.Outcome {
 	for i := range ops {
 		ops[i].Now = fairAt(*c.now)
 	}
 	return c.s.Run(ctx, ops)
 }
 
-func (c clockedStore) Lease(ctx context.Context, op rls.LeaseOp) (rls.LeaseResult, error) {
+func (c clockedStore) Lease(ctx context.Context, op redisstore.LeaseOp) (redisstore.LeaseResult, error) {
 	op.Now = fairAt(*c.now)
 	return c.s.Lease(ctx, op)
 }
@@ -41,9 +42,9 @@ func fairAt(sec float64) string { return strconv.FormatFloat(sec, 'f', 6, 64) }
 
 // newFairStore connects a store to the redis-server at addr and waits
 // until it answers PING.
-func newFairStore(t *testing.T, addr string) *rls.Store {
+func newFairStore(t *testing.T, addr string) *redisstore.Store {
 	t.Helper()
-	s, err := rls.NewStore(rls.StoreOptions{Addrs: []string{addr}, Timeout: 5 * time.Second})
+	s, err := redisstore.New(redisstore.Options{Addrs: []string{addr}, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ type fairFleet struct {
 	served []int // calls of each host answered so far
 }
 
-func newFairFleet(t *testing.T, cfg string, n int, store *rls.Store) *fairFleet {
+func newFairFleet(t *testing.T, cfg string, n int, store *redisstore.Store) *fairFleet {
 	t.Helper()
 	f := &fairFleet{now: 1736940000}
 	rc, err := rls.ParseConfig([]byte(cfg))

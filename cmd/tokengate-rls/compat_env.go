@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tokengate/tokengate/internal/service/dropin/rlsxds"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
@@ -283,9 +284,9 @@ func parseRatelimitEnv(get func(string) (string, bool)) (*ratelimitEnv, error) {
 	return e, nil
 }
 
-// storeOptions are the Redis settings as rls.StoreOptions.
-func (e *ratelimitEnv) storeOptions() (rls.StoreOptions, error) {
-	o := rls.StoreOptions{Timeout: e.redisTimeout, Network: e.redisSocket, FlushDelay: 20 * time.Microsecond}
+// storeOptions are the Redis settings as redisstore.Options.
+func (e *ratelimitEnv) storeOptions() (redisstore.Options, error) {
+	o := redisstore.Options{Timeout: e.redisTimeout, Network: e.redisSocket, FlushDelay: 20 * time.Microsecond}
 	urls := strings.Split(e.redisURL, ",")
 	switch e.redisType {
 	case "CLUSTER":

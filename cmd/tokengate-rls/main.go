@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/internal/service/daemon"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
@@ -214,8 +215,8 @@ func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Se
 
 // storeOptions are the Redis store's options; it connects in the
 // background.
-func (o *options) storeOptions() (rls.StoreOptions, error) {
-	storeOpt := rls.StoreOptions{
+func (o *options) storeOptions() (redisstore.Options, error) {
+	storeOpt := redisstore.Options{
 		Addrs:      strings.Split(o.redisAddrs, ","),
 		Cluster:    o.cluster,
 		Timeout:    o.timeout,

@@ -20,6 +20,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rlqs"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
@@ -36,7 +37,7 @@ type Settings struct {
 	// Rules is where the configuration comes from.
 	Rules Rules
 	// Store are Redis's options; Run sets Observe.
-	Store rls.StoreOptions
+	Store redisstore.Options
 	// RedisNode labels the Redis errors that name no node: a single
 	// Redis's address ("" for a Cluster).
 	RedisNode string
@@ -144,7 +145,7 @@ func Run(ctx context.Context, s Settings) error {
 	}
 	storeOpt := s.Store
 	storeOpt.Observe = metrics.ObserveRedis
-	store, err := rls.NewStore(storeOpt)
+	store, err := redisstore.New(storeOpt)
 	if err != nil {
 		return err
 	}
@@ -161,7 +162,7 @@ func Run(ctx context.Context, s Settings) error {
 	gs := rls.NewGRPCServer(srv, s.Workers, opts...)
 	// RLQS beside RLS v3 (docs/rlqs.md); its streams expire their
 	// assignments when ctx is done.
-	quota := rlqs.Register(ctx, gs, cfg, store, metrics.Registry())
+	quota := rlqs.Register(ctx, gs, cfg.Rules(), store, metrics.Registry())
 	health := rls.RegisterHealth(gs, ready, s.HealthNames...)
 
 	apply := func(c *rls.Config, err error) {
@@ -170,7 +171,7 @@ func Run(ctx context.Context, s Settings) error {
 			return
 		}
 		srv.SetConfig(c)
-		quota.SetConfig(c)
+		quota.SetRules(c.Rules())
 		HoldFor(ready, s.HoldWhileEmpty, c)
 	}
 	start, err := s.Rules.Follow(ctx, apply)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rlqs"
 	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
@@ -207,11 +208,11 @@ func (e *modelEnvoy) apply(now float64, r *rlqsv3.RateLimitQuotaResponse) {
 
 // countingStore counts the share requests that reach Redis.
 type countingStore struct {
-	*rls.Store
+	*redisstore.Store
 	ops atomic.Int64
 }
 
-func (c *countingStore) Share(ctx context.Context, ops []rls.ShareOp) []rls.ShareResult {
+func (c *countingStore) Share(ctx context.Context, ops []redisstore.ShareOp) []redisstore.ShareResult {
 	c.ops.Add(int64(len(ops)))
 	return c.Store.Share(ctx, ops)
 }
@@ -236,7 +237,7 @@ type fleet struct {
 func startFleet(t *testing.T, n int) *fleet {
 	t.Helper()
 	redis := redistest.Start(t)
-	st, err := rls.NewStore(rls.StoreOptions{Addrs: []string{redis.Addr}, Timeout: 2 * time.Second})
+	st, err := redisstore.New(redisstore.Options{Addrs: []string{redis.Addr}, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +257,7 @@ func startFleet(t *testing.T, n int) *fleet {
 	f.clk.micros.Store(1_767_000_000 * 1e6)
 	stop, cancel := context.WithCancel(context.Background())
 	f.stop = cancel
-	f.srv = rlqs.New(stop, cfg, f.store, rlqs.Options{Now: f.clk.now})
+	f.srv = rlqs.New(stop, cfg.Rules(), f.store, rlqs.Options{Now: f.clk.now})
 	// The gRPC server tokengate-rls runs (its codec, its stream workers).
 	gs := rls.NewGRPCServer(rls.NewServer(cfg, st, rls.NewMetrics(cfg)), 4)
 	rlqsv3.RegisterRateLimitQuotaServiceServer(gs, f.srv)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rlqs"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
@@ -19,8 +20,8 @@ import (
 // failingSharer is a Redis that fails every share request.
 type failingSharer struct{}
 
-func (failingSharer) Share(_ context.Context, ops []rls.ShareOp) []rls.ShareResult {
-	out := make([]rls.ShareResult, len(ops))
+func (failingSharer) Share(_ context.Context, ops []redisstore.ShareOp) []redisstore.ShareResult {
+	out := make([]redisstore.ShareResult, len(ops))
 	for i := range out {
 		out[i].Err = errors.New("redis down")
 	}
@@ -63,7 +64,7 @@ func TestMetricsDebitErrorsAndExpiry(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	stop, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srv := rlqs.New(stop, cfg, failingSharer{}, rlqs.Options{Metrics: rlqs.NewMetrics(reg)})
+	srv := rlqs.New(stop, cfg.Rules(), failingSharer{}, rlqs.Options{Metrics: rlqs.NewMetrics(reg)})
 	gs := grpc.NewServer()
 	rlqsv3.RegisterRateLimitQuotaServiceServer(gs, srv)
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -3,8 +3,8 @@
 // beside tokengate-rls's RLS v3: each Envoy process reporting a bucket gets
 // a token-bucket share of the rule's rate and burst, in proportion to its
 // reported demand, debited from the rule's bucket in Redis before it is
-// granted (rls.Store.Share), so that all Envoys together never admit more
-// than the rule. docs/rlqs.md describes the mapping, the shares and the
+// granted (redisstore.Store.Share), so that all Envoys together never
+// admit more than the rule. docs/rlqs.md describes the mapping, the shares and the
 // bound.
 package rlqs
 
@@ -30,7 +30,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -39,9 +39,9 @@ import (
 // in key order, are the bucket's composite key.
 const RuleKey = rlscontract.RuleKey
 
-// Sharer runs share requests; *rls.Store is the Redis one.
+// Sharer runs share requests; *redisstore.Store is the Redis one.
 type Sharer interface {
-	Share(ctx context.Context, ops []rls.ShareOp) []rls.ShareResult
+	Share(ctx context.Context, ops []redisstore.ShareOp) []redisstore.ShareResult
 }
 
 // Options tune a Server; the zero value is the defaults.
@@ -69,10 +69,11 @@ type Server struct {
 	Reports, Ops, Errors atomic.Uint64
 }
 
-// New returns a server splitting cfg's rules among Envoys in store. When
+// New returns a server splitting rules among Envoys in store (the
+// service's rules: rls.Config.Rules; shadow rules are left out). When
 // stop is done every stream expires its Envoy's assignments (TTL 0, as the
 // protocol suggests before a restart), releases its shares and ends.
-func New(stop context.Context, cfg *rls.Config, store Sharer, opt Options) *Server {
+func New(stop context.Context, rules []*config.Rule, store Sharer, opt Options) *Server {
 	if opt.Grace <= 0 {
 		opt.Grace = time.Second
 	}
@@ -80,23 +81,22 @@ func New(stop context.Context, cfg *rls.Config, store Sharer, opt Options) *Serv
 		opt.Metrics = NewMetrics(nil)
 	}
 	s := &Server{store: store, stop: stop, opt: opt}
-	s.SetConfig(cfg)
+	s.SetRules(rules)
 	return s
 }
 
 // Register registers a new server on gs (the gRPC server of RLS v3), its
 // metrics in reg (the RLS metrics' registry; nil: none).
-func Register(stop context.Context, gs *grpc.Server, cfg *rls.Config, store Sharer, reg prometheus.Registerer) *Server {
-	s := New(stop, cfg, store, Options{Metrics: NewMetrics(reg)})
+func Register(stop context.Context, gs *grpc.Server, rules []*config.Rule, store Sharer, reg prometheus.Registerer) *Server {
+	s := New(stop, rules, store, Options{Metrics: NewMetrics(reg)})
 	rlqsv3.RegisterRateLimitQuotaServiceServer(gs, s)
 	return s
 }
 
-// SetConfig replaces the configuration; streams use it from their next
-// report.
-func (s *Server) SetConfig(c *rls.Config) {
+// SetRules replaces the rules; streams use them from their next report.
+func (s *Server) SetRules(rules []*config.Rule) {
 	m := make(map[string]*config.Rule)
-	for _, r := range c.Rules() {
+	for _, r := range rules {
 		if !r.Shadow {
 			m[r.Name] = r
 		}
@@ -217,7 +217,7 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 		nowArg = strconv.FormatFloat(float64(now.UnixMicro())/1e6, 'f', 6, 64)
 	}
 	rules := *s.rules.Load()
-	var ops []rls.ShareOp
+	var ops []redisstore.ShareOp
 	var opBuckets []*bucketState
 	for _, u := range m.GetBucketQuotaUsages() {
 		s.Reports.Add(1)
@@ -234,7 +234,7 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 		}
 		b.rule = rules[name]
 		if b.rule != nil {
-			b.key = rls.ShareKey(b.rule.Name, comp)
+			b.key = redisstore.ShareKey(b.rule.Name, comp)
 		}
 		b.reports++
 		elapsed := u.GetTimeElapsed().GetSeconds()
@@ -251,7 +251,7 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 		}
 		lim := b.rule.Limit
 		fill := fillInterval(lim.Rate)
-		op := rls.ShareOp{Key: b.key, Rate: lim.Rate, Burst: lim.Burst, Fill: fill,
+		op := redisstore.ShareOp{Key: b.key, Rate: lim.Rate, Burst: lim.Burst, Fill: fill,
 			Pool:      uint64(math.Floor(poolFraction * lim.Rate * float64(fill))),
 			BurstPool: uint64(max(math.Floor(burstFraction*lim.Burst), 1)),
 			Holder:    holder, Demand: float64(count) / float64(max(elapsed, 1)),
@@ -320,7 +320,7 @@ func (s *Server) unassign(b *bucketState) {
 // the stream.
 func (s *Server) expireAll(stream rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer, holder string, buckets map[string]*bucketState) error {
 	resp := &rlqsv3.RateLimitQuotaResponse{}
-	var ops []rls.ShareOp
+	var ops []redisstore.ShareOp
 	now := s.now()
 	nowArg := ""
 	if s.opt.Now != nil {
@@ -330,7 +330,7 @@ func (s *Server) expireAll(stream rlqsv3.RateLimitQuotaService_StreamRateLimitQu
 		resp.BucketAction = append(resp.BucketAction, blanket(b.id, typev3.RateLimitStrategy_DENY_ALL, 0))
 		s.opt.Metrics.assignments[actExpire].Inc()
 		if b.rule != nil && b.assigned {
-			ops = append(ops, rls.ShareOp{Key: b.key, Rate: b.rule.Limit.Rate, Burst: b.rule.Limit.Burst, Fill: fillInterval(b.rule.Limit.Rate),
+			ops = append(ops, redisstore.ShareOp{Key: b.key, Rate: b.rule.Limit.Rate, Burst: b.rule.Limit.Burst, Fill: fillInterval(b.rule.Limit.Rate),
 				Holder: holder, Release: true, Grace: s.opt.Grace.Seconds(), Now: nowArg})
 		}
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
-// Pinger is what Readiness checks; *Store is one.
+// Pinger is what Readiness checks; *redisstore.Store is one.
 type Pinger interface {
 	Ping(ctx context.Context) error
 }

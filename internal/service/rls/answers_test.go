@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
@@ -27,9 +28,9 @@ func headerOK(r *rlsv3.RateLimitResponse, name string) (string, bool) {
 	return "", false
 }
 
-func readyStore(t *testing.T, addr string) *rls.Store {
+func readyStore(t *testing.T, addr string) *redisstore.Store {
 	t.Helper()
-	st, err := rls.NewStore(rls.StoreOptions{Addrs: []string{addr}, Timeout: 5 * time.Second})
+	st, err := redisstore.New(redisstore.Options{Addrs: []string{addr}, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +167,7 @@ func serveClient(t *testing.T, srv *rls.Server) rlsv3.RateLimitServiceClient {
 func TestStoreUnixSocket(t *testing.T) {
 	sock := t.TempDir() + "/redis.sock"
 	redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700")
-	st, err := rls.NewStore(rls.StoreOptions{Addrs: []string{sock}, Network: "unix", Timeout: 5 * time.Second})
+	st, err := redisstore.New(redisstore.Options{Addrs: []string{sock}, Network: "unix", Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestStoreUnixSocket(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	out := st.Run(context.Background(), []rls.Op{{Key: "tb:{unix:x}", Rate: 1, Burst: 2, Cost: 1}})
+	out := st.Run(context.Background(), []redisstore.Op{{Key: "tb:{unix:x}", Rate: 1, Burst: 2, Cost: 1}})
 	if out[0].Err != nil || !out[0].Allowed || out[0].Tokens != 1 {
 		t.Errorf("take over the socket: %+v", out[0])
 	}

@@ -11,6 +11,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
@@ -60,10 +61,10 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 // server's own work.
 type allow struct{}
 
-func (allow) Run(_ context.Context, ops []rls.Op) []rls.Outcome {
-	out := make([]rls.Outcome, len(ops))
+func (allow) Run(_ context.Context, ops []redisstore.Op) []redisstore.Outcome {
+	out := make([]redisstore.Outcome, len(ops))
 	for i := range out {
-		out[i] = rls.Outcome{Allowed: true, Tokens: 5}
+		out[i] = redisstore.Outcome{Allowed: true, Tokens: 5}
 	}
 	return out
 }

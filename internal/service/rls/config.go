@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -76,7 +77,7 @@ func ParseConfig(data []byte) (*Config, error) {
 	c.limitArgs = make(map[*config.Rule]*[2]string, len(c.rules))
 	c.plans = make(map[*config.Rule]*ratelimitheader.Plan, len(c.rules))
 	for _, r := range c.rules {
-		c.limitArgs[r] = &[2]string{num(r.Limit.Rate), num(r.Limit.Burst)}
+		c.limitArgs[r] = &[2]string{redisstore.Num(r.Limit.Rate), redisstore.Num(r.Limit.Burst)}
 		plan := ratelimitheader.NewPlan(r.Name, r.Limit)
 		c.plans[r] = &plan
 	}
@@ -119,7 +120,7 @@ func (c *Config) Resolve(domain string, entries []Entry) (*config.Rule, string) 
 		if r == nil {
 			return nil, ""
 		}
-		return r, BucketKey(r.Name, cleanComposite(comp))
+		return r, redisstore.BucketKey(r.Name, cleanComposite(comp))
 	}
 	nodes := c.domains[domain]
 	if nodes == nil || len(entries) == 0 {
@@ -140,7 +141,7 @@ func (c *Config) Resolve(domain string, entries []Entry) (*config.Rule, string) 
 	for i, e := range entries {
 		vals[i] = e.Value
 	}
-	return n.Rule, BucketKey(n.Rule.Name, string(sharedstate.AppendComposite(nil, vals)))
+	return n.Rule, redisstore.BucketKey(n.Rule.Name, string(sharedstate.AppendComposite(nil, vals)))
 }
 
 // overrideRule returns the rule and bucket of a descriptor that carries
@@ -164,7 +165,7 @@ func (c *Config) overrideRule(domain string, r *config.Rule, key string, entries
 		vals[i] = e.Value
 	}
 	suffix := "@" + strconv.FormatUint(uint64(n), 10) + "/" + strconv.FormatInt(secs, 10)
-	return o, BucketKey(name+suffix, string(sharedstate.AppendComposite(nil, vals)))
+	return o, redisstore.BucketKey(name+suffix, string(sharedstate.AppendComposite(nil, vals)))
 }
 
 // planOf returns the RateLimit header plan of r, made now for a rule of

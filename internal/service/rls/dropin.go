@@ -11,6 +11,7 @@ import (
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
@@ -366,14 +367,14 @@ func windowKey(prefix, domain string, entries []Entry, start int64) string {
 
 // dropinBucketKey is the Redis key of a drop-in token bucket: the domain,
 // the limit (N per unit) and every entry's key and value, percent-encoded
-// as sharedstate's composite keys are, inside BucketKey's hash tag.
+// as sharedstate's composite keys are, inside redisstore.BucketKey's hash tag.
 func dropinBucketKey(domain string, l *dlimit, entries []Entry) string {
 	vals := make([]string, 0, 2+2*len(entries))
 	vals = append(vals, domain, strconv.FormatUint(uint64(l.RequestsPerUnit), 10)+"/"+strconv.FormatInt(l.window, 10))
 	for _, e := range entries {
 		vals = append(vals, e.Key, e.Value)
 	}
-	return BucketKey("rl", string(sharedstate.AppendComposite(nil, vals)))
+	return redisstore.BucketKey("rl", string(sharedstate.AppendComposite(nil, vals)))
 }
 
 // remainingOf is a bucket's whole tokens as a status's limit_remaining.

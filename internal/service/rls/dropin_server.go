@@ -10,14 +10,16 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 )
 
 // dropinItem is one limited descriptor of a drop-in request.
 type dropinItem struct {
 	idx   int
 	limit *dlimit
-	op    Op
-	out   Outcome
+	op    redisstore.Op
+	out   redisstore.Outcome
 	// redis reports whether op runs in Redis (a limit of 0 per unit
 	// is decided without it).
 	redis bool
@@ -121,12 +123,12 @@ func (s *Server) dropinItems(d *dropin, req *rlsv3.RateLimitRequest, now time.Ti
 		}
 		if d.opt.Algorithm == FixedWindow {
 			start := now.Unix() / l.window * l.window
-			it.op = Op{Key: windowKey(d.opt.CacheKeyPrefix, req.Domain, entries, start), Cost: float64(hits), Window: l.window, Count: l.RequestsPerUnit}
+			it.op = redisstore.Op{Key: windowKey(d.opt.CacheKeyPrefix, req.Domain, entries, start), Cost: float64(hits), Window: l.window, Count: l.RequestsPerUnit}
 		} else {
 			lim := l.rule.Limit
-			it.op = Op{Key: dropinBucketKey(req.Domain, l, entries), Rate: lim.Rate, Burst: lim.Burst, Cost: float64(hits)}
+			it.op = redisstore.Op{Key: dropinBucketKey(req.Domain, l, entries), Rate: lim.Rate, Burst: lim.Burst, Cost: float64(hits)}
 			if l.RequestsPerUnit == 0 {
-				it.redis, it.out = false, Outcome{Allowed: hits == 0}
+				it.redis, it.out = false, redisstore.Outcome{Allowed: hits == 0}
 			}
 		}
 		items = append(items, it)
@@ -205,7 +207,7 @@ func (s *Server) dropinAnswer(d *dropin, items []dropinItem, unlimited []bool, n
 // the enforced (and, apart, the shadow) limits took when one of their
 // group is over. It returns the first Redis error.
 func (s *Server) runDropin(ctx context.Context, d *dropin, items []dropinItem) error {
-	var ops []Op
+	var ops []redisstore.Op
 	var at []int
 	for j := range items {
 		if items[j].redis {
@@ -237,7 +239,7 @@ func (s *Server) runDropin(ctx context.Context, d *dropin, items []dropinItem) e
 			}
 		}
 	}
-	var refund []Op
+	var refund []redisstore.Op
 	var refundAt []int
 	for j, it := range items {
 		groupOver := enforceOver

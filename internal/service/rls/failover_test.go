@@ -10,7 +10,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
@@ -79,9 +79,9 @@ func (l *hotLoad) waitDecided(from time.Time, d time.Duration) bool {
 
 // newSentinelStore is newStore through the Sentinel at addr for the
 // master set name.
-func newSentinelStore(t testing.TB, addr, name string, timeout time.Duration) *rls.Store {
+func newSentinelStore(t testing.TB, addr, name string, timeout time.Duration) *redisstore.Store {
 	t.Helper()
-	store, err := rls.NewStore(rls.StoreOptions{Addrs: []string{addr}, Timeout: timeout, SentinelMaster: name})
+	store, err := redisstore.New(redisstore.Options{Addrs: []string{addr}, Timeout: timeout, SentinelMaster: name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestSentinelFailover(t *testing.T) {
 	if r, err := call(e, "tokengate", ours("keys", "failover", 0)); err != nil || r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("bucket emptied before the failover, after it: %v %v, want OVER_LIMIT", r.GetOverallCode(), err)
 	}
-	if got := replica.MustDo("EXISTS", rls.BucketKey("hot", "")); got != int64(1) {
+	if got := replica.MustDo("EXISTS", redisstore.BucketKey("hot", "")); got != int64(1) {
 		t.Errorf("hot bucket on the promoted replica: EXISTS %v, want 1", got)
 	}
 	if role := replica.Role(); role != "master" {

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
@@ -109,7 +109,7 @@ func clusterMasterKilled(t *testing.T, c *redistest.Cluster) {
 	var dead, live []string
 	for i := 0; len(dead) < 5 || len(live) < 10; i++ {
 		k := fmt.Sprintf("198.51.100.%d", i)
-		if c.NodeFor(rls.BucketKey("keys", k)) == 0 {
+		if c.NodeFor(redisstore.BucketKey("keys", k)) == 0 {
 			dead = append(dead, k)
 		} else {
 			live = append(live, k)

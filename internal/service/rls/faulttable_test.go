@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
@@ -39,7 +40,7 @@ func TestFaultTable(t *testing.T) {
 		deadline = 60 * time.Millisecond
 		timeout  = 25 * time.Millisecond
 	)
-	hot := rls.BucketKey("hot", "")
+	hot := redisstore.BucketKey("hot", "")
 	// target is what a fault acts on: the Redis node of the hot bucket,
 	// the proxy in front of a standalone one, and the switch of a store
 	// that stops answering.
@@ -81,7 +82,7 @@ func TestFaultTable(t *testing.T) {
 		"|---|---|---|---|---|---|---|---|---|---|---|",
 	}
 	for _, f := range faults {
-		var store *rls.Store
+		var store *redisstore.Store
 		var srv *redistest.Server
 		var proxy *redistest.Proxy
 		stall := new(atomic.Bool)
@@ -199,11 +200,11 @@ type stallingRunner struct {
 	stall *atomic.Bool
 }
 
-func (s *stallingRunner) Run(ctx context.Context, ops []rls.Op) []rls.Outcome {
+func (s *stallingRunner) Run(ctx context.Context, ops []redisstore.Op) []redisstore.Outcome {
 	if !s.stall.Load() {
 		return s.r.Run(ctx, ops)
 	}
-	out := make([]rls.Outcome, len(ops))
+	out := make([]redisstore.Outcome, len(ops))
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Now().Add(25 * time.Millisecond)
@@ -235,7 +236,7 @@ type timedRunner struct {
 	worstIn time.Duration // the time that call spent in the store
 }
 
-func (t *timedRunner) Run(ctx context.Context, ops []rls.Op) []rls.Outcome {
+func (t *timedRunner) Run(ctx context.Context, ops []redisstore.Op) []redisstore.Outcome {
 	start := time.Now()
 	out := t.r.Run(ctx, ops)
 	if dl, ok := ctx.Deadline(); ok {

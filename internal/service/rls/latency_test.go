@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
@@ -60,7 +60,7 @@ type loadResult struct {
 // call has a deadline of its own (none, 5 ms, 15 ms, in turn: without
 // one the store's timeout bounds it), and its overrun is measured against
 // the earlier of its deadline and the store's timeout.
-func load(store *rls.Store, workers int, stop <-chan struct{}) loadResult {
+func load(store *redisstore.Store, workers int, stop <-chan struct{}) loadResult {
 	var mu sync.Mutex
 	var res loadResult
 	var wg sync.WaitGroup
@@ -83,7 +83,7 @@ func load(store *rls.Store, workers int, stop <-chan struct{}) loadResult {
 					ctx, cancel = context.WithTimeout(ctx, budget)
 					dl = start.Add(budget)
 				}
-				out := store.Run(ctx, []rls.Op{{Key: rls.BucketKey("lat", fmt.Sprint(w)), Rate: 1e6, Burst: 1e6, Cost: 1}})
+				out := store.Run(ctx, []redisstore.Op{{Key: redisstore.BucketKey("lat", fmt.Sprint(w)), Rate: 1e6, Burst: 1e6, Cost: 1}})
 				end := time.Now()
 				cancel()
 				mu.Lock()
@@ -137,7 +137,7 @@ func TestLatencyBound(t *testing.T) {
 	parent := t
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
-			var store *rls.Store
+			var store *redisstore.Store
 			var srv *redistest.Server
 			start, end := f.start, f.end
 			if f.cluster {
@@ -198,18 +198,18 @@ func TestLatencyBound(t *testing.T) {
 }
 
 // waitRecovery waits (10 s at most) until a call succeeds again.
-func waitRecovery(t *testing.T, store *rls.Store) {
+func waitRecovery(t *testing.T, store *redisstore.Store) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		out := store.Run(context.Background(), []rls.Op{{Key: rls.BucketKey("lat", "recover"), Rate: 1, Burst: 1e6, Cost: 1}})
+		out := store.Run(context.Background(), []redisstore.Op{{Key: redisstore.BucketKey("lat", "recover"), Rate: 1, Burst: 1e6, Cost: 1}})
 		if out[0].Err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no recovery 10 s after the fault ended: %v", out[0].Err)
 		}
-		if errors.Is(out[0].Err, rls.ErrNotConnected) {
+		if errors.Is(out[0].Err, redisstore.ErrNotConnected) {
 			t.Fatal(out[0].Err)
 		}
 		time.Sleep(20 * time.Millisecond)

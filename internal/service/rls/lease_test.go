@@ -11,7 +11,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 	"github.com/tokengate/tokengate/rlscontract"
 )
@@ -26,19 +26,19 @@ func TestLeaseScript(t *testing.T) {
 	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
 	ctx := context.Background()
 	const t0 = 1736940000.0
-	key := rls.LeaseKey("r", "k")
-	op := func(holder string, grant uint64, unspent float64, want uint64, release bool, now float64) rls.LeaseResult {
+	key := redisstore.LeaseKey("r", "k")
+	op := func(holder string, grant uint64, unspent float64, want uint64, release bool, now float64) redisstore.LeaseResult {
 		t.Helper()
-		res, err := store.Lease(ctx, rls.LeaseOp{Key: key, Rate: 10, Burst: 20, TTL: 2, Holder: holder, Grant: grant,
+		res, err := store.Lease(ctx, redisstore.LeaseOp{Key: key, Rate: 10, Burst: 20, TTL: 2, Holder: holder, Grant: grant,
 			Unspent: unspent, Want: want, Release: release, Now: at(now)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return res
 	}
-	take := func(cost float64, now float64) rls.Outcome {
+	take := func(cost float64, now float64) redisstore.Outcome {
 		t.Helper()
-		o := store.Run(ctx, []rls.Op{{Key: key, Rate: 10, Burst: 20, Cost: cost, Lease: true, TTL: 2, Now: at(now)}})[0]
+		o := store.Run(ctx, []redisstore.Op{{Key: key, Rate: 10, Burst: 20, Cost: cost, Lease: true, TTL: 2, Now: at(now)}})[0]
 		if o.Err != nil {
 			t.Fatal(o.Err)
 		}
@@ -47,31 +47,31 @@ func TestLeaseScript(t *testing.T) {
 
 	steps := []struct {
 		name string
-		do   func() rls.LeaseResult
-		want rls.LeaseResult // Retry and ValidUntil compared only when set
+		do   func() redisstore.LeaseResult
+		want redisstore.LeaseResult // Retry and ValidUntil compared only when set
 	}{
-		{"A gets what it wants", func() rls.LeaseResult { return op("A", 0, 0, 8, false, t0) }, rls.LeaseResult{Granted: 8, ID: 1, Tokens: 12}},
-		{"B too", func() rls.LeaseResult { return op("B", 0, 0, 8, false, t0) }, rls.LeaseResult{Granted: 8, ID: 2, Tokens: 4}},
-		{"C gets the rest", func() rls.LeaseResult { return op("C", 0, 0, 8, false, t0) }, rls.LeaseResult{Granted: 4, ID: 3, Tokens: 0}},
-		{"D finds none", func() rls.LeaseResult { return op("D", 0, 0, 8, false, t0) }, rls.LeaseResult{OverLimit: true, ID: 4, Tokens: 0, Retry: 0.1}},
+		{"A gets what it wants", func() redisstore.LeaseResult { return op("A", 0, 0, 8, false, t0) }, redisstore.LeaseResult{Granted: 8, ID: 1, Tokens: 12}},
+		{"B too", func() redisstore.LeaseResult { return op("B", 0, 0, 8, false, t0) }, redisstore.LeaseResult{Granted: 8, ID: 2, Tokens: 4}},
+		{"C gets the rest", func() redisstore.LeaseResult { return op("C", 0, 0, 8, false, t0) }, redisstore.LeaseResult{Granted: 4, ID: 3, Tokens: 0}},
+		{"D finds none", func() redisstore.LeaseResult { return op("D", 0, 0, 8, false, t0) }, redisstore.LeaseResult{OverLimit: true, ID: 4, Tokens: 0, Retry: 0.1}},
 		// 1 s later the refill would give 10, but 20 are held: L + H <= burst.
-		{"held tokens cap the refill", func() rls.LeaseResult { return op("D", 4, 0, 8, false, t0+1) }, rls.LeaseResult{OverLimit: true, ID: 5, Tokens: 0}},
+		{"held tokens cap the refill", func() redisstore.LeaseResult { return op("D", 4, 0, 8, false, t0+1) }, redisstore.LeaseResult{OverLimit: true, ID: 5, Tokens: 0}},
 		// A reports 3 of its 8 unspent: 5 were spent, H falls to 15, and
 		// that room fills at the rate from this call on.
-		{"A reports 3 unspent", func() rls.LeaseResult { return op("A", 1, 3, 0, false, t0+1) }, rls.LeaseResult{Covered: 3, ID: 6, Tokens: 0}},
-		{"the freed room refills", func() rls.LeaseResult { return op("D", 5, 0, 8, false, t0+1.5) }, rls.LeaseResult{Granted: 5, ID: 7, Tokens: 0}},
+		{"A reports 3 unspent", func() redisstore.LeaseResult { return op("A", 1, 3, 0, false, t0+1) }, redisstore.LeaseResult{Covered: 3, ID: 6, Tokens: 0}},
+		{"the freed room refills", func() redisstore.LeaseResult { return op("D", 5, 0, 8, false, t0+1.5) }, redisstore.LeaseResult{Granted: 5, ID: 7, Tokens: 0}},
 		// B returns 6 of grant 2: they go back to L.
-		{"B releases 6", func() rls.LeaseResult { return op("B", 2, 6, 0, true, t0+1.5) }, rls.LeaseResult{Granted: 6, Tokens: 6}},
+		{"B releases 6", func() redisstore.LeaseResult { return op("B", 2, 6, 0, true, t0+1.5) }, redisstore.LeaseResult{Granted: 6, Tokens: 6}},
 		// A stale report (grant 1 is gone): nothing it claims is covered.
-		{"stale report covers nothing", func() rls.LeaseResult { return op("A", 1, 8, 0, true, t0+1.5) }, rls.LeaseResult{Granted: 0, Tokens: 6}},
+		{"stale report covers nothing", func() redisstore.LeaseResult { return op("A", 1, 8, 0, true, t0+1.5) }, redisstore.LeaseResult{Granted: 0, Tokens: 6}},
 		// D renews grant 7 (5 tokens) reporting 2.5 unspent: 2 whole
 		// tokens are carried over, and the answer says so.
-		{"renewal carries over whole tokens", func() rls.LeaseResult { return op("D", 7, 2.5, 0, false, t0+1.5) }, rls.LeaseResult{Covered: 2, ID: 8, Tokens: 6}},
+		{"renewal carries over whole tokens", func() redisstore.LeaseResult { return op("D", 7, 2.5, 0, false, t0+1.5) }, redisstore.LeaseResult{Covered: 2, ID: 8, Tokens: 6}},
 		// C's grant expired at t0+2: its room comes back from then on,
 		// not its tokens. D now holds 2 under grant 8, A 3: H = 9 until
 		// t0+2, L = min(20 - 9, 6 + 0.5 x 10) = 11; then the cap is 15
 		// and L = min(15, 11 + 0.5 x 10) = 15.
-		{"expiry frees capacity from the expiry on", func() rls.LeaseResult { return op("E", 0, 0, 20, false, t0+2.5) }, rls.LeaseResult{Granted: 15, ID: 9, Tokens: 0}},
+		{"expiry frees capacity from the expiry on", func() redisstore.LeaseResult { return op("E", 0, 0, 20, false, t0+2.5) }, redisstore.LeaseResult{Granted: 15, ID: 9, Tokens: 0}},
 	}
 	for i, s := range steps {
 		got := s.do()
@@ -111,7 +111,7 @@ func TestLeaseScript(t *testing.T) {
 // leaseApply): the new grant's amount (Quota.requests = covered + granted)
 // less what the proxy spent since it sent the report. tokens is what the
 // proxy holds when the answer lands, unspent what it reported.
-func applyGrant(tokens, unspent float64, res rls.LeaseResult) float64 {
+func applyGrant(tokens, unspent float64, res redisstore.LeaseResult) float64 {
 	spent := unspent - min(tokens, unspent)
 	return max(0, float64(res.Covered+res.Granted)-spent)
 }
@@ -119,7 +119,7 @@ func applyGrant(tokens, unspent float64, res rls.LeaseResult) float64 {
 // applyGrantOld is the rule before the covered amount was part of the
 // answer: what is left of the report plus the new tokens, whether or not
 // the service still counted the report.
-func applyGrantOld(tokens, unspent float64, res rls.LeaseResult) float64 {
+func applyGrantOld(tokens, unspent float64, res redisstore.LeaseResult) float64 {
 	return min(tokens, unspent) + float64(res.Granted)
 }
 
@@ -139,14 +139,14 @@ func TestLeaseLostAnswer(t *testing.T) {
 	const rate, burst, ttl = 100.0, 20.0, 2.0
 	for _, tc := range []struct {
 		name  string
-		apply func(tokens, unspent float64, res rls.LeaseResult) float64
+		apply func(tokens, unspent float64, res redisstore.LeaseResult) float64
 		over  bool
 	}{{"covered rule", applyGrant, false}, {"old rule", applyGrantOld, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			key := rls.LeaseKey("lost", tc.name)
-			lease := func(g uint64, u float64, want uint64, now float64) rls.LeaseResult {
+			key := redisstore.LeaseKey("lost", tc.name)
+			lease := func(g uint64, u float64, want uint64, now float64) redisstore.LeaseResult {
 				t.Helper()
-				res, err := store.Lease(ctx, rls.LeaseOp{Key: key, Rate: rate, Burst: burst, TTL: ttl, Holder: "A", Grant: g,
+				res, err := store.Lease(ctx, redisstore.LeaseOp{Key: key, Rate: rate, Burst: burst, TTL: ttl, Holder: "A", Grant: g,
 					Unspent: u, Want: want, Now: at(now)})
 				if err != nil {
 					t.Fatal(err)
@@ -176,11 +176,11 @@ func TestLeaseLostAnswer(t *testing.T) {
 			// into its room, then exact takes drain it.
 			now := t0 + 2.6
 			for ; now < t0+2.8; now += 0.05 {
-				store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 0, Lease: true, TTL: ttl, Now: at(now)}})
+				store.Run(ctx, []redisstore.Op{{Key: key, Rate: rate, Burst: burst, Cost: 0, Lease: true, TTL: ttl, Now: at(now)}})
 			}
 			took := 0
 			for range 40 {
-				o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, Now: at(now)}})[0]
+				o := store.Run(ctx, []redisstore.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, Now: at(now)}})[0]
 				if o.Err != nil {
 					t.Fatal(o.Err)
 				}
@@ -215,7 +215,7 @@ func TestLeaseBound(t *testing.T) {
 	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
 	for _, tc := range []struct {
 		name  string
-		apply func(tokens, unspent float64, res rls.LeaseResult) float64
+		apply func(tokens, unspent float64, res redisstore.LeaseResult) float64
 		over  bool
 		share float64 // lease_max for the holders' shares; 0: none
 	}{{"covered rule", applyGrant, false, 0}, {"old rule", applyGrantOld, true, 0},
@@ -225,7 +225,7 @@ func TestLeaseBound(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			worst := 0.0
 			for round := range 3 {
-				w, n, span := simulateLeases(t, store, rls.LeaseKey("bound-"+tc.name, strconv.Itoa(round)), int64(round), tc.apply, tc.share)
+				w, n, span := simulateLeases(t, store, redisstore.LeaseKey("bound-"+tc.name, strconv.Itoa(round)), int64(round), tc.apply, tc.share)
 				t.Logf("round %d: %d tokens spent over %.1f s; worst window %+.3f tokens against burst + rate x T", round, n, span, w)
 				if n < 1000 {
 					t.Errorf("round %d: only %d tokens spent: the simulation did not load the bucket", round, n)
@@ -242,7 +242,7 @@ func TestLeaseBound(t *testing.T) {
 // simulateLeases runs one round of TestLeaseBound and returns by how much
 // the worst window exceeded burst + rate x T (<= 0: within), the tokens
 // spent and the simulated time.
-func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, apply func(tokens, unspent float64, res rls.LeaseResult) float64, share float64) (float64, int, float64) {
+func simulateLeases(t *testing.T, store *redisstore.Store, key string, seed int64, apply func(tokens, unspent float64, res redisstore.LeaseResult) float64, share float64) (float64, int, float64) {
 	ctx := context.Background()
 	const rate, burst, ttl = 50.0, 40.0, 0.5
 	type call struct {
@@ -250,7 +250,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 		unspent               float64
 		want                  uint64
 		release, done, lost   bool
-		res                   rls.LeaseResult
+		res                   redisstore.LeaseResult
 	}
 	type proxy struct {
 		name    string
@@ -281,7 +281,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 				}
 			}
 			for range int(burst) + 1 {
-				o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, LeaseShare: share, Now: at(now)}})[0]
+				o := store.Run(ctx, []redisstore.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, LeaseShare: share, Now: at(now)}})[0]
 				if o.Err != nil {
 					t.Fatal(o.Err)
 				}
@@ -316,7 +316,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 			}
 			if !c.done && now >= c.process {
 				var err error
-				c.res, err = store.Lease(ctx, rls.LeaseOp{Key: key, Rate: rate, Burst: burst, TTL: ttl, Holder: p.name,
+				c.res, err = store.Lease(ctx, redisstore.LeaseOp{Key: key, Rate: rate, Burst: burst, TTL: ttl, Holder: p.name,
 					Grant: p.grant, Unspent: c.unspent, Want: c.want, Release: c.release, Now: at(now), Share: share})
 				if err != nil {
 					t.Fatal(err)
@@ -353,7 +353,7 @@ func simulateLeases(t *testing.T, store *rls.Store, key string, seed int64, appl
 			p.dead = true // killed holding its lease
 			continue
 		case r == 1: // an exact take of one token
-			o := store.Run(ctx, []rls.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, LeaseShare: share, Now: at(now)}})[0]
+			o := store.Run(ctx, []redisstore.Op{{Key: key, Rate: rate, Burst: burst, Cost: 1, Lease: true, TTL: ttl, LeaseShare: share, Now: at(now)}})[0]
 			if o.Err != nil {
 				t.Fatal(o.Err)
 			}
@@ -433,25 +433,25 @@ func TestLeaseShares(t *testing.T) {
 	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
 	ctx := context.Background()
 	const t0 = 1736940000.0
-	key := rls.LeaseKey("r", "shares")
-	op := func(holder string, grant uint64, want uint64, now float64) rls.LeaseResult {
+	key := redisstore.LeaseKey("r", "shares")
+	op := func(holder string, grant uint64, want uint64, now float64) redisstore.LeaseResult {
 		t.Helper()
-		res, err := store.Lease(ctx, rls.LeaseOp{Key: key, Rate: 10, Burst: 20, TTL: 2, Holder: holder, Grant: grant,
+		res, err := store.Lease(ctx, redisstore.LeaseOp{Key: key, Rate: 10, Burst: 20, TTL: 2, Holder: holder, Grant: grant,
 			Want: want, Now: at(now), Share: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return res
 	}
-	take := func(cost float64, now float64) rls.Outcome {
+	take := func(cost float64, now float64) redisstore.Outcome {
 		t.Helper()
-		o := store.Run(ctx, []rls.Op{{Key: key, Rate: 10, Burst: 20, Cost: cost, Lease: true, TTL: 2, LeaseShare: 4, Now: at(now)}})[0]
+		o := store.Run(ctx, []redisstore.Op{{Key: key, Rate: 10, Burst: 20, Cost: cost, Lease: true, TTL: 2, LeaseShare: 4, Now: at(now)}})[0]
 		if o.Err != nil {
 			t.Fatal(o.Err)
 		}
 		return o
 	}
-	check := func(step string, got, want rls.LeaseResult) {
+	check := func(step string, got, want redisstore.LeaseResult) {
 		t.Helper()
 		if got.OverLimit != want.OverLimit || got.Granted != want.Granted || got.Tokens != want.Tokens ||
 			(want.Retry != 0 && got.Retry != want.Retry) {
@@ -459,19 +459,19 @@ func TestLeaseShares(t *testing.T) {
 		}
 	}
 	// A full bucket: the burst is no one's share, first come.
-	check("A", op("A", 0, 5, t0), rls.LeaseResult{Granted: 5, Tokens: 15})
-	check("B", op("B", 0, 5, t0), rls.LeaseResult{Granted: 5, Tokens: 10})
+	check("A", op("A", 0, 5, t0), redisstore.LeaseResult{Granted: 5, Tokens: 15})
+	check("B", op("B", 0, 5, t0), redisstore.LeaseResult{Granted: 5, Tokens: 10})
 	if o := take(10, t0); !o.Allowed {
 		t.Fatalf("take of the 10 no share keeps: %+v", o)
 	}
 	// 0.4 s: 4 refilled, 2 for each holder. A asks first and gets its 2
 	// only; B's 2 wait for B, whoever asks meanwhile.
-	check("A asks first", op("A", 1, 10, t0+0.4), rls.LeaseResult{Granted: 2, Tokens: 0})
-	check("A again", op("A", 3, 10, t0+0.4), rls.LeaseResult{OverLimit: true, Tokens: 0, Retry: 0.2})
+	check("A asks first", op("A", 1, 10, t0+0.4), redisstore.LeaseResult{Granted: 2, Tokens: 0})
+	check("A again", op("A", 3, 10, t0+0.4), redisstore.LeaseResult{OverLimit: true, Tokens: 0, Retry: 0.2})
 	if o := take(1, t0+0.4); o.Allowed || o.Tokens != 0 {
 		t.Fatalf("exact take from tokens kept for B: %+v", o)
 	}
-	check("B", op("B", 2, 10, t0+0.4), rls.LeaseResult{Granted: 2, Tokens: 0})
+	check("B", op("B", 2, 10, t0+0.4), redisstore.LeaseResult{Granted: 2, Tokens: 0})
 	// Both grants expire at t0+2.4: no holder is active from then on, the
 	// refilled tokens are no one's, and a take gets them.
 	if o := take(3, t0+3); !o.Allowed {
@@ -480,7 +480,7 @@ func TestLeaseShares(t *testing.T) {
 	// C alone: it gets what it asks for (10 of the 17 free); then, idle
 	// for a second, its share stops at the cap (4) and the other 6 of the
 	// refill are anyone's: a take gets 6, not 7.
-	check("C alone", op("C", 0, 10, t0+3), rls.LeaseResult{Granted: 10, Tokens: 7})
+	check("C alone", op("C", 0, 10, t0+3), redisstore.LeaseResult{Granted: 10, Tokens: 7})
 	if o := take(7, t0+3); !o.Allowed {
 		t.Fatalf("take of the 7 left: %+v", o)
 	}

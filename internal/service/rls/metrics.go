@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 )
 
 // Decision codes counted per rule.
@@ -382,8 +383,8 @@ func (m *Metrics) SetRedisNode(addr string) { m.node.Store(&addr) }
 // failed through l (rate-limited).
 func (m *Metrics) SetErrorLog(l *ErrorLog) { m.errLog.Store(l) }
 
-// ObserveRedis records one pipelined round trip to Redis; the Store calls
-// it (StoreOptions.Observe). A failure is counted by cause and node and
+// ObserveRedis records one pipelined round trip to Redis; the redisstore.Store calls
+// it (redisstore.Options.Observe). A failure is counted by cause and node and
 // logged (SetErrorLog).
 func (m *Metrics) ObserveRedis(d time.Duration, err error) {
 	m.redisDuration.Observe(d.Seconds())
@@ -431,9 +432,9 @@ func RedisCause(err error) (cause, node string) {
 		return "timeout", node
 	case errors.Is(err, context.Canceled):
 		return "canceled", node
-	case errors.Is(err, ErrNotConnected):
+	case errors.Is(err, redisstore.ErrNotConnected):
 		return "not_connected", node
-	case errors.Is(err, ErrBacklog):
+	case errors.Is(err, redisstore.ErrBacklog):
 		return "not_answering", node
 	case op != nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || errors.Is(err, rueidis.ErrClosing):

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
@@ -74,8 +75,8 @@ func TestRedisCause(t *testing.T) {
 		{"deadline", context.DeadlineExceeded, "timeout", ""},
 		{"wrapped deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), "timeout", ""},
 		{"canceled", context.Canceled, "canceled", ""},
-		{"not connected", rls.ErrNotConnected, "not_connected", ""},
-		{"node not answering", rls.ErrBacklog, "not_answering", ""},
+		{"not connected", redisstore.ErrNotConnected, "not_connected", ""},
+		{"node not answering", redisstore.ErrBacklog, "not_answering", ""},
 		{"refused", &net.OpError{Op: "dial", Net: "tcp", Addr: addr, Err: errors.New("connection refused")}, "connection", "10.0.0.7:6379"},
 		{"eof", io.EOF, "connection", ""},
 		{"closing", rueidis.ErrClosing, "connection", ""},
@@ -312,22 +313,22 @@ func TestNotConnectedObserved(t *testing.T) {
 	l.Close() // nothing listens there: the store never connects
 	var got []error
 	var mu sync.Mutex
-	s, err := rls.NewStore(rls.StoreOptions{Addrs: []string{addr}, Timeout: 25 * time.Millisecond,
+	s, err := redisstore.New(redisstore.Options{Addrs: []string{addr}, Timeout: 25 * time.Millisecond,
 		Observe: func(_ time.Duration, err error) { mu.Lock(); got = append(got, err); mu.Unlock() }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	out := s.Run(context.Background(), []rls.Op{{Key: "k", Rate: 1, Burst: 1, Cost: 1}})
-	if !errors.Is(out[0].Err, rls.ErrNotConnected) {
+	out := s.Run(context.Background(), []redisstore.Op{{Key: "k", Rate: 1, Burst: 1, Cost: 1}})
+	if !errors.Is(out[0].Err, redisstore.ErrNotConnected) {
 		t.Fatalf("outcome %+v, want ErrNotConnected", out[0])
 	}
-	if _, err := s.Lease(context.Background(), rls.LeaseOp{Key: "k", Rate: 1, Burst: 1}); !errors.Is(err, rls.ErrNotConnected) {
+	if _, err := s.Lease(context.Background(), redisstore.LeaseOp{Key: "k", Rate: 1, Burst: 1}); !errors.Is(err, redisstore.ErrNotConnected) {
 		t.Fatalf("lease error %v, want ErrNotConnected", err)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(got) != 2 || !errors.Is(got[0], rls.ErrNotConnected) || !errors.Is(got[1], rls.ErrNotConnected) {
+	if len(got) != 2 || !errors.Is(got[0], redisstore.ErrNotConnected) || !errors.Is(got[1], redisstore.ErrNotConnected) {
 		t.Fatalf("observed %v, want ErrNotConnected twice", got)
 	}
 }

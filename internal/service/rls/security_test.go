@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
@@ -13,7 +13,7 @@ import (
 // with an ACL user; without them, or with a wrong one, it never decides.
 func TestStoreAuth(t *testing.T) {
 	srv := redistest.Start(t, "--requirepass", "s3cret", "--user", "svc", "on", ">svc-pw", "~tb:*", "~tl:*", "+evalsha", "+eval", "+ping", "+time", "+get", "+set", "+del", "+pexpire", "+hgetall", "+hset", "+hdel")
-	op := []rls.Op{{Key: rls.BucketKey("auth", "a"), Rate: 1, Burst: 5, Cost: 1}}
+	op := []redisstore.Op{{Key: redisstore.BucketKey("auth", "a"), Rate: 1, Burst: 5, Cost: 1}}
 	for _, tc := range []struct {
 		name, user, password string
 		ok                   bool
@@ -24,7 +24,7 @@ func TestStoreAuth(t *testing.T) {
 		{"wrong-password", "svc", "nope", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, err := rls.NewStore(rls.StoreOptions{Addrs: []string{srv.Addr}, Timeout: time.Second,
+			s, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr}, Timeout: time.Second,
 				Username: tc.user, Password: tc.password})
 			if err != nil {
 				t.Fatal(err)
@@ -60,20 +60,20 @@ func TestSlowAnswerWithinClientDeadline(t *testing.T) {
 	p := redistest.StartProxy(t, srv.Addr)
 	store := newStore(t, []string{p.Addr}, false, 100*time.Millisecond)
 	p.Delay(60 * time.Millisecond) // each way: answers in 120 ms
-	op := rls.Op{Key: rls.BucketKey("slow", "a"), Rate: 1, Burst: 100, Cost: 1}
+	op := redisstore.Op{Key: redisstore.BucketKey("slow", "a"), Rate: 1, Burst: 100, Cost: 1}
 	ctx, cancel := context.WithTimeout(context.Background(), 395*time.Millisecond)
 	defer cancel()
-	if out := store.Run(ctx, []rls.Op{op}); out[0].Err != nil {
+	if out := store.Run(ctx, []redisstore.Op{op}); out[0].Err != nil {
 		t.Fatalf("one descriptor, client deadline 395 ms, Redis at 120 ms: %v", out[0].Err)
 	}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 395*time.Millisecond)
 	defer cancel2()
-	two := []rls.Op{op, {Key: rls.BucketKey("slow", "b"), Rate: 1, Burst: 100, Cost: 1}}
+	two := []redisstore.Op{op, {Key: redisstore.BucketKey("slow", "b"), Rate: 1, Burst: 100, Cost: 1}}
 	if out := store.Run(ctx2, two); out[0].Err == nil {
 		t.Fatal("two descriptors, Redis at 120 ms: decided beyond the 100 ms timeout per round trip")
 	}
 	// No deadline at all: the store's timeout.
-	if out := store.Run(context.Background(), []rls.Op{op}); out[0].Err == nil {
+	if out := store.Run(context.Background(), []redisstore.Op{op}); out[0].Err == nil {
 		t.Fatal("no client deadline, Redis at 120 ms: decided beyond the 100 ms timeout")
 	}
 }
@@ -84,16 +84,16 @@ func TestSlowAnswerWithinClientDeadline(t *testing.T) {
 func TestStoreSentinel(t *testing.T) {
 	master := redistest.Start(t, "--requirepass", "m-pw")
 	sentinel := redistest.StartSentinel(t, "tokengate", master)
-	s, err := rls.NewStore(rls.StoreOptions{Addrs: []string{sentinel.Addr}, Timeout: time.Second,
+	s, err := redisstore.New(redisstore.Options{Addrs: []string{sentinel.Addr}, Timeout: time.Second,
 		SentinelMaster: "tokengate", Password: "m-pw"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	key := rls.BucketKey("sentinel", "a")
+	key := redisstore.BucketKey("sentinel", "a")
 	var last error
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		out := s.Run(context.Background(), []rls.Op{{Key: key, Rate: 1, Burst: 5, Cost: 1}})
+		out := s.Run(context.Background(), []redisstore.Op{{Key: key, Rate: 1, Burst: 5, Cost: 1}})
 		if last = out[0].Err; last == nil {
 			break
 		}
@@ -107,7 +107,7 @@ func TestStoreSentinel(t *testing.T) {
 	if err := s.Ping(context.Background()); err != nil {
 		t.Fatalf("Ping through Sentinel: %v", err)
 	}
-	if _, err := rls.NewStore(rls.StoreOptions{Addrs: []string{sentinel.Addr}, Timeout: time.Second,
+	if _, err := redisstore.New(redisstore.Options{Addrs: []string{sentinel.Addr}, Timeout: time.Second,
 		SentinelMaster: "tokengate", Cluster: true}); err == nil {
 		t.Error("Sentinel and Cluster together: accepted")
 	}

@@ -15,13 +15,14 @@ import (
 
 	"github.com/tokengate/tokengate/bucket"
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/ratelimitheader"
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
-// Runner runs bucket updates; *Store is the Redis one.
+// Runner runs bucket updates; *redisstore.Store is the Redis one.
 type Runner interface {
-	Run(ctx context.Context, ops []Op) []Outcome
+	Run(ctx context.Context, ops []redisstore.Op) []redisstore.Outcome
 }
 
 // errUnloaded answers every call while no configuration is loaded
@@ -60,8 +61,8 @@ func (s *Server) Config() *Config { return s.cfg.Load() }
 type item struct {
 	idx  int // descriptor index
 	rule *config.Rule
-	op   Op
-	out  Outcome
+	op   redisstore.Op
+	out  redisstore.Outcome
 	// retry is the seconds until the request could pass (rejected) and
 	// full the seconds until the bucket is full (after the decision).
 	retry, full float64
@@ -107,7 +108,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		return resp, nil
 	}
 
-	var opBuf [2]Op
+	var opBuf [2]redisstore.Op
 	ops := opBuf[:0]
 	for i := range items {
 		ops = append(ops, items[i].op)
@@ -179,7 +180,7 @@ func (s *Server) resolve(cfg *Config, req *rlsv3.RateLimitRequest, items []item,
 		if cost == 0 {
 			cost = 1
 		}
-		op := Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt, limitArgs: cfg.limitArgs[r]}
+		op := redisstore.Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt, LimitArgs: cfg.limitArgs[r]}
 		if lease {
 			op.Lease, op.TTL, op.LeaseShare = true, r.Lease.TTL, r.Lease.Max
 		}
@@ -288,7 +289,7 @@ func (s *Server) settle(ctx context.Context, items []item) (error, bool) {
 		}
 	}
 	if len(refund) > 0 {
-		ops := make([]Op, len(refund))
+		ops := make([]redisstore.Op, len(refund))
 		for j, i := range refund {
 			ops[j] = items[i].op
 			ops[j].Cost = -ops[j].Cost

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
@@ -24,43 +25,9 @@ import (
 // bucket into debt, carried in full), a refund (capped at burst), or a
 // reset (the key is deleted: a full bucket).
 
-//go:embed settle.lua
-var settleLua string
-
-var settleScript = newScript(withParts(settleLua))
-
-// SettleOp is one settlement of one bucket.
-type SettleOp struct {
-	Key                  string
-	Rate, Burst, MaxDebt float64
-	// Kind is the settlement's, as settle.lua names it.
-	Kind rlscontract.SettleKind
-	// Amount is the tokens charged or refunded (> 0; unused by a reset).
-	Amount float64
-	// Now replaces Redis TIME when not empty (tests).
-	Now string
-}
-
-func (op SettleOp) args() []string {
-	a := []string{num(op.Rate), num(op.Burst), num(op.MaxDebt), string(op.Kind), num(op.Amount)}
-	if op.Now != "" {
-		a = append(a, op.Now)
-	}
-	return a
-}
-
-// Settler applies settlements; *Store is the Redis one.
+// Settler applies settlements; *redisstore.Store is the Redis one.
 type Settler interface {
-	Settle(ctx context.Context, ops []SettleOp) []Outcome
-}
-
-// Settle runs settle.lua for every op in one pipeline (as Run does, NOSCRIPT
-// answered by EVAL) and returns their outcomes in order: Allowed is always
-// true, Tokens the bucket's tokens after.
-func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
-	return s.runScripts(ctx, len(ops), func(i int) (*script, string, []string) {
-		return settleScript, ops[i].Key, ops[i].args()
-	})
+	Settle(ctx context.Context, ops []redisstore.SettleOp) []redisstore.Outcome
 }
 
 // isSettleCall reports whether a call is a settlement: it carries the
@@ -88,20 +55,20 @@ func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
 // (rlscontract.ParseSettlement), and what to do: a charge of its hits (the
 // descriptor's hits_addend, else the request's, at least 1), a refund or a
 // reset. The rule must be a cluster-scope rule that settles (exact mode).
-func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (SettleOp, *config.Rule, error) {
+func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (redisstore.SettleOp, *config.Rule, error) {
 	es := make([]rlscontract.Entry, len(d.GetEntries()))
 	for i, e := range d.GetEntries() {
 		es[i] = rlscontract.Entry{Key: e.GetKey(), Value: e.GetValue()}
 	}
 	set, err := rlscontract.ParseSettlement(rlscontract.Descriptor{Entries: es, HitsAddend: d.GetHitsAddend().GetValue()})
 	if err != nil {
-		return SettleOp{}, nil, err
+		return redisstore.SettleOp{}, nil, err
 	}
 	r := c.clusterRule(domain, set.Rule)
 	if r == nil || r.Settle == nil || r.Lease != nil {
-		return SettleOp{}, nil, fmt.Errorf("no cluster-scope rule %q that settles after the response", set.Rule)
+		return redisstore.SettleOp{}, nil, fmt.Errorf("no cluster-scope rule %q that settles after the response", set.Rule)
 	}
-	op := SettleOp{Key: BucketKey(r.Name, cleanComposite(set.Composite)), Rate: r.Limit.Rate, Burst: r.Limit.Burst, MaxDebt: r.Limit.MaxDebt,
+	op := redisstore.SettleOp{Key: redisstore.BucketKey(r.Name, cleanComposite(set.Composite)), Rate: r.Limit.Rate, Burst: r.Limit.Burst, MaxDebt: r.Limit.MaxDebt,
 		Kind: set.Kind, Amount: set.Amount}
 	if set.Kind == rlscontract.SettleCharge {
 		hits := set.Hits
@@ -122,7 +89,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		return nil, false, nil
 	}
 	ds := req.GetDescriptors()
-	ops := make([]SettleOp, len(ds))
+	ops := make([]redisstore.SettleOp, len(ds))
 	rules := make([]*config.Rule, len(ds))
 	cfg := s.cfg.Load()
 	for i, d := range ds {

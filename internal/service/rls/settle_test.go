@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 	"github.com/tokengate/tokengate/rlscontract"
 	"github.com/tokengate/tokengate/sharedstate"
@@ -55,14 +55,14 @@ func TestSettleScriptMatchesBucket(t *testing.T) {
 			amount := float64(1+rng.IntN(int(2*l.Burst)+1)) + float64(rng.IntN(4))*0.25
 			var want bucket.State
 			allowed := true
-			var got rls.Outcome
+			var got redisstore.Outcome
 			kind := []string{"take", "charge", "refund", "reset"}[rng.IntN(4)]
 			switch kind {
 			case "take":
 				var res bucket.Result
 				want, res = l.Take(st, now, amount)
 				allowed = res.Allowed
-				got = store.Run(context.Background(), []rls.Op{{Key: key, Rate: l.Rate, Burst: l.Burst, Cost: amount, MaxDebt: l.MaxDebt, Now: nowStr}})[0]
+				got = store.Run(context.Background(), []redisstore.Op{{Key: key, Rate: l.Rate, Burst: l.Burst, Cost: amount, MaxDebt: l.MaxDebt, Now: nowStr}})[0]
 			case "charge", "refund", "reset":
 				switch kind {
 				case "charge":
@@ -72,7 +72,7 @@ func TestSettleScriptMatchesBucket(t *testing.T) {
 				default:
 					want = l.Reset(st, now)
 				}
-				got = store.Settle(context.Background(), []rls.SettleOp{{Key: key, Rate: l.Rate, Burst: l.Burst, MaxDebt: l.MaxDebt,
+				got = store.Settle(context.Background(), []redisstore.SettleOp{{Key: key, Rate: l.Rate, Burst: l.Burst, MaxDebt: l.MaxDebt,
 					Kind: rlscontract.SettleKind(kind), Amount: amount, Now: nowStr}})[0]
 			}
 			if got.Err != nil {

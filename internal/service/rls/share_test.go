@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
@@ -19,11 +19,11 @@ import (
 func TestShareDebits(t *testing.T) {
 	srv := redistest.Start(t)
 	store := newStore(t, []string{srv.Addr}, false, 5*time.Second)
-	key := rls.ShareKey("r", "k")
+	key := redisstore.ShareKey("r", "k")
 	// Rate 10/s, burst 100, fill 1 s: pool 9 units, burst pool 50.
-	share := func(holder string, demand float64, now string) rls.ShareResult {
+	share := func(holder string, demand float64, now string) redisstore.ShareResult {
 		t.Helper()
-		res := store.Share(context.Background(), []rls.ShareOp{{Key: key, Rate: 10, Burst: 100, Fill: 1, Pool: 9, BurstPool: 50,
+		res := store.Share(context.Background(), []redisstore.ShareOp{{Key: key, Rate: 10, Burst: 100, Fill: 1, Pool: 9, BurstPool: 50,
 			Holder: holder, Demand: demand, TTL: 11, Grace: 1, Now: now}})[0]
 		if res.Err != nil {
 			t.Fatal(res.Err)

@@ -10,15 +10,15 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
 // newStore connects a Store to addrs and waits until it answers PING.
-func newStore(t testing.TB, addrs []string, cluster bool, timeout time.Duration) *rls.Store {
+func newStore(t testing.TB, addrs []string, cluster bool, timeout time.Duration) *redisstore.Store {
 	t.Helper()
-	s, err := rls.NewStore(rls.StoreOptions{Addrs: addrs, Cluster: cluster, Timeout: timeout})
+	s, err := redisstore.New(redisstore.Options{Addrs: addrs, Cluster: cluster, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestScriptMatchesBucket(t *testing.T) {
 			if refund {
 				opCost = -cost
 			}
-			got := store.Run(context.Background(), []rls.Op{{Key: key, Rate: l.Rate, Burst: l.Burst, Cost: opCost, Now: nowStr}})[0]
+			got := store.Run(context.Background(), []redisstore.Op{{Key: key, Rate: l.Rate, Burst: l.Burst, Cost: opCost, Now: nowStr}})[0]
 			if got.Err != nil {
 				t.Fatalf("limit %d step %d: %v", li, step, got.Err)
 			}
@@ -122,7 +122,7 @@ func TestScriptTTL(t *testing.T) {
 	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
 	// 4 tokens taken at 2 a second: full again in 2 s, the TTL is that
 	// plus 1 s.
-	out := store.Run(context.Background(), []rls.Op{{Key: "tb:{ttl:a}", Rate: 2, Burst: 10, Cost: 4}})
+	out := store.Run(context.Background(), []redisstore.Op{{Key: "tb:{ttl:a}", Rate: 2, Burst: 10, Cost: 4}})
 	if out[0].Err != nil || !out[0].Allowed || out[0].Tokens != 6 {
 		t.Fatalf("take: %+v", out[0])
 	}
@@ -131,7 +131,7 @@ func TestScriptTTL(t *testing.T) {
 		t.Fatalf("PTTL %d ms, want in (2000, 3000]", pttl)
 	}
 	// A rejected request writes nothing: no key for a cost above burst.
-	out = store.Run(context.Background(), []rls.Op{{Key: "tb:{ttl:b}", Rate: 2, Burst: 10, Cost: 11}})
+	out = store.Run(context.Background(), []redisstore.Op{{Key: "tb:{ttl:b}", Rate: 2, Burst: 10, Cost: 11}})
 	if out[0].Err != nil || out[0].Allowed {
 		t.Fatalf("cost above burst: %+v", out[0])
 	}
@@ -140,7 +140,7 @@ func TestScriptTTL(t *testing.T) {
 	}
 	// NOSCRIPT (SCRIPT FLUSH, as after a restart) is answered by EVAL.
 	srv.MustDo("SCRIPT", "FLUSH")
-	out = store.Run(context.Background(), []rls.Op{{Key: "tb:{ttl:a}", Rate: 2, Burst: 10, Cost: 1}})
+	out = store.Run(context.Background(), []redisstore.Op{{Key: "tb:{ttl:a}", Rate: 2, Burst: 10, Cost: 1}})
 	if out[0].Err != nil || !out[0].Allowed {
 		t.Fatalf("after SCRIPT FLUSH: %+v", out[0])
 	}
@@ -153,8 +153,8 @@ func TestMemoryPerKey(t *testing.T) {
 	srv := redistest.Start(t)
 	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
 	for _, ip := range []string{"203.0.113.7", "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"} {
-		key := rls.BucketKey("per-ip", ip)
-		if out := store.Run(context.Background(), []rls.Op{{Key: key, Rate: 0.001, Burst: 20, Cost: 1}}); out[0].Err != nil {
+		key := redisstore.BucketKey("per-ip", ip)
+		if out := store.Run(context.Background(), []redisstore.Op{{Key: key, Rate: 0.001, Burst: 20, Cost: 1}}); out[0].Err != nil {
 			t.Fatal(out[0].Err)
 		}
 		n := srv.MustDo("MEMORY", "USAGE", key).(int64)
@@ -208,7 +208,7 @@ func TestScriptRedisTime(t *testing.T) {
 		}
 		key := fmt.Sprintf("tb:{time:%d}", i%7)
 		before := redisNow()
-		out := store.Run(context.Background(), []rls.Op{{Key: key, Rate: 0.5, Burst: 1e6, Cost: 1}})[0]
+		out := store.Run(context.Background(), []redisstore.Op{{Key: key, Rate: 0.5, Burst: 1e6, Cost: 1}})[0]
 		after := redisNow()
 		if out.Err != nil || !out.Allowed {
 			t.Fatalf("call %d: %+v", i, out)
@@ -227,7 +227,7 @@ func TestScriptRedisTime(t *testing.T) {
 	// A refill time half a second ahead of Redis's clock stays.
 	ahead := sharedstate.Quantize(redisNow() + 0.5)
 	srv.MustDo("SET", "tb:{time:ahead}", string(sharedstate.AppendState(nil, bucket.State{Tokens: 10, Last: ahead})))
-	if out := store.Run(context.Background(), []rls.Op{{Key: "tb:{time:ahead}", Rate: 0.5, Burst: 1e6, Cost: 1}})[0]; out.Err != nil || !out.Allowed {
+	if out := store.Run(context.Background(), []redisstore.Op{{Key: "tb:{time:ahead}", Rate: 0.5, Burst: 1e6, Cost: 1}})[0]; out.Err != nil || !out.Allowed {
 		t.Fatalf("ahead: %+v", out)
 	}
 	if st := canonical("tb:{time:ahead}"); st.Last != ahead || st.Tokens != 9 {

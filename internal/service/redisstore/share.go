@@ -1,4 +1,4 @@
-package rls
+package redisstore
 
 import (
 	"context"
@@ -84,9 +84,9 @@ func (op ShareOp) args() []string {
 	if op.Release {
 		mode = "release"
 	}
-	return []string{num(op.Rate), num(op.Burst), strconv.FormatInt(op.Fill, 10),
+	return []string{Num(op.Rate), Num(op.Burst), strconv.FormatInt(op.Fill, 10),
 		strconv.FormatUint(op.Pool, 10), strconv.FormatUint(op.BurstPool, 10), mode, op.Holder,
-		strconv.FormatFloat(op.Demand, 'f', 6, 64), num(op.TTL), num(op.Grace), op.Now}
+		strconv.FormatFloat(op.Demand, 'f', 6, 64), Num(op.TTL), Num(op.Grace), op.Now}
 }
 
 func shareResult(r rueidis.RedisResult) ShareResult {

@@ -1,4 +1,4 @@
-package rls
+package redisstore
 
 import (
 	"context"
@@ -81,8 +81,9 @@ type Op struct {
 	// rule's bucket.Limit.MaxDebt, the storage bound 1e12 for a rule that
 	// settles (its debt is carried in full), 0 for one without debt.
 	MaxDebt float64
-	// limitArgs, when set, are num(Rate) and num(Burst) (Config.limitArgs).
-	limitArgs *[2]string
+	// LimitArgs, when set, are Num(Rate) and Num(Burst), formatted once
+	// per rule by the caller (rls.Config).
+	LimitArgs *[2]string
 	// Window, when > 0, makes the op a fixed-window count
 	// (fixedwindow.lua): Cost hits added to the counter at Key, which
 	// lives Window seconds and is within its limit up to Count. The
@@ -103,7 +104,7 @@ type Outcome struct {
 }
 
 // observe reports one round trip (or a failure to make one) to
-// StoreOptions.Observe, the metrics' and the error log's source.
+// Options.Observe, the metrics' and the error log's source.
 func (s *Store) observe(d time.Duration, err error) {
 	if s.opt.Observe != nil {
 		s.opt.Observe(d, err)
@@ -114,8 +115,8 @@ func (s *Store) observe(d time.Duration, err error) {
 // reached Redis once.
 var ErrNotConnected = errors.New("redis: not connected yet")
 
-// StoreOptions configure a Store.
-type StoreOptions struct {
+// Options configure a Store.
+type Options struct {
 	// Addrs are Redis addresses ("host:port"); with Cluster, seed nodes of a
 	// Redis Cluster; with SentinelMaster, Sentinel addresses.
 	Addrs   []string
@@ -158,7 +159,7 @@ type StoreOptions struct {
 // connection is made in the background, so a server can start (and say it
 // is not ready) while Redis is down.
 type Store struct {
-	opt    StoreOptions
+	opt    Options
 	client atomic.Pointer[rueidis.Client]
 	// shared is the deadline context calls starting now share.
 	shared   atomic.Pointer[sharedDeadline]
@@ -173,7 +174,7 @@ type Store struct {
 }
 
 // NewStore returns a Store and starts connecting to Redis; Close stops it.
-func NewStore(opt StoreOptions) (*Store, error) {
+func New(opt Options) (*Store, error) {
 	if len(opt.Addrs) == 0 {
 		return nil, errors.New("no Redis address")
 	}
@@ -317,7 +318,7 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 			return leaseScript, ops[i].Key, ops[i].leaseArgs()
 		}
 		if ops[i].Window > 0 {
-			return fixedWindowScript, ops[i].Key, []string{num(ops[i].Cost), strconv.FormatInt(ops[i].Window, 10), strconv.FormatUint(uint64(ops[i].Count), 10)}
+			return fixedWindowScript, ops[i].Key, []string{Num(ops[i].Cost), strconv.FormatInt(ops[i].Window, 10), strconv.FormatUint(uint64(ops[i].Count), 10)}
 		}
 		return tokenBucketScript, ops[i].Key, ops[i].args()
 	})
@@ -601,24 +602,24 @@ func (s *Store) deadline(now time.Time) context.Context {
 func (op Op) args() []string {
 	rate, burst := op.limitStrings()
 	if op.MaxDebt > 0 {
-		return []string{rate, burst, num(op.Cost), op.Now, num(op.MaxDebt)}
+		return []string{rate, burst, Num(op.Cost), op.Now, Num(op.MaxDebt)}
 	}
 	if op.Now != "" {
-		return []string{rate, burst, num(op.Cost), op.Now}
+		return []string{rate, burst, Num(op.Cost), op.Now}
 	}
-	return []string{rate, burst, num(op.Cost)}
+	return []string{rate, burst, Num(op.Cost)}
 }
 
 // limitStrings are op's rate and burst as script arguments.
 func (op Op) limitStrings() (rate, burst string) {
-	if op.limitArgs != nil {
-		return op.limitArgs[0], op.limitArgs[1]
+	if op.LimitArgs != nil {
+		return op.LimitArgs[0], op.LimitArgs[1]
 	}
-	return num(op.Rate), num(op.Burst)
+	return Num(op.Rate), Num(op.Burst)
 }
 
-// num formats f so that Lua's tonumber reads back the same float64.
-func num(f float64) string {
+// Num formats f so that Lua's tonumber reads back the same float64.
+func Num(f float64) string {
 	if f == 1 { // the usual cost
 		return "1"
 	}
