@@ -21,27 +21,37 @@ import (
 	"github.com/tokengate/tokengate/sharedstate"
 )
 
-// Config is a parsed configuration, ready for the server.
+// Config is one configuration in force: the rules it decides (for the
+// metrics and RLQS) and the kind of configuration that answers its calls,
+// chosen once, when it is made: tokengate's JSON (ParseConfig, its tables
+// in jsonRules), envoyproxy/ratelimit's YAML or xDS (NewDropinConfig, its
+// tree in dropin) or none (Unloaded).
 type Config struct {
-	// File is the parsed JSON configuration.
+	// File is the parsed JSON configuration (empty for a drop-in's).
 	File *config.Config
+	// rules are every rule the service can decide, in configuration order.
+	rules []*config.Rule
+	// kind answers the calls (decide.go).
+	kind decider
+	// jsonRules are tokengate's tables: empty unless the kind is
+	// tokengate's.
+	jsonRules
+	// dropin is envoyproxy/ratelimit's tree: nil unless the kind is the
+	// drop-in's.
+	dropin *dropin
+}
+
+// jsonRules are the tables of a tokengate JSON configuration.
+type jsonRules struct {
 	// cluster are the rules with "scope": "cluster", by name.
 	cluster map[string]*config.Rule
 	// domains are the rls_descriptors trees, by domain.
 	domains map[string][]*config.RLSDescriptor
-	// rules are every rule the service can decide, in configuration order.
-	rules []*config.Rule
 	// limitArgs are each rule's rate and burst as the Redis scripts'
 	// arguments, formatted once.
 	limitArgs map[*config.Rule]*[2]string
 	// plans are each rule's RateLimit header plan, formatted once.
 	plans map[*config.Rule]*ratelimitheader.Plan
-	// dropin, when not nil, is a configuration of envoyproxy/ratelimit's
-	// kind (NewDropinConfig), which replaces all of the above.
-	dropin *dropin
-	// unloaded marks the configuration of a service that has none
-	// (Unloaded).
-	unloaded bool
 }
 
 // Unloaded returns the configuration of a drop-in whose runtime directory
@@ -49,7 +59,7 @@ type Config struct {
 // (TOKENGATE_BAD_CONFIG_AT_START=serve, docs/dropin.md): every call is
 // answered with an error, "no rate limit configuration loaded", as
 // envoyproxy/ratelimit answers, until a configuration loads.
-func Unloaded() *Config { return &Config{unloaded: true} }
+func Unloaded() *Config { return &Config{File: &config.Config{}, kind: unloadedKind{}} }
 
 // ParseConfig parses a tokengate JSON configuration for the service. A
 // configuration without a cluster rule or rls_descriptors parses, but no
@@ -59,7 +69,8 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{File: f, cluster: map[string]*config.Rule{}, domains: map[string][]*config.RLSDescriptor{}}
+	c := &Config{File: f, jsonRules: jsonRules{cluster: map[string]*config.Rule{}, domains: map[string][]*config.RLSDescriptor{}}}
+	c.kind = tokengateKind{c}
 	for _, r := range f.Rules() {
 		if r.Cluster {
 			c.cluster[r.Name] = r

@@ -157,7 +157,7 @@ type dlimit struct {
 // descriptor.
 func NewDropinConfig(domains []*Domain, opt DropinOptions) (*Config, error) {
 	d := &dropin{opt: opt, domains: map[string]*dnode{}}
-	c := &Config{File: &config.Config{}, dropin: d}
+	c := &Config{File: &config.Config{}, dropin: d, kind: dropinKind{d}}
 	for _, dom := range domains {
 		if dom.Name == "" {
 			return nil, errors.New("a domain with an empty name")

@@ -25,10 +25,6 @@ type Runner interface {
 	Run(ctx context.Context, ops []redisstore.Op) []redisstore.Outcome
 }
 
-// errUnloaded answers every call while no configuration is loaded
-// (Unloaded): envoyproxy/ratelimit's words.
-const errUnloaded = "no rate limit configuration loaded"
-
 // Server answers ShouldRateLimit. It is safe for concurrent use.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
@@ -84,13 +80,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
 	cfg := s.cfg.Load() // one configuration for the whole call
-	if cfg.unloaded {
-		s.metrics.request(reqUnavailable)
-		return nil, status.Error(codes.Unknown, errUnloaded)
-	}
-	if d := cfg.dropin; d != nil {
-		return s.shouldDropin(ctx, d, req) // envoyproxy/ratelimit's configuration (dropin.go)
-	}
+	return cfg.kind.decide(ctx, s, req)
+}
+
+// shouldTokengate answers a call to a tokengate configuration: a lease
+// call or a settlement when the filter's contract says it is one, else
+// the decision of every descriptor.
+func (s *Server) shouldTokengate(ctx context.Context, cfg *Config, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if resp, ok, err := s.shouldLease(ctx, req); ok {
 		return resp, err // a lease request or release (lease.go)
 	}
@@ -116,7 +112,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	for i, o := range s.store.Run(ctx, ops) {
 		items[i].out = o
 	}
-	enforceErr, enforceOver := s.settle(ctx, items)
+	enforceErr, enforceOver := s.refund(ctx, items)
 
 	if enforceErr != nil {
 		for i := range items {
@@ -258,11 +254,11 @@ func bestQuota(quotas []quota, over bool) int {
 	return best
 }
 
-// settle makes each group (enforced rules, shadow rules) all or nothing:
+// refund makes each group (enforced rules, shadow rules) all or nothing:
 // when one of its descriptors is over the limit or failed, what the
 // others took is refunded (one more pipelined round trip). It returns the
 // enforced group's first error and whether it is over the limit.
-func (s *Server) settle(ctx context.Context, items []item) (error, bool) {
+func (s *Server) refund(ctx context.Context, items []item) (error, bool) {
 	var enforceErr error
 	var enforceOver, shadowFail bool
 	for i := range items {
