@@ -2,27 +2,18 @@ package rls
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"io"
-	"net"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/common/expfmt"
-	"github.com/redis/rueidis"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/stats"
-	"google.golang.org/grpc/status"
 
 	"github.com/tokengate/tokengate/config"
-	"github.com/tokengate/tokengate/internal/service/redisstore"
 )
 
 // Decision codes counted per rule.
@@ -383,89 +374,6 @@ func (m *Metrics) SetRedisNode(addr string) { m.node.Store(&addr) }
 // failed through l (rate-limited).
 func (m *Metrics) SetErrorLog(l *ErrorLog) { m.errLog.Store(l) }
 
-// ObserveRedis records one pipelined round trip to Redis; the redisstore.Store calls
-// it (redisstore.Options.Observe). A failure is counted by cause and node and
-// logged (SetErrorLog).
-func (m *Metrics) ObserveRedis(d time.Duration, err error) {
-	m.redisDuration.Observe(d.Seconds())
-	if err == nil {
-		return
-	}
-	cause, node := RedisCause(err)
-	if node == "" {
-		if n := m.node.Load(); n != nil {
-			node = *n
-		}
-	}
-	m.redisErrors.WithLabelValues(cause, node).Inc()
-	if l := m.errLog.Load(); l != nil {
-		l.Error("redis round trip failed", "redis "+cause+" "+node, "cause", cause, "node", node, "error", err.Error())
-	}
-}
-
-// RedisCause classifies a Redis failure for tokengate_rls_redis_errors_total:
-// its cause and, when the error names it, the node's address.
-//
-//	timeout        the round trip's bound (-redis-timeout) or the caller's deadline passed
-//	canceled       the caller went away
-//	not_connected  no connection yet (the store is still connecting)
-//	connection     a network error: refused, reset, closed
-//	<prefix>       Redis answered an error: its prefix in lower case
-//	               (clusterdown, loading, readonly, oom, noscript, err ...)
-//	other          anything else
-func RedisCause(err error) (cause, node string) {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Addr != nil {
-		node = op.Addr.String()
-	}
-	if re, ok := rueidis.IsRedisErr(err); ok {
-		if addr, ok := re.IsMoved(); ok {
-			return "moved", addr
-		}
-		if addr, ok := re.IsAsk(); ok {
-			return "ask", addr
-		}
-		return redisPrefix(re.Error()), node
-	}
-	switch {
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
-		return "timeout", node
-	case errors.Is(err, context.Canceled):
-		return "canceled", node
-	case errors.Is(err, redisstore.ErrNotConnected):
-		return "not_connected", node
-	case errors.Is(err, redisstore.ErrBacklog):
-		return "not_answering", node
-	case op != nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, rueidis.ErrClosing):
-		return "connection", node
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		if ne.Timeout() {
-			return "timeout", node
-		}
-		return "connection", node
-	}
-	return "other", node
-}
-
-// redisPrefix is a Redis error reply's first word in lower case when it
-// is one (upper-case letters, at most 16), else "redis_error": the label
-// stays within Redis's vocabulary.
-func redisPrefix(msg string) string {
-	w, _, _ := strings.Cut(msg, " ")
-	if w == "" || len(w) > 16 {
-		return "redis_error"
-	}
-	for i := 0; i < len(w); i++ {
-		if w[i] < 'A' || w[i] > 'Z' {
-			return "redis_error"
-		}
-	}
-	return strings.ToLower(w)
-}
-
 // WriteTo writes the metrics in the Prometheus text format.
 func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 	mfs, err := m.reg.Gather()
@@ -488,53 +396,3 @@ func (m *Metrics) String() string {
 	_, _ = m.WriteTo(&sb)
 	return sb.String()
 }
-
-// StatsHandler returns the gRPC stats handler counting every call the
-// server receives (tokengate_rls_grpc_*): calls in flight, calls and their
-// durations by method and status code, including those gRPC refuses
-// before any handler runs, such as a message above the size limit.
-// ShouldRateLimit's counters are resolved beforehand; another method's,
-// once, on its first call.
-func (m *Metrics) StatsHandler() stats.Handler { return statsHandler{m} }
-
-type statsHandler struct{ m *Metrics }
-
-// otherMethod keys a call's counters in its context when the method is
-// not ShouldRateLimit (whose calls carry nothing).
-type otherMethod struct{}
-
-func (h statsHandler) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
-	if info.FullMethodName == rlsMethod {
-		return ctx
-	}
-	c, ok := h.m.methods.Load(info.FullMethodName)
-	if !ok {
-		c, _ = h.m.methods.LoadOrStore(info.FullMethodName, h.m.methodCounters(info.FullMethodName))
-	}
-	return context.WithValue(ctx, otherMethod{}, c)
-}
-
-func (h statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	switch s := s.(type) {
-	case *stats.Begin:
-		h.m.inFlight.Inc()
-	case *stats.End:
-		h.m.inFlight.Dec()
-		c := h.m.rlsCalls
-		if o, ok := ctx.Value(otherMethod{}).(*callCounters); ok {
-			c = o
-		}
-		code := codes.OK
-		if s.Error != nil {
-			code = status.Code(s.Error)
-		}
-		if int(code) >= numGRPCCodes {
-			code = codes.Unknown
-		}
-		c.calls[code].Inc()
-		c.duration[code].Observe(s.EndTime.Sub(s.BeginTime).Seconds())
-	}
-}
-
-func (statsHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
-func (statsHandler) HandleConn(context.Context, stats.ConnStats)                       {}
