@@ -2,7 +2,7 @@
 
 GO        ?= go
 # go-control-plane compiles its vtprotobuf encoders only under this tag;
-# tokengate-rls answers with them (internal/rls/codec.go). Exported, so
+# tokengate-rls answers with them (internal/service/rls/codec.go). Exported, so
 # that the go commands tests start (e2e builds cmd/tokengate-rls) have it.
 export GOFLAGS := $(strip $(GOFLAGS) -tags=vtprotobuf)
 WASM      := build/tokengate.wasm
