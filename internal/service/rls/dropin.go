@@ -16,8 +16,8 @@ import (
 )
 
 // This file holds the configuration of envoyproxy/ratelimit's kind (its
-// YAML, read by internal/service/dropin/rlsyaml, or its xDS resources):
-// domains of nested descriptors with calendar units, decided as token buckets (the default)
+// YAML, read by package rlsyaml, or its xDS resources): domains of nested
+// descriptors with calendar units, decided as token buckets (the default)
 // or as that project's fixed windows (Algorithm FixedWindow). The decision
 // itself is in dropin_server.go; docs/dropin.md describes both.
 
