@@ -14,7 +14,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -27,12 +26,8 @@ import (
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
-// defaultRedisTimeout is -redis-timeout's default: tens of milliseconds, so
-// that a failing Redis costs a request that, never seconds. A decision
-// takes at most two round trips (the take, then the refund of a rejected
-// or failed request), so clients wait above twice this plus the network:
-// the filter's timeout_ms defaults to 60 (docs/rls.md#timeouts).
-const defaultRedisTimeout = 25 * time.Millisecond
+// defaultRedisTimeout is -redis-timeout's default (daemon.DefaultRedisTimeout).
+const defaultRedisTimeout = daemon.DefaultRedisTimeout
 
 // defaultGCPercent is the garbage collector's GOGC when the environment
 // sets none. The live heap is small (a few megabytes: connection buffers,
@@ -205,7 +200,7 @@ func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Se
 		s.HTTP = []daemon.HTTP{{Addr: o.admin, Handler: func(p daemon.Parts) http.Handler {
 			h := rls.AdminHandler(p.Server, p.Metrics, p.Ready)
 			if pprofOn {
-				h = withPprof(h)
+				h = daemon.WithPprof(h)
 			}
 			return h
 		}}}
@@ -270,18 +265,4 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, o)), nil
 	}
 	return nil, fmt.Errorf("-log-format %q: want text or json", format)
-}
-
-// withPprof serves net/http/pprof's handlers under /debug/pprof/ and the
-// rest with h. Registered on a mux of our own: importing net/http/pprof
-// also registers them on http.DefaultServeMux, which nothing here serves.
-func withPprof(h http.Handler) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.Handle("/", h)
-	return mux
 }

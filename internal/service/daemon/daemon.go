@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"time"
 
@@ -24,6 +25,14 @@ import (
 	"github.com/tokengate/tokengate/internal/service/rlqs"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
+
+// DefaultRedisTimeout is the bound on each Redis round trip by default
+// (-redis-timeout, the drop-in's REDIS_TIMEOUT): tens of milliseconds, so
+// that a failing Redis costs a request that, never seconds. A decision
+// takes at most two round trips (the take, then the refund of a rejected
+// or failed request), so clients wait above twice this plus the network:
+// the filter's timeout_ms defaults to 60 (docs/rls.md#timeouts).
+const DefaultRedisTimeout = 25 * time.Millisecond
 
 // ErrorLogInterval is how often at most an error of one kind (a Redis
 // failure by cause and node, a TLS handshake failure) is logged; the next
@@ -270,4 +279,18 @@ func shutdown(s Settings, ready *rls.Readiness, health interface{ Shutdown() }, 
 		err = errors.Join(err, hs.Shutdown(sctx))
 	}
 	return err
+}
+
+// WithPprof serves net/http/pprof's handlers under /debug/pprof/ and the
+// rest with h. Registered on a mux of our own: importing net/http/pprof
+// also registers them on http.DefaultServeMux, which nothing here serves.
+func WithPprof(h http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/", h)
+	return mux
 }

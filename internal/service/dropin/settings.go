@@ -1,7 +1,7 @@
-package main
+package dropin
 
 // The drop-in's settings: envoyproxy/ratelimit's environment (its
-// settings.Settings), read by parseRatelimitEnv into one typed value.
+// settings.Settings), read by ParseSettings into one typed value.
 
 import (
 	"crypto/tls"
@@ -18,13 +18,16 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tokengate/tokengate/internal/service/daemon"
 	"github.com/tokengate/tokengate/internal/service/dropin/rlsxds"
 	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
-// ratelimitEnv is envoyproxy/ratelimit's environment, with its defaults.
-type ratelimitEnv struct {
+// Settings are envoyproxy/ratelimit's environment, with its defaults, as
+// the drop-in reads it (ParseSettings), and the few variables of
+// tokengate's own (TOKENGATE_*).
+type Settings struct {
 	host, grpcHost, debugHost string
 	port, grpcPort, debugPort int
 
@@ -167,11 +170,13 @@ func envDuration(get func(string) (string, bool), name string, def time.Duration
 	return d, nil
 }
 
-// parseRatelimitEnv reads the environment as envoyproxy/ratelimit's
-// settings do, with its defaults, plus TOKENGATE_ALGORITHM.
-func parseRatelimitEnv(get func(string) (string, bool)) (*ratelimitEnv, error) {
+// ParseSettings reads the environment (get: os.LookupEnv) as
+// envoyproxy/ratelimit's settings do, with its defaults, plus tokengate's
+// own variables: TOKENGATE_ALGORITHM, TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS,
+// TOKENGATE_BAD_CONFIG_AT_START and TOKENGATE_RLS_DRAIN(_DELAY).
+func ParseSettings(get func(string) (string, bool)) (*Settings, error) {
 	r := &envReader{get: get}
-	e := &ratelimitEnv{
+	e := &Settings{
 		host: r.str("HOST", "0.0.0.0"), port: r.integer("PORT", 8080),
 		grpcHost: r.str("GRPC_HOST", "0.0.0.0"), grpcPort: r.integer("GRPC_PORT", 8081),
 		debugHost: r.str("DEBUG_HOST", "0.0.0.0"), debugPort: r.integer("DEBUG_PORT", 6070),
@@ -197,7 +202,7 @@ func parseRatelimitEnv(get func(string) (string, bool)) (*ratelimitEnv, error) {
 		redisCA: r.str("REDIS_TLS_CACERT", ""),
 		// Not envoyproxy/ratelimit's 10 s: a failing Redis costs a call
 		// tens of milliseconds, and the call is answered UNAVAILABLE.
-		redisTimeout: r.duration("REDIS_TIMEOUT", defaultRedisTimeout),
+		redisTimeout: r.duration("REDIS_TIMEOUT", daemon.DefaultRedisTimeout),
 		prometheus:   r.boolean("USE_PROMETHEUS", false), prometheusAddr: r.str("PROMETHEUS_ADDR", ":9090"),
 		promPath: r.str("PROMETHEUS_PATH", "/metrics"), cacheKeyPrefix: r.str("CACHE_KEY_PREFIX", ""),
 		globalShadow: r.boolean("SHADOW_MODE", false),
@@ -227,10 +232,10 @@ func parseRatelimitEnv(get func(string) (string, bool)) (*ratelimitEnv, error) {
 		}
 		e.detailedMax = n
 	}
-	if e.drain, err = envDuration(get, envName("drain"), 5*time.Second, false); err != nil {
+	if e.drain, err = envDuration(get, "TOKENGATE_RLS_DRAIN", 5*time.Second, false); err != nil {
 		return nil, err
 	}
-	if e.drainDelay, err = envDuration(get, envName("drain-delay"), 0, true); err != nil {
+	if e.drainDelay, err = envDuration(get, "TOKENGATE_RLS_DRAIN_DELAY", 0, true); err != nil {
 		return nil, err
 	}
 	switch v := r.str("TOKENGATE_BAD_CONFIG_AT_START", "exit"); v {
@@ -285,7 +290,7 @@ func parseRatelimitEnv(get func(string) (string, bool)) (*ratelimitEnv, error) {
 }
 
 // storeOptions are the Redis settings as redisstore.Options.
-func (e *ratelimitEnv) storeOptions() (redisstore.Options, error) {
+func (e *Settings) storeOptions() (redisstore.Options, error) {
 	o := redisstore.Options{Timeout: e.redisTimeout, Network: e.redisSocket, FlushDelay: 20 * time.Microsecond}
 	urls := strings.Split(e.redisURL, ",")
 	switch e.redisType {
@@ -366,7 +371,7 @@ func loadPool(path string) (*x509.CertPool, error) {
 
 // slogLevel is LOG_LEVEL as a slog level name: logrus's trace is debug,
 // its fatal and panic are error.
-func (e *ratelimitEnv) slogLevel() string {
+func (e *Settings) slogLevel() string {
 	switch e.logLevel {
 	case "trace":
 		return "debug"
@@ -382,7 +387,7 @@ func (e *ratelimitEnv) slogLevel() string {
 // CONFIG_GRPC_XDS_SERVER_URL (TLS with CONFIG_GRPC_XDS_SERVER_USE_TLS: the
 // server verified against CONFIG_GRPC_XDS_SERVER_TLS_CACERT, the client
 // certificate CONFIG_GRPC_XDS_CLIENT_TLS_CERT/KEY).
-func (e *ratelimitEnv) xdsOptions(opt rls.DropinOptions) (rlsxds.Options, *grpc.ClientConn, error) {
+func (e *Settings) xdsOptions(opt rls.DropinOptions) (rlsxds.Options, *grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if e.xdsTLS {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: e.xdsSAN}
