@@ -1,9 +1,11 @@
-// Package dropin is where the drop-in for envoyproxy/ratelimit
-// (docs/dropin.md) gets its rules: the runtime directory of YAML files
-// (Runtime, read by the rlsyaml package) or an xDS server (XDS, with the
-// rlsxds package). Both are sources of the service's lifecycle
-// (daemon.Rules); the environment that chooses them is read by
-// cmd/tokengate-rls (compat.go).
+// Package dropin is the drop-in for envoyproxy/ratelimit
+// (docs/dropin.md), as far as it differs from tokengate-rls: its
+// environment (Settings, read by ParseSettings, which gives the service's
+// lifecycle its daemon.Settings), and where it gets its rules, the
+// runtime directory of YAML files (Runtime, read by the rlsyaml package)
+// or an xDS server (XDS, with the rlsxds package), both sources of the
+// lifecycle (daemon.Rules). Deciding envoyproxy/ratelimit's descriptors
+// is internal/service/rls's (dropin.go, dropin_server.go).
 package dropin
 
 import (
