@@ -50,8 +50,8 @@ func main() {
 	defer stop()
 	run := run
 	if isRatelimit(os.Args[0]) { // envoyproxy/ratelimit's environment (compat.go)
-		run = func(ctx context.Context, _ []string, logw io.Writer, l chan<- [2]string) error {
-			return runRatelimit(ctx, os.LookupEnv, logw, l)
+		run = func(ctx context.Context, args []string, logw io.Writer, l chan<- [2]string) error {
+			return runRatelimitArgs(ctx, args, os.LookupEnv, logw, l)
 		}
 	}
 	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {

@@ -23,6 +23,14 @@ func (e *Settings) LogFormat() string { return e.logFormat }
 // Notes are the settings read and not implemented, for the start's log.
 func (e *Settings) Notes() []string { return e.notes }
 
+// Drain returns how long shutdown waits for calls in flight, and before
+// that how long the service keeps serving while not ready.
+func (e *Settings) Drain() (drain, delay time.Duration) { return e.drain, e.drainDelay }
+
+// SetDrain sets what Drain returns (the command line's -drain and
+// -drain-delay, which win over the environment).
+func (e *Settings) SetDrain(drain, delay time.Duration) { e.drain, e.drainDelay = drain, delay }
+
 // ServingAttrs are the start's log line's attributes, once the service
 // listens.
 func (e *Settings) ServingAttrs(sv daemon.Serving) []any {

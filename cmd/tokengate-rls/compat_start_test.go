@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokengate/tokengate/internal/service/dropin"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
@@ -76,4 +77,42 @@ func TestRatelimitBadDirectoryAtStart(t *testing.T) {
 			return err == nil && r.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT
 		})
 	})
+}
+
+// TestRatelimitFlags: the drop-in's command line sets -drain and
+// -drain-delay over their environment variables, and nothing else.
+func TestRatelimitFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		env, args           []string
+		expectDrain, expect time.Duration // drain, then drain delay
+		expectedErr         string
+	}{
+		{name: "none: the defaults", expectDrain: 5 * time.Second},
+		{name: "environment", env: []string{"TOKENGATE_RLS_DRAIN", "7s", "TOKENGATE_RLS_DRAIN_DELAY", "3s"}, expectDrain: 7 * time.Second, expect: 3 * time.Second},
+		{name: "flags win", env: []string{"TOKENGATE_RLS_DRAIN", "7s", "TOKENGATE_RLS_DRAIN_DELAY", "3s"}, args: []string{"-drain", "9s", "-drain-delay", "1s"},
+			expectDrain: 9 * time.Second, expect: time.Second},
+		{name: "drain delay 0", args: []string{"-drain-delay", "0"}, expectDrain: 5 * time.Second},
+		{name: "another flag", args: []string{"-config", "x.json"}, expectedErr: "flag provided but not defined: -config"},
+		{name: "an argument", args: []string{"serve"}, expectedErr: `unexpected arguments ["serve"]: started as ratelimit, tokengate-rls reads envoyproxy/ratelimit's environment (docs/dropin.md)`},
+		{name: "negative delay", args: []string{"-drain-delay", "-1s"}, expectedErr: "-drain must be positive and -drain-delay not negative"},
+		{name: "drain 0", args: []string{"-drain", "0"}, expectedErr: "-drain must be positive and -drain-delay not negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := dropin.ParseSettings(envOf(tc.env...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = ratelimitFlags(tc.args, e, io.Discard)
+			if tc.expectedErr != "" {
+				if err == nil || err.Error() != tc.expectedErr {
+					t.Errorf("got %v, want %q", err, tc.expectedErr)
+				}
+				return
+			}
+			if drain, delay := e.Drain(); err != nil || drain != tc.expectDrain || delay != tc.expect {
+				t.Errorf("got %v %v %v, want %v %v", drain, delay, err, tc.expectDrain, tc.expect)
+			}
+		})
+	}
 }
