@@ -133,6 +133,10 @@ type Apply func(c *rls.Config, err error)
 // Run serves until ctx is done, then drains and returns nil; or returns
 // the error that kept it from starting or stopped a listener.
 func Run(ctx context.Context, s Settings) error {
+	// What Run starts (the rules' source, RLQS's streams) ends when it
+	// returns, whatever the reason.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	cfg, err := s.Rules.First()
 	if err != nil {
 		return err
