@@ -36,7 +36,10 @@ type Readiness struct {
 
 	mu       sync.Mutex // serialises watchers' calls, in order of changes
 	watchers []func(ready bool)
-	told     bool // watchers were told ready (told: the last value they got)
+	// told is what the watchers were told last, and what Ready reports:
+	// /ready and the gRPC health service never disagree, even for the
+	// instant between a change and the watchers' call.
+	told atomic.Bool
 }
 
 // NewReadiness starts pinging p every interval; Stop ends it. logf, when
@@ -70,10 +73,8 @@ func NewReadiness(p Pinger, interval time.Duration, logf func(msg string)) *Read
 }
 
 // Ready reports whether the service can decide: Redis answered the last
-// PING and Drain was not called.
-func (r *Readiness) Ready() bool {
-	return r.ready.Load() && !r.draining.Load() && !r.held.Load()
-}
+// PING, Drain was not called and nothing holds it (Hold).
+func (r *Readiness) Ready() bool { return r.told.Load() }
 
 // Hold makes the service not ready while held is true, whatever Redis
 // does, for a condition of the caller's (the drop-in's
@@ -93,21 +94,23 @@ func (r *Readiness) Watch(f func(ready bool)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.watchers = append(r.watchers, f)
-	f(r.told)
+	f(r.told.Load())
 }
 
 // tell gives the watchers Ready when it differs from what they were told.
 func (r *Readiness) tell() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.Ready()
-	if now == r.told {
+	now := r.ready.Load() && !r.draining.Load() && !r.held.Load()
+	if now == r.told.Load() {
 		return
 	}
-	r.told = now
 	for _, f := range r.watchers {
 		f(now)
 	}
+	// After the watchers: once Ready reports a change, the gRPC health
+	// service says it too.
+	r.told.Store(now)
 }
 
 // Drain makes the service not ready for good (shutdown begins: load
