@@ -2,7 +2,7 @@
 
 GO        ?= go
 # go-control-plane compiles its vtprotobuf encoders only under this tag;
-# tokengate-rls answers with them (internal/rls/codec.go). Exported, so
+# tokengate-rls answers with them (internal/service/rls/codec.go). Exported, so
 # that the go commands tests start (e2e builds cmd/tokengate-rls) have it.
 export GOFLAGS := $(strip $(GOFLAGS) -tags=vtprotobuf)
 WASM      := build/tokengate.wasm
@@ -74,7 +74,7 @@ $(LOCAL): $(LOCAL_SRC)
 
 ## cluster: a fleet sharing one limit per client IP: redis-server, tokengate-rls and three tokengate-local proxies on 127.0.0.1:10000, :10010, :10020 (tools/cluster.sh; Ctrl-C stops them). MODE=lease puts the rule in lease mode.
 RLS     := build/tokengate-rls
-RLS_SRC := $(shell find cmd/tokengate-rls internal filter bucket sharedstate -name '*.go' -not -name '*_test.go' -not -path '*/testdata/*' 2>/dev/null) go.mod go.sum
+RLS_SRC := $(shell find cmd/tokengate-rls internal/service internal/guest/lite bucket sharedstate config rlscontract ratelimitheader \( -name '*.go' -o -name '*.lua' \) -not -name '*_test.go' -not -path '*/testdata/*' 2>/dev/null) go.mod go.sum
 
 MODE ?= exact
 cluster: build $(LOCAL) $(RLS)

@@ -1,6 +1,6 @@
 // Package config is tokengate's configuration as data: the JSON parser
 // (Parse) and the parsed types, pure values that the filter
-// (proxy_on_configure), the rate-limit service (internal/rls) and
+// (proxy_on_configure), the rate-limit service (internal/service/rls) and
 // tokengate-local build their own runtime state from. Nothing in a parsed Config changes after Parse, so one
 // Config may be shared by goroutines.
 //

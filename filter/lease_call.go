@@ -64,7 +64,7 @@ func (p *Plugin) leaseDispatch(lc *leaseCall, grant uint64, now float64) {
 	if err != nil {
 		p.metrics.rlsErrors.inc(p.host, 1)
 		p.warnf(now, "event=rls_error rule="+b.r.Name+" reason="+strconv.Quote("lease dispatch: "+err.Error()))
-		p.leaseApply(lc, now, nil, 0)
+		p.leaseApply(lc, now, nil)
 		return
 	}
 	b.calling = true
@@ -126,36 +126,25 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 	}
 	now := p.time()
 	resp, reason := p.readRLS(numHeaders, bodySize)
-	var st *rlscontract.Status
+	var a *rlscontract.LeaseAnswer
 	if reason == "" {
-		switch {
-		case len(resp.Statuses) != 1:
-			reason = "lease answer with " + strconv.Itoa(len(resp.Statuses)) + " statuses"
-		case !lc.release && !lc.exact && !resp.Statuses[0].HasQuota:
-			reason = "lease answer without a quota"
-		default:
-			st = &resp.Statuses[0]
+		if ans, err := rlscontract.ParseLeaseAnswer(&resp, !lc.release && !lc.exact, lc.exact); err != nil {
+			reason = err.Error()
+		} else {
+			a = &ans
 		}
 	}
-	var id uint64
-	if st != nil && st.HasQuota && !lc.exact {
-		n, err := strconv.ParseUint(st.Quota.ID, 10, 64)
-		if err != nil || n == 0 {
-			st, reason = nil, "lease grant id "+strconv.Quote(st.Quota.ID)
-		}
-		id = n
-	}
-	if st == nil {
+	if a == nil {
 		p.metrics.rlsErrors.inc(p.host, 1)
 		p.warnf(now, "event=rls_error rule="+lc.b.r.Name+" reason="+strconv.Quote("lease: "+reason))
 	}
-	if retake := p.leaseApply(lc, now, st, id); retake != nil {
+	if retake := p.leaseApply(lc, now, a); retake != nil {
 		p.leaseDispatch(retake, 0, now)
 	}
 	p.leaseServe(now, false)
 }
 
-// leaseApply applies the answer st to a lease call (nil: the call failed),
+// leaseApply applies the answer a to a lease call (nil: the call failed),
 // if the record still names the call's claim (otherwise a later claim
 // replaced it, and the answer is dropped: the service keeps counting that
 // grant until it expires, which only costs capacity).
@@ -171,7 +160,7 @@ func (p *Plugin) leaseAnswer(lc *leaseCall, numHeaders, bodySize int) {
 // than asked, but some, is followed by a take of what it had (returned,
 // its claim made: the caller sends it), so that the requests it can cover
 // are not turned away.
-func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlscontract.Status, grant uint64) (retake *leaseCall) {
+func (p *Plugin) leaseApply(lc *leaseCall, now float64, a *rlscontract.LeaseAnswer) (retake *leaseCall) {
 	l := lc.b.r.Lease
 	rtt := math.Max(now-lc.sent, leaseMinRTT)
 	_, wrote, _ := p.lease.upd.Update(lc.b.key, func(rec *sharedstate.LeaseRecord) bool {
@@ -180,7 +169,7 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlscontract.Status, 
 			return false
 		}
 		rec.Claim = 0
-		if st == nil {
+		if a == nil {
 			// Failed: the next call goes out once the refill period is
 			// over, and the requests waiting for this one wait for it
 			// (leaseTake counts them again) until the calls have failed
@@ -203,9 +192,9 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlscontract.Status, 
 			return true
 		}
 		if lc.exact {
-			left := float64(st.LimitRemaining)
+			left := float64(a.Remaining)
 			switch {
-			case st.Code != rlscontract.CodeOverLimit:
+			case !a.OverLimit:
 				rec.Taken, rec.TakenSeq = lc.want, lc.pool
 				rec.Ramp = lc.want
 				if lc.retake {
@@ -226,27 +215,27 @@ func (p *Plugin) leaseApply(lc *leaseCall, now float64, st *rlscontract.Status, 
 				retake = &leaseCall{b: lc.b, seq: rec.Claimer, sent: now, want: left, exact: true, retake: true, pool: lc.pool}
 			default:
 				rec.Ramp = 0
-				rec.Retry = math.Max(rec.Retry, now+st.UntilReset)
+				rec.Retry = math.Max(rec.Retry, now+a.Retry)
 			}
 			return true
 		}
-		total := float64(st.Quota.Requests)
+		total := float64(a.Tokens)
 		spent := lc.unspent - math.Min(rec.Tokens, lc.unspent) // since the report
 		rec.Tokens = math.Max(0, total-spent)
 		rec.Expiry = lc.sent + l.TTL
-		rec.Grant = grant
+		rec.Grant = a.Grant
 		// The new tokens, if all the report was carried over (whole
 		// tokens are).
 		granted := total - math.Floor(lc.unspent)
-		empty := st.Code == rlscontract.CodeOverLimit || lc.want > 0 && granted < lc.want && st.LimitRemaining == 0
+		empty := a.OverLimit || lc.want > 0 && granted < lc.want && a.Remaining == 0
 		switch {
 		case empty:
 			// The global bucket is (about) empty: 429 locally until the
 			// next refill period, not a call per request.
 			rec.Ramp = 0
 			retry := rec.Hold
-			if st.Code == rlscontract.CodeOverLimit {
-				retry = math.Max(retry, now+st.UntilReset)
+			if a.OverLimit {
+				retry = math.Max(retry, now+a.Retry)
 			}
 			rec.Retry = math.Max(rec.Retry, retry)
 		case granted >= lc.want:

@@ -15,7 +15,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/daemon"
+	"github.com/tokengate/tokengate/internal/service/dropin"
+	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
@@ -32,93 +34,6 @@ func TestIsRatelimit(t *testing.T) {
 		if got := isRatelimit(arg0); got != want {
 			t.Errorf("isRatelimit(%q) = %v, want %v", arg0, got, want)
 		}
-	}
-}
-
-// TestRatelimitEnvDefaults: no variables give envoyproxy/ratelimit's
-// defaults, and the settings it has on by default that tokengate-rls does
-// not implement (statsd) are named.
-func TestRatelimitEnvDefaults(t *testing.T) {
-	e, err := parseRatelimitEnv(envOf())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e.port != 8080 || e.grpcPort != 8081 || e.debugPort != 6070 || e.host != "0.0.0.0" {
-		t.Errorf("ports %d %d %d host %q, want 8080 8081 6070 0.0.0.0", e.port, e.grpcPort, e.debugPort, e.host)
-	}
-	if e.redisSocket != "unix" || e.redisType != "SINGLE" || e.redisURL != "/var/run/nutcracker/ratelimit.sock" {
-		t.Errorf("redis %s %s %s, want unix SINGLE /var/run/nutcracker/ratelimit.sock", e.redisSocket, e.redisType, e.redisURL)
-	}
-	if e.runtimeRoot != "/srv/runtime_data/current" || e.runtimeApp != "config" || !e.watchRoot || e.configType != "FILE" {
-		t.Errorf("runtime %q %q %v %q", e.runtimeRoot, e.runtimeApp, e.watchRoot, e.configType)
-	}
-	if e.algorithm != rls.TokenBucket || e.headers != nil || e.redisTimeout != defaultRedisTimeout {
-		t.Errorf("algorithm %v headers %v timeout %v", e.algorithm, e.headers, e.redisTimeout)
-	}
-	if e.detailedMax != rls.DefaultDetailedDescriptors {
-		t.Errorf("detailed metric cap %d, want %d", e.detailedMax, rls.DefaultDetailedDescriptors)
-	}
-	if e, err := parseRatelimitEnv(envOf("TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS", "0")); err != nil || e.detailedMax != 0 {
-		t.Errorf("TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS=0: %v", err)
-	}
-	if len(e.notes) != 1 || !strings.HasPrefix(e.notes[0], "USE_STATSD=true (its default)") {
-		t.Errorf("notes %q, want USE_STATSD's", e.notes)
-	}
-	e, err = parseRatelimitEnv(envOf("USE_STATSD", "false", "LIMIT_RESPONSE_HEADERS_ENABLED", "true", "LIMIT_REMAINING_HEADER", "X-Left",
-		"TOKENGATE_ALGORITHM", "fixed_window", "HOST", "::", "REDIS_AUTH", "user:secret", "REDIS_TYPE", "cluster", "REDIS_URL", "a:1,b:2"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(e.notes) != 0 || e.headers == nil || e.headers.Remaining != "X-Left" || e.headers.Limit != "RateLimit-Limit" || e.algorithm != rls.FixedWindow || e.host != "::" {
-		t.Errorf("parsed %+v", e)
-	}
-	o, err := e.storeOptions()
-	if err != nil || !o.Cluster || len(o.Addrs) != 2 || o.Username != "user" || o.Password != "secret" {
-		t.Errorf("store options %+v, %v", o, err)
-	}
-	e, _ = parseRatelimitEnv(envOf("REDIS_URL", "rediss://u:p@redis.example:6380/0", "REDIS_SOCKET_TYPE", "tcp"))
-	if o, err := e.storeOptions(); err != nil || o.Addrs[0] != "redis.example:6380" || o.Username != "u" || o.Password != "p" || o.TLS == nil {
-		t.Errorf("a rediss URL: %+v, %v", o, err)
-	}
-	e, _ = parseRatelimitEnv(envOf("REDIS_URL", "redis://redis.example:6379/11"))
-	if _, err := e.storeOptions(); err == nil || !strings.Contains(err.Error(), "database 11") {
-		t.Errorf("a URL with database 11: %v, want it refused", err)
-	}
-	e, _ = parseRatelimitEnv(envOf("REDIS_TYPE", "sentinel", "REDIS_URL", "mymaster,s1:26379,s2:26379", "REDIS_SENTINEL_AUTH", "spw"))
-	if o, err := e.storeOptions(); err != nil || o.SentinelMaster != "mymaster" || len(o.Addrs) != 2 || o.SentinelPassword != "spw" {
-		t.Errorf("sentinel: %+v, %v", o, err)
-	}
-}
-
-// TestRatelimitEnvRefused: a setting that would change decisions if it
-// were ignored stops the start, naming it; a bad value too.
-func TestRatelimitEnvRefused(t *testing.T) {
-	for _, tc := range []struct {
-		env  []string
-		want string
-	}{
-		{[]string{"BACKEND_TYPE", "memcache"}, "BACKEND_TYPE=\"memcache\" is not supported"},
-		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"}, "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"},
-		{[]string{"REDIS_PERSECOND", "true"}, "REDIS_PERSECOND"},
-		{[]string{"QUOTA_MODE", "true"}, "QUOTA_MODE"},
-		{[]string{"MERGE_DOMAIN_CONFIG", "true"}, "MERGE_DOMAIN_CONFIG"},
-		{[]string{"GRPC_UDS", "/tmp/x.sock"}, "GRPC_UDS"},
-		{[]string{"TOKENGATE_ALGORITHM", "sliding"}, "TOKENGATE_ALGORITHM"},
-		{[]string{"PORT", "http"}, "PORT=\"http\""},
-		{[]string{"REDIS_TYPE", "ring"}, "REDIS_TYPE"},
-		{[]string{"CONFIG_TYPE", "GRPC_XDS_DELTA"}, "CONFIG_TYPE"},
-		{[]string{"GRPC_SERVER_USE_TLS", "true"}, "GRPC_SERVER_TLS_CERT"},
-		{[]string{"REDIS_TIMEOUT", "soon"}, "REDIS_TIMEOUT"},
-		{[]string{"TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS", "-1"}, "TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS"},
-		{[]string{"TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS", "lots"}, "TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS"},
-	} {
-		_, err := parseRatelimitEnv(envOf(tc.env...))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%v: error %v, want it to mention %q", tc.env, err, tc.want)
-		}
-	}
-	if _, err := parseRatelimitEnv(envOf("BACKEND_TYPE", "redis", "QUOTA_MODE", "false")); err != nil {
-		t.Errorf("the defaults, given: %v", err)
 	}
 }
 
@@ -246,7 +161,7 @@ func TestHealthAfterSigterm(t *testing.T) {
 		t.Error("ok after SIGTERM")
 	}
 	rec := &statusRecorder{}
-	healthcheck(ready).ServeHTTP(rec, nil)
+	dropin.Healthcheck(ready).ServeHTTP(rec, nil)
 	if rec.code != http.StatusInternalServerError {
 		t.Errorf("/healthcheck after SIGTERM: %d, want 500", rec.code)
 	}
@@ -260,10 +175,16 @@ func TestHealthAfterSigterm(t *testing.T) {
 // drop-in is unhealthy, Redis answering, until a configuration with a
 // domain is in force; both health checks follow the one readiness.
 func TestHealthWithConfig(t *testing.T) {
-	d := &dropin{env: &ratelimitEnv{healthyWithConfig: true}}
+	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED's setting.
+	d := struct {
+		env   struct{ healthyWithConfig bool }
+		ready *rls.Readiness
+	}{env: struct{ healthyWithConfig bool }{healthyWithConfig: true}}
 	d.ready = rls.NewReadiness(pingOK{}, 10*time.Millisecond, nil)
 	defer d.ready.Stop()
 	hs := rls.RegisterHealth(grpc.NewServer(), d.ready, "ratelimit")
+	// What the lifecycle does with each configuration it puts in force.
+	holdForConfig := func(c *rls.Config) { daemon.HoldFor(d.ready, d.env.healthyWithConfig, c) }
 	empty, err := rls.NewDropinConfig(nil, rls.DropinOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -271,7 +192,7 @@ func TestHealthWithConfig(t *testing.T) {
 	one := configWithDomain(t)
 	code := func() int {
 		rec := &statusRecorder{}
-		healthcheck(d.ready).ServeHTTP(rec, nil)
+		dropin.Healthcheck(d.ready).ServeHTTP(rec, nil)
 		return rec.code
 	}
 	status := func() healthpb.HealthCheckResponse_ServingStatus {
@@ -281,21 +202,21 @@ func TestHealthWithConfig(t *testing.T) {
 		}
 		return r.GetStatus()
 	}
-	d.holdForConfig(one)
+	holdForConfig(one)
 	waitUntil(t, "healthy with a domain and Redis answering", func() bool { return code() == http.StatusOK })
-	d.holdForConfig(empty)
+	holdForConfig(empty)
 	if c := code(); c != http.StatusInternalServerError {
 		t.Errorf("/healthcheck with no domain: %d, want 500", c)
 	}
 	if st := status(); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("grpc health with no domain: %v, want NOT_SERVING", st)
 	}
-	d.holdForConfig(one)
+	holdForConfig(one)
 	if c, st := code(), status(); c != http.StatusOK || st != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("once a domain is in force again: /healthcheck %d, grpc health %v; want 200, SERVING", c, st)
 	}
 	d.env.healthyWithConfig = false
-	d.holdForConfig(empty)
+	holdForConfig(empty)
 	if c := code(); c != http.StatusOK {
 		t.Errorf("without HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, no domain: /healthcheck %d, want 200", c)
 	}
@@ -308,7 +229,7 @@ func configWithDomain(t *testing.T) *rls.Config {
 	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, err := loadRuntime(dir, false, rls.DropinOptions{})
+	c, err := dropin.LoadRuntime(dir, false, rls.DropinOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,16 +7,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -24,18 +21,13 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc"
-
-	"github.com/tokengate/tokengate/internal/rlqs"
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/daemon"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
+	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
-// defaultRedisTimeout is -redis-timeout's default: tens of milliseconds, so
-// that a failing Redis costs a request that, never seconds. A decision
-// takes at most two round trips (the take, then the refund of a rejected
-// or failed request), so clients wait above twice this plus the network:
-// the filter's timeout_ms defaults to 60 (docs/rls.md#timeouts).
-const defaultRedisTimeout = 25 * time.Millisecond
+// defaultRedisTimeout is -redis-timeout's default (daemon.DefaultRedisTimeout).
+const defaultRedisTimeout = daemon.DefaultRedisTimeout
 
 // defaultGCPercent is the garbage collector's GOGC when the environment
 // sets none. The live heap is small (a few megabytes: connection buffers,
@@ -45,11 +37,6 @@ const defaultRedisTimeout = 25 * time.Millisecond
 // may grow to five times the live heap (about 15 MB) and the collector
 // runs a fifth as often.
 const defaultGCPercent = 400
-
-// errorLogInterval is how often at most an error of one kind (a Redis
-// failure by cause and node, a TLS handshake failure) is logged; the next
-// line says how many were not.
-const errorLogInterval = 10 * time.Second
 
 // envPrefix prefixes the environment variable of every flag: -redis-timeout
 // is also TOKENGATE_RLS_REDIS_TIMEOUT.
@@ -63,8 +50,8 @@ func main() {
 	defer stop()
 	run := run
 	if isRatelimit(os.Args[0]) { // envoyproxy/ratelimit's environment (compat.go)
-		run = func(ctx context.Context, _ []string, logw io.Writer, l chan<- [2]string) error {
-			return runRatelimit(ctx, os.LookupEnv, logw, l)
+		run = func(ctx context.Context, args []string, logw io.Writer, l chan<- [2]string) error {
+			return runRatelimitArgs(ctx, args, os.LookupEnv, logw, l)
 		}
 	}
 	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
@@ -73,10 +60,6 @@ func main() {
 	}
 }
 
-// run serves until ctx is done, then drains and stops gracefully. When
-// listening is not nil it receives the gRPC and admin addresses once both
-// listen. SIGHUP, from the start of run until it returns, reloads the
-// configuration and the TLS files.
 // options are the service's settings: its flags, each also settable
 // from the environment (flagsFromEnv).
 type options struct {
@@ -152,6 +135,10 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	return o, nil
 }
 
+// run serves until ctx is done, then drains and stops gracefully
+// (daemon.Run). When listening is not nil it receives the gRPC and admin
+// addresses once both listen. SIGHUP, from the start of run until it
+// returns, reloads the configuration and the TLS files.
 func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2]string) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -165,141 +152,75 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 	if err != nil {
 		return err
 	}
-	data, err := os.ReadFile(o.configPath)
+	s, err := o.settings(logger, hup)
 	if err != nil {
 		return err
 	}
-	cfg, err := rls.ParseConfig(data)
-	if err != nil {
-		return fmt.Errorf("%s: %w", o.configPath, err)
-	}
-	var serverTLS *rls.ServerTLS
-	if o.tlsCert != "" {
-		if serverTLS, err = rls.NewServerTLS(rls.TLSFiles{Cert: o.tlsCert, Key: o.tlsKey, ClientCA: o.tlsClientCA}); err != nil {
-			return err
+	s.Serving = func(sv daemon.Serving) {
+		adminAddr := ""
+		if len(sv.HTTP) > 0 {
+			adminAddr = sv.HTTP[0]
+		}
+		logger.Info("serving", "rules", len(sv.Config.Rules()), "grpc", sv.GRPC, "tls", s.TLS != nil,
+			"client_certs", o.tlsClientCA != "", "admin", adminAddr, "redis", o.redisAddrs, "cluster", o.cluster, "redis_timeout", o.timeout)
+		if listening != nil {
+			listening <- [2]string{sv.GRPC, adminAddr}
 		}
 	}
-	metrics := rls.NewMetrics(cfg)
-	metrics.SetErrorLog(rls.NewErrorLog(logger, errorLogInterval, nil))
-	if !o.cluster {
-		metrics.SetRedisNode(o.redisAddrs)
-	}
-	store, err := openStore(o, metrics)
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-
-	gl, al, err := o.listeners()
-	if err != nil {
-		return err
-	}
-	srv := rls.NewServer(cfg, store, metrics)
-	opts := []grpc.ServerOption{grpc.StatsHandler(metrics.StatsHandler())}
-	if serverTLS != nil {
-		opts = append(opts, grpc.Creds(serverTLS.Credentials(metrics)))
-	}
-	gs := rls.NewGRPCServer(srv, uint32(o.workers), opts...)
-	// RLQS beside RLS v3 (docs/rlqs.md); its streams expire their
-	// assignments on shutdown.
-	quota := rlqs.Register(ctx, gs, cfg, store, metrics.Registry())
-	ready := rls.NewReadiness(store, time.Second, func(msg string) { logger.Warn(msg) })
-	defer ready.Stop()
-	health := rls.RegisterHealth(gs, ready)
-
-	errc := make(chan error, 2)
-	go func() { errc <- gs.Serve(gl) }()
-	var hs *http.Server
-	adminAddr := ""
-	if al != nil {
-		handler := rls.AdminHandler(srv, metrics, ready)
-		if o.pprofOn {
-			handler = withPprof(handler)
-		}
-		hs = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
-		go func() { errc <- hs.Serve(al) }()
-		adminAddr = al.Addr().String()
-	}
-	logger.Info("serving", "rules", len(cfg.Rules()), "grpc", gl.Addr().String(), "tls", serverTLS != nil,
-		"client_certs", o.tlsClientCA != "", "admin", adminAddr, "redis", o.redisAddrs, "cluster", o.cluster, "redis_timeout", o.timeout)
-	if listening != nil {
-		listening <- [2]string{gl.Addr().String(), adminAddr}
-	}
-
-	w := &watcher{log: logger, metrics: metrics, srv: srv, quota: quota, tls: serverTLS, path: o.configPath, data: data}
-	if err := w.serve(ctx, hup, o.watch, errc); err != nil {
-		gs.Stop()
-		if hs != nil {
-			_ = hs.Close()
-		}
-		return err
-	}
-	return shutdown(logger, o, ready, health, gs, hs, errc)
+	return daemon.Run(ctx, s)
 }
 
-// listeners opens the gRPC listener and, unless -admin is empty, the
-// admin one (nil then).
-func (o *options) listeners() (gl, al net.Listener, err error) {
-	if gl, err = net.Listen("tcp", o.listen); err != nil {
-		return nil, nil, err
+// settings are the service's, from the options: the JSON file's rules,
+// the admin listener unless -admin is empty.
+func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Settings, error) {
+	storeOpt, err := o.storeOptions()
+	if err != nil {
+		return daemon.Settings{}, err
+	}
+	s := daemon.Settings{
+		Log:           logger,
+		Rules:         daemon.NewJSONFile(o.configPath, logger),
+		Store:         storeOpt,
+		DetailedLimit: rls.DefaultDetailedDescriptors,
+		GRPC:          o.listen,
+		Workers:       uint32(o.workers),
+		Poll:          o.watch,
+		Hup:           hup,
+		DrainDelay:    o.drainDelay,
+		Drain:         o.drain,
+	}
+	if !o.cluster {
+		s.RedisNode = o.redisAddrs
+	}
+	if o.tlsCert != "" {
+		s.TLS = &rls.TLSFiles{Cert: o.tlsCert, Key: o.tlsKey, ClientCA: o.tlsClientCA}
 	}
 	if o.admin != "" {
-		if al, err = net.Listen("tcp", o.admin); err != nil {
-			gl.Close()
-			return nil, nil, err
-		}
+		pprofOn := o.pprofOn
+		s.HTTP = []daemon.HTTP{{Addr: o.admin, Handler: func(p daemon.Parts) http.Handler {
+			h := rls.AdminHandler(p.Server, p.Metrics, p.Ready)
+			if pprofOn {
+				h = daemon.WithPprof(h)
+			}
+			return h
+		}}}
 	}
-	return gl, al, nil
+	return s, nil
 }
 
-// openStore makes the Redis store the options describe; it connects in
-// the background.
-func openStore(o *options, metrics *rls.Metrics) (*rls.Store, error) {
-	storeOpt := rls.StoreOptions{
+// storeOptions are the Redis store's options; it connects in the
+// background.
+func (o *options) storeOptions() (redisstore.Options, error) {
+	storeOpt := redisstore.Options{
 		Addrs:      strings.Split(o.redisAddrs, ","),
 		Cluster:    o.cluster,
 		Timeout:    o.timeout,
-		Observe:    metrics.ObserveRedis,
 		FlushDelay: o.flushDelay,
 	}
 	if err := o.redisSec.apply(&storeOpt, os.Getenv); err != nil {
-		return nil, err
+		return storeOpt, err
 	}
-	return rls.NewStore(storeOpt)
-}
-
-// shutdown stops the service gracefully after SIGTERM or SIGINT.
-func shutdown(logger *slog.Logger, o *options, ready *rls.Readiness, health interface{ Shutdown() }, gs *grpc.Server, hs *http.Server, errc <-chan error) error {
-	// Not ready first, so that health checks and load balancers send no
-	// new calls; serve those that still come for -drain-delay; then stop
-	// accepting and wait up to -drain for the calls in flight.
-	logger.Info("shutting down: not ready", "drain_delay", o.drainDelay, "drain", o.drain)
-	ready.Drain()
-	if o.drainDelay > 0 {
-		t := time.NewTimer(o.drainDelay)
-		select {
-		case <-t.C:
-		case err := <-errc:
-			t.Stop()
-			logger.Error("listener failed while draining", "error", err)
-		}
-	}
-	health.Shutdown()
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(o.drain):
-		logger.Warn("calls still in flight after -drain: stopping them", "drain", o.drain)
-		gs.Stop()
-	}
-	logger.Info("stopped")
-	if hs == nil {
-		return nil
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), o.drain)
-	defer cancel()
-	return hs.Shutdown(sctx)
+	return storeOpt, nil
 }
 
 // flagsFromEnv sets every flag the command line did not set from its
@@ -344,117 +265,4 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, o)), nil
 	}
 	return nil, fmt.Errorf("-log-format %q: want text or json", format)
-}
-
-// watcher reloads the configuration file and the TLS files: on SIGHUP
-// (reload) and, polled, when they change (poll). One goroutine calls it.
-type watcher struct {
-	log     *slog.Logger
-	metrics *rls.Metrics
-	srv     *rls.Server
-	quota   *rlqs.Server
-	tls     *rls.ServerTLS
-	path    string
-	data    []byte      // the configuration file's bytes in use
-	cfgStat os.FileInfo // at the last look
-}
-
-// serve reloads on SIGHUP and, every interval (0: never), when the files
-// changed, until ctx is done (nil) or a listener fails (its error).
-func (w *watcher) serve(ctx context.Context, hup <-chan os.Signal, interval time.Duration, errc <-chan error) error {
-	w.stamp()
-	var tick <-chan time.Time
-	if interval > 0 {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		tick = t.C
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-hup:
-			w.reload("SIGHUP")
-		case <-tick:
-			w.poll()
-		case err := <-errc:
-			return err
-		}
-	}
-}
-
-// stamp remembers the configuration file's state as it is now.
-func (w *watcher) stamp() {
-	w.cfgStat, _ = os.Stat(w.path)
-}
-
-// poll reloads what changed since the last look; a configuration file
-// whose bytes are those in use is not reloaded.
-func (w *watcher) poll() {
-	fi, _ := os.Stat(w.path)
-	if rls.FileChanged(fi, w.cfgStat) {
-		w.cfgStat = fi
-		if data, err := os.ReadFile(w.path); err != nil || !bytes.Equal(data, w.data) {
-			w.reloadConfig("file changed")
-		}
-	}
-	if w.tls == nil {
-		return
-	}
-	if ok, err := w.tls.ReloadIfChanged(); err != nil {
-		w.log.Error("TLS files not reloaded: the previous ones stay", "trigger", "file changed", "error", err)
-	} else if ok {
-		w.log.Info("TLS files reloaded", "trigger", "file changed")
-	}
-}
-
-// reload reloads the configuration and the TLS files.
-func (w *watcher) reload(why string) {
-	w.stamp()
-	w.reloadConfig(why)
-	w.reloadTLS(why)
-}
-
-// reloadConfig reads, validates and installs the configuration file; on
-// error the configuration in use stays.
-func (w *watcher) reloadConfig(why string) {
-	data, err := os.ReadFile(w.path)
-	var cfg *rls.Config
-	if err == nil {
-		cfg, err = rls.ParseConfig(data)
-	}
-	w.metrics.Reloaded(err)
-	if err != nil {
-		w.log.Error("configuration not reloaded: the previous one stays", "file", w.path, "trigger", why, "error", err)
-		return
-	}
-	w.srv.SetConfig(cfg)
-	w.quota.SetConfig(cfg)
-	w.data = data
-	w.log.Info("configuration reloaded", "file", w.path, "trigger", why, "rules", len(cfg.Rules()))
-}
-
-func (w *watcher) reloadTLS(why string) {
-	if w.tls == nil {
-		return
-	}
-	if err := w.tls.Reload(); err != nil {
-		w.log.Error("TLS files not reloaded: the previous ones stay", "trigger", why, "error", err)
-		return
-	}
-	w.log.Info("TLS files reloaded", "trigger", why)
-}
-
-// withPprof serves net/http/pprof's handlers under /debug/pprof/ and the
-// rest with h. Registered on a mux of our own: importing net/http/pprof
-// also registers them on http.DefaultServeMux, which nothing here serves.
-func withPprof(h http.Handler) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.Handle("/", h)
-	return mux
 }

@@ -9,7 +9,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 )
 
 // Environment variables that carry Redis passwords when no file names
@@ -56,7 +56,7 @@ func secret(file, env string, getenv func(string) string) (string, error) {
 }
 
 // apply sets o's AUTH, TLS and Sentinel fields from the flags.
-func (r *redisSecurity) apply(o *rls.StoreOptions, getenv func(string) string) error {
+func (r *redisSecurity) apply(o *redisstore.Options, getenv func(string) string) error {
 	var err error
 	o.Username = *r.user
 	if o.Password, err = secret(*r.passwordFile, envRedisPassword, getenv); err != nil {

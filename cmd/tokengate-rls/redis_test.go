@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokengate/tokengate/internal/rls"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
 
 // storeFromFlags parses args as tokengate-rls's Redis flags and returns a
 // store made from them (nil and the error when they are refused).
-func storeFromFlags(t *testing.T, addr string, env map[string]string, args ...string) (*rls.Store, error) {
+func storeFromFlags(t *testing.T, addr string, env map[string]string, args ...string) (*redisstore.Store, error) {
 	t.Helper()
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -24,11 +24,11 @@ func storeFromFlags(t *testing.T, addr string, env map[string]string, args ...st
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	o := rls.StoreOptions{Addrs: []string{addr}, Timeout: time.Second}
+	o := redisstore.Options{Addrs: []string{addr}, Timeout: time.Second}
 	if err := r.apply(&o, func(k string) string { return env[k] }); err != nil {
 		return nil, err
 	}
-	s, err := rls.NewStore(o)
+	s, err := redisstore.New(o)
 	if err != nil {
 		return nil, err
 	}
@@ -37,10 +37,10 @@ func storeFromFlags(t *testing.T, addr string, env map[string]string, args ...st
 }
 
 // decides reports whether the store decides a call within 3 s.
-func decides(s *rls.Store) error {
+func decides(s *redisstore.Store) error {
 	var err error
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		out := s.Run(context.Background(), []rls.Op{{Key: rls.BucketKey("flags", "a"), Rate: 1, Burst: 5, Cost: 1}})
+		out := s.Run(context.Background(), []redisstore.Op{{Key: redisstore.BucketKey("flags", "a"), Rate: 1, Burst: 5, Cost: 1}})
 		if err = out[0].Err; err == nil {
 			return nil
 		}

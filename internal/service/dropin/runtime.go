@@ -1,0 +1,128 @@
+// Package dropin is the drop-in for envoyproxy/ratelimit
+// (docs/dropin.md), as far as it differs from tokengate-rls: its
+// environment (Settings, read by ParseSettings, which gives the service's
+// lifecycle its daemon.Settings), and where it gets its rules, the
+// runtime directory of YAML files (Runtime, read by the rlsyaml package)
+// or an xDS server (XDS, with the rlsxds package), both sources of the
+// lifecycle (daemon.Rules). Deciding envoyproxy/ratelimit's descriptors
+// is internal/service/rls's (internal/service/rls/dropin.go, internal/service/rls/dropin_server.go).
+package dropin
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/tokengate/tokengate/internal/service/daemon"
+	"github.com/tokengate/tokengate/internal/service/dropin/rlsyaml"
+	"github.com/tokengate/tokengate/internal/service/rls"
+)
+
+// LoadRuntime reads the runtime directory's YAML files into a
+// configuration. A directory that does not exist holds no domains.
+func LoadRuntime(dir string, ignoreDot bool, opt rls.DropinOptions) (*rls.Config, error) {
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return rls.NewDropinConfig(nil, opt)
+	}
+	domains, err := rlsyaml.LoadDir(dir, ignoreDot)
+	if err != nil {
+		return nil, err
+	}
+	return rls.NewDropinConfig(domains, opt)
+}
+
+// Runtime is the runtime directory as a source of rules. It is loaded
+// again when it changes, as envoyproxy/ratelimit's runtime watch does:
+// every Poll compares a digest of the files' names, sizes, times and the
+// root's symlink target (a Kubernetes ConfigMap volume swaps a symlink).
+// A bad directory later is logged and the configuration in force kept.
+type Runtime struct {
+	// Root is RUNTIME_ROOT, Dir the directory of YAML files under it.
+	Root, Dir string
+	// IgnoreDot skips files whose name starts with a dot.
+	IgnoreDot bool
+	// Options are every domain's.
+	Options rls.DropinOptions
+	// ServeBadAtStart, when the directory does not load at start, logs
+	// the error and starts with no configuration (rls.Unloaded: every call
+	// answered with an error) instead of failing the start.
+	ServeBadAtStart bool
+	// Log receives the reloads and their failures.
+	Log *slog.Logger
+
+	last [32]byte // the digest at the last look
+}
+
+var _ daemon.Rules = (*Runtime)(nil)
+
+// First loads the directory.
+func (r *Runtime) First() (*rls.Config, error) {
+	c, err := LoadRuntime(r.Dir, r.IgnoreDot, r.Options)
+	if err != nil && r.ServeBadAtStart {
+		r.Log.Error("no rate limit configuration loaded: every call is answered with an error until the directory loads", "error", err)
+		return rls.Unloaded(), nil
+	}
+	return c, err
+}
+
+// Follow notes the directory's digest: Poll compares against it.
+func (r *Runtime) Follow(context.Context, daemon.Apply) (bool, error) {
+	r.last = runtimeDigest(r.Root, r.Dir)
+	return true, nil
+}
+
+// Poll loads the directory again when its digest changed.
+func (r *Runtime) Poll(apply daemon.Apply) {
+	d := runtimeDigest(r.Root, r.Dir)
+	if d == r.last {
+		return
+	}
+	r.last = d
+	r.load(apply)
+}
+
+// Reload loads the directory again.
+func (r *Runtime) Reload(_ string, apply daemon.Apply) {
+	r.last = runtimeDigest(r.Root, r.Dir)
+	r.load(apply)
+}
+
+func (r *Runtime) load(apply daemon.Apply) {
+	c, err := LoadRuntime(r.Dir, r.IgnoreDot, r.Options)
+	apply(c, err)
+	if err != nil {
+		r.Log.Warn(fmt.Sprintf("configuration not reloaded, the one in force is kept: %v", err))
+		return
+	}
+	r.Log.Warn(fmt.Sprintf("configuration reloaded: %d domains", len(c.Domains())))
+}
+
+func runtimeDigest(root, dir string) [32]byte {
+	h := sha256.New()
+	if t, err := os.Readlink(root); err == nil {
+		fmt.Fprintf(h, "root->%s\n", t)
+	}
+	var lines []string
+	_ = filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if st, err := os.Stat(path); err == nil {
+			lines = append(lines, fmt.Sprintf("%s %d %d", path, st.Size(), st.ModTime().UnixNano()))
+		}
+		return nil
+	})
+	sort.Strings(lines)
+	for _, l := range lines {
+		fmt.Fprintln(h, l)
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
+}

@@ -1,0 +1,204 @@
+package rls
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/tokengate/tokengate/rlscontract"
+)
+
+// Pinger is what Readiness checks; *redisstore.Store is one.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// Readiness says whether the service can decide: it pings Redis every
+// interval in the background and is ready while the last PING was
+// answered, until Drain, after which it never is. /ready and the gRPC
+// health service (Watch) follow it; liveness (/live) does not.
+type Readiness struct {
+	ready    atomic.Bool // the last PING was answered
+	draining atomic.Bool
+	held     atomic.Bool // Hold: something besides Redis is missing
+	stop     chan struct{}
+	once     sync.Once
+
+	mu       sync.Mutex // serialises watchers' calls, in order of changes
+	watchers []func(ready bool)
+	// told is what the watchers were told last, and what Ready reports:
+	// /ready and the gRPC health service never disagree, even for the
+	// instant between a change and the watchers' call.
+	told atomic.Bool
+}
+
+// NewReadiness starts pinging p every interval; Stop ends it. logf, when
+// not nil, is told when Redis starts or stops answering.
+func NewReadiness(p Pinger, interval time.Duration, logf func(msg string)) *Readiness {
+	r := &Readiness{stop: make(chan struct{})}
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		first := true
+		for {
+			err := p.Ping(context.Background())
+			was := r.ready.Swap(err == nil)
+			if logf != nil && (was != (err == nil) || first && err != nil) {
+				if err == nil {
+					logf("redis answers PING: ready")
+				} else {
+					logf("redis does not answer PING: not ready: " + err.Error())
+				}
+			}
+			first = false
+			r.tell()
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return r
+}
+
+// Ready reports whether the service can decide: Redis answered the last
+// PING, Drain was not called and nothing holds it (Hold).
+func (r *Readiness) Ready() bool { return r.told.Load() }
+
+// Hold makes the service not ready while held is true, whatever Redis
+// does, for a condition of the caller's (the drop-in's
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: no configuration yet), and
+// tells the watchers at once.
+func (r *Readiness) Hold(held bool) {
+	r.held.Store(held)
+	r.tell()
+}
+
+// Draining reports whether Drain was called.
+func (r *Readiness) Draining() bool { return r.draining.Load() }
+
+// Watch calls f with Ready now and again whenever it changes; f must not
+// block.
+func (r *Readiness) Watch(f func(ready bool)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.watchers = append(r.watchers, f)
+	f(r.told.Load())
+}
+
+// tell gives the watchers Ready when it differs from what they were told.
+func (r *Readiness) tell() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.ready.Load() && !r.draining.Load() && !r.held.Load()
+	if now == r.told.Load() {
+		return
+	}
+	for _, f := range r.watchers {
+		f(now)
+	}
+	// After the watchers: once Ready reports a change, the gRPC health
+	// service says it too.
+	r.told.Store(now)
+}
+
+// Drain makes the service not ready for good (shutdown begins: load
+// balancers and Envoy's health checks should send no new calls), and
+// tells the watchers at once.
+func (r *Readiness) Drain() {
+	r.draining.Store(true)
+	r.tell()
+}
+
+// Stop ends the pinging.
+func (r *Readiness) Stop() { r.once.Do(func() { close(r.stop) }) }
+
+// maxJSONBody bounds a /json request body.
+const maxJSONBody = 1 << 20
+
+// AdminHandler serves the admin listener:
+//
+//	/metrics  the metrics (Metrics.Registry), in Prometheus text or
+//	          OpenMetrics as the scraper asks (promhttp)
+//	/live     200 while the process serves: never depends on Redis
+//	/ready    200 when the service can decide (Readiness.Ready): Redis
+//	          answered the last PING and shutdown has not begun; 503
+//	          before and otherwise
+//	/json     POST a RateLimitRequest in protobuf's JSON form, get the
+//	          RateLimitResponse: 200 (OK) and 429 (OVER_LIMIT) with the
+//	          response, as envoyproxy/ratelimit's /json (server_impl.go);
+//	          400 (invalid request); 503 (Redis failed), where
+//	          envoyproxy/ratelimit answers 400 for any failed decision.
+//	          The filter's settings.rls.protocol "json" reads 200 and 429
+//	          and takes any other status as an error, so both agree.
+func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry(), promhttp.HandlerOpts{}))
+	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "live\n")
+	})
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case ready.Draining():
+			http.Error(w, "shutting down\n", http.StatusServiceUnavailable)
+		case !ready.Ready():
+			http.Error(w, "redis not answering PING\n", http.StatusServiceUnavailable)
+		default:
+			_, _ = io.WriteString(w, "ready\n")
+		}
+	})
+	mux.HandleFunc("/json", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("allow", "POST")
+			http.Error(w, "POST a RateLimitRequest\n", http.StatusMethodNotAllowed)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
+		if err != nil || len(body) > maxJSONBody {
+			http.Error(w, "unreadable or too large body\n", http.StatusBadRequest)
+			return
+		}
+		var req rlsv3.RateLimitRequest
+		if err := protojson.Unmarshal(body, &req); err != nil {
+			http.Error(w, "not a RateLimitRequest: "+err.Error()+"\n", http.StatusBadRequest)
+			return
+		}
+		ctx := r.Context()
+		if v := r.Header.Values(rlscontract.SettleHeader); len(v) > 0 {
+			// A settlement over JSON carries its mark as an HTTP header, as
+			// the gRPC call carries it as metadata (settle.go).
+			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(rlscontract.SettleHeader, v[0]))
+		}
+		resp, err := srv.ShouldRateLimit(ctx, &req)
+		if err != nil {
+			code := http.StatusServiceUnavailable
+			if status.Code(err) == codes.InvalidArgument {
+				code = http.StatusBadRequest
+			}
+			http.Error(w, status.Convert(err).Message()+"\n", code)
+			return
+		}
+		out, err := protojson.Marshal(resp)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("content-type", "application/json")
+		if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+		_, _ = w.Write(out)
+	})
+	return mux
+}

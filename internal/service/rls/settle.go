@@ -1,0 +1,131 @@
+package rls
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"math"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokengate/tokengate/config"
+	"github.com/tokengate/tokengate/internal/service/redisstore"
+	"github.com/tokengate/tokengate/rlscontract"
+)
+
+// Settling after the response (docs/rls.md): a cluster-scope rule with
+// count_statuses, reset_on_statuses or a response_* cost took its
+// admission cost here; when the stream ends, the filter sends one more
+// ShouldRateLimit with the stream's settlements, and internal/service/redisstore/settle.lua applies
+// each to its bucket atomically: an extra charge (which may take the
+// bucket into debt, carried in full), a refund (capped at burst), or a
+// reset (the key is deleted: a full bucket).
+
+// Settler applies settlements; *redisstore.Store is the Redis one.
+type Settler interface {
+	Settle(ctx context.Context, ops []redisstore.SettleOp) []redisstore.Outcome
+}
+
+// isSettleCall reports whether a call is a settlement: it carries the
+// filter's settle header (gRPC metadata), or a descriptor with a
+// tokengate_settle entry. It reads the one header, not the whole
+// metadata: FromIncomingContext copies every header of every call into a
+// new map, 2 % of the service's CPU under load.
+func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
+	for _, v := range metadata.ValueFromIncomingContext(ctx, rlscontract.SettleHeader) {
+		if v == "1" {
+			return true
+		}
+	}
+	for _, d := range req.GetDescriptors() {
+		for _, e := range d.GetEntries() {
+			if e.GetKey() == rlscontract.SettleKey {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// settleRule returns the rule and bucket key of one settlement descriptor
+// (rlscontract.ParseSettlement), and what to do: a charge of its hits (the
+// descriptor's hits_addend, else the request's, at least 1), a refund or a
+// reset. The rule must be a cluster-scope rule that settles (exact mode).
+func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (redisstore.SettleOp, *config.Rule, error) {
+	es := make([]rlscontract.Entry, len(d.GetEntries()))
+	for i, e := range d.GetEntries() {
+		es[i] = rlscontract.Entry{Key: e.GetKey(), Value: e.GetValue()}
+	}
+	set, err := rlscontract.ParseSettlement(rlscontract.Descriptor{Entries: es, HitsAddend: d.GetHitsAddend().GetValue()})
+	if err != nil {
+		return redisstore.SettleOp{}, nil, err
+	}
+	r := c.clusterRule(domain, set.Rule)
+	if r == nil || r.Settle == nil || r.Lease != nil {
+		return redisstore.SettleOp{}, nil, fmt.Errorf("no cluster-scope rule %q that settles after the response", set.Rule)
+	}
+	op := redisstore.SettleOp{Key: redisstore.BucketKey(r.Name, cleanComposite(set.Composite)), Rate: r.Limit.Rate, Burst: r.Limit.Burst, MaxDebt: r.Limit.MaxDebt,
+		Kind: set.Kind, Amount: set.Amount}
+	if set.Kind == rlscontract.SettleCharge {
+		hits := set.Hits
+		if hits == 0 {
+			hits = uint64(reqHits)
+		}
+		op.Amount = float64(max(hits, 1))
+	}
+	return op, r, nil
+}
+
+// shouldSettle answers a settlement call (isSettleCall); ok is false for
+// any other call. Every descriptor must be a settlement of a rule that
+// settles (INVALID_ARGUMENT otherwise, and nothing is applied); a Redis
+// failure answers UNAVAILABLE. The statuses are OK, with the tokens left.
+func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, ok bool, err error) {
+	if !isSettleCall(ctx, req) {
+		return nil, false, nil
+	}
+	ds := req.GetDescriptors()
+	ops := make([]redisstore.SettleOp, len(ds))
+	rules := make([]*config.Rule, len(ds))
+	cfg := s.cfg.Load()
+	for i, d := range ds {
+		op, r, err := cfg.settleRule(req.GetDomain(), d, req.GetHitsAddend())
+		if err != nil {
+			s.metrics.request(reqInvalid)
+			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: "+err.Error())
+		}
+		ops[i], rules[i] = op, r
+	}
+	st, ok2 := s.store.(Settler)
+	if !ok2 {
+		return nil, true, status.Error(codes.Unimplemented, "this store does not settle")
+	}
+	out := st.Settle(ctx, ops)
+	resp = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	for i, o := range out {
+		if o.Err != nil {
+			s.metrics.request(reqUnavailable)
+			return nil, true, status.Error(codes.Unavailable, "tokengate-rls: redis: "+o.Err.Error())
+		}
+		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
+			Code:           rlsv3.RateLimitResponse_OK,
+			CurrentLimit:   currentLimit(rules[i]),
+			LimitRemaining: remaining(o.Tokens),
+		})
+	}
+	s.metrics.request(reqOK)
+	return resp, true, nil
+}
+
+// remaining is a bucket's whole tokens left as limit_remaining: 0 while
+// it is empty or in debt.
+func remaining(tokens float64) uint32 {
+	if !(tokens > 0) {
+		return 0
+	}
+	return uint32(min(math.Floor(tokens), math.MaxUint32))
+}
