@@ -18,7 +18,9 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tokengate/tokengate/internal/testsupport/envoyrl"
@@ -717,4 +719,85 @@ func startDropinPeer(t *testing.T, redisAddr string, log io.Writer) *envoyrl.Ser
 	}
 	t.Cleanup(func() { _ = srv.Stop() })
 	return srv
+}
+
+// TestDropinParityBadDirectoryAtStart: both services started on a
+// runtime directory that holds a bad file (envoyproxy/ratelimit's
+// duplicate_key.yaml beside parity.yaml). envoyproxy/ratelimit starts,
+// reports healthy and answers every call with an error, the good file
+// not loaded either; tokengate-rls does the same with
+// TOKENGATE_BAD_CONFIG_AT_START=serve (its default, exit 1, is
+// TestRatelimitBadDirectoryAtStart's), and names the file and the line.
+// Then the bad file goes: both load the directory and decide again, the
+// same answers.
+func TestDropinParityBadDirectoryAtStart(t *testing.T) {
+	theirsRedis, oursRedis := redistest.Start(t), redistest.Start(t)
+	files := map[string]string{"duplicate_key.yaml": duplicateKeyYAML}
+	theirsLog := &syncBuffer{}
+	theirs, err := envoyrl.Start(envoyRatelimit(t), envoyrl.Options{Redis: theirsRedis.Addr, Config: parityYAML, Files: files, ResponseHeaders: true, Log: theirsLog,
+		// Its default (the harness sets true for the other tests).
+		Env: []string{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=false"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = theirs.Stop() })
+	ours := startDropinLayout(t, oursRedis.Addr, func(config string) {
+		for name, data := range map[string]string{"parity.yaml": parityYAML, "duplicate_key.yaml": duplicateKeyYAML} {
+			if err := os.WriteFile(filepath.Join(config, name), []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}, "TOKENGATE_ALGORITHM=fixed_window", "TOKENGATE_BAD_CONFIG_AT_START=serve")
+	if want := "duplicate_key.yaml:6: descriptors[1]: duplicate descriptor"; !strings.Contains(ours.out.String(), want) {
+		t.Errorf("tokengate-rls's report of the bad directory does not name its file and line (%q):\n%s", want, ours.out)
+	}
+	// Every call fails on both, with the same code and message.
+	req := &rlsv3.RateLimitRequest{Domain: "parity", HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "u1")}}
+	refuse := func(name string, c rlsv3.RateLimitServiceClient) (codes.Code, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := c.ShouldRateLimit(ctx, req)
+		if err == nil {
+			t.Errorf("%s answered %v on a directory that did not load; want an error", name, resp.GetOverallCode())
+			return codes.OK, ""
+		}
+		st, _ := status.FromError(err)
+		return st.Code(), st.Message()
+	}
+	tc, oc := rlsClient(t, theirs.GRPC), rlsClient(t, ours.grpc)
+	theirCode, theirMsg := refuse("envoyproxy/ratelimit", tc)
+	ourCode, ourMsg := refuse("tokengate-rls", oc)
+	if theirCode != ourCode || !strings.Contains(theirMsg, "no rate limit configuration loaded") || !strings.Contains(ourMsg, "no rate limit configuration loaded") {
+		t.Errorf("on a bad directory at start: envoyproxy/ratelimit %v %q, tokengate-rls %v %q; want the same code and \"no rate limit configuration loaded\"", theirCode, theirMsg, ourCode, ourMsg)
+	}
+	// The bad file removed: both load the good one and decide alike.
+	for _, dir := range []string{theirs.ConfigDir(), ours.config} {
+		if err := os.Remove(filepath.Join(dir, "duplicate_key.yaml")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, errT := tc.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "parity", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "probe")}})
+		_, errO := oc.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "parity", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "probe")}})
+		cancel()
+		if errT == nil && errO == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the directory without the bad file is not loaded after 20 s: envoyproxy/ratelimit %v, tokengate-rls %v\n%s\n%s", errT, errO, theirsLog, ours.out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var seqs []paritySequence
+	for _, seq := range paritySequences {
+		if seq.name == "one descriptor" {
+			seqs = append(seqs, seq)
+		}
+	}
+	if len(seqs) == 0 {
+		t.Fatal("no parity sequence named \"one descriptor\"")
+	}
+	runParity(t, seqs, tc, oc, theirsRedis, oursRedis)
 }
