@@ -80,6 +80,31 @@ func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, r
 	return op, r, nil
 }
 
+// maxChargeBursts bounds a settlement's charge, in bursts of its rule.
+const maxChargeBursts = 10
+
+// boundSettle bounds a settlement's amount by what one request of the
+// rule can have taken or owe (docs/rls.md#trust-model): a refund gives
+// back at most what its admission took, and an admission never takes more
+// than the burst; a charge is carried in full up to maxChargeBursts
+// bursts (issue 22: a report above the burst is not forgiven), so that a
+// forged or corrupt amount (1e9) cannot put a key years into debt. It
+// reports whether it cut the amount.
+func boundSettle(op *redisstore.SettleOp) bool {
+	bound := op.Burst
+	switch op.Kind {
+	case rlscontract.SettleReset:
+		return false
+	case rlscontract.SettleCharge:
+		bound = maxChargeBursts * op.Burst
+	}
+	if op.Amount > bound {
+		op.Amount = bound
+		return true
+	}
+	return false
+}
+
 // shouldSettle answers a settlement call (isSettleCall); ok is false for
 // any other call. Every descriptor must be a settlement of a rule that
 // settles (INVALID_ARGUMENT otherwise, and nothing is applied); a Redis
@@ -87,6 +112,9 @@ func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, r
 func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, ok bool, err error) {
 	if !isSettleCall(ctx, req) {
 		return nil, false, nil
+	}
+	if err := s.authorizeWrite(ctx); err != nil {
+		return nil, true, err // a write from a caller that is not a proxy (trust.go)
 	}
 	ds := req.GetDescriptors()
 	ops := make([]redisstore.SettleOp, len(ds))
@@ -97,6 +125,17 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		if err != nil {
 			s.metrics.request(reqInvalid)
 			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: "+err.Error())
+		}
+		for j := range i {
+			if ops[j].Key == op.Key {
+				// The filter settles each bucket of a stream once: a bucket
+				// named twice would repeat a refund.
+				s.metrics.request(reqInvalid)
+				return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: a settlement call names a bucket twice")
+			}
+		}
+		if boundSettle(&op) {
+			s.metrics.trust.clamped.Inc()
 		}
 		ops[i], rules[i] = op, r
 	}
