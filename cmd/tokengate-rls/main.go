@@ -183,7 +183,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 		case s.Writes.Open:
 			logger.Warn("UNSAFE: -allow-unauthenticated-writes: any client that reaches the gRPC or admin port can refund, reset and charge any key " +
 				"and lease its tokens; give the proxies a credential (-credential-file) or client certificates (-tls-client-ca) instead (docs/rls.md#trust-model)")
-		case !s.Writes.Configured():
+		case !s.Writes.Configured() && writes(sv.Config):
 			logger.Warn("settlements and lease calls are refused: no -credential-file or -tls-client-ca authenticates the proxies; " +
 				"rules that settle after the response or run in lease mode will fail (docs/rls.md#trust-model)")
 		}
@@ -192,6 +192,17 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 		}
 	}
 	return daemon.Run(ctx, s)
+}
+
+// writes reports whether c has rules whose proxies write: rules that
+// settle after the response or run in lease mode.
+func writes(c *rls.Config) bool {
+	for _, r := range c.Rules() {
+		if r.Cluster && (r.Settle != nil || r.Lease != nil) {
+			return true
+		}
+	}
+	return false
 }
 
 // settings are the service's, from the options: the JSON file's rules,

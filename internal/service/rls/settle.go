@@ -80,16 +80,19 @@ func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, r
 	return op, r, nil
 }
 
-// maxChargeBursts bounds a settlement's charge, in bursts of its rule.
-const maxChargeBursts = 10
+// maxChargeBursts bounds a settlement's charge, in bursts of its rule: a
+// response costing a hundred times what any admission may take is no
+// usage, but a fault or a forgery.
+const maxChargeBursts = 100
 
 // boundSettle bounds a settlement's amount by what one request of the
 // rule can have taken or owe (docs/rls.md#trust-model): a refund gives
 // back at most what its admission took, and an admission never takes more
-// than the burst; a charge is carried in full up to maxChargeBursts
-// bursts (issue 22: a report above the burst is not forgiven), so that a
-// forged or corrupt amount (1e9) cannot put a key years into debt. It
-// reports whether it cut the amount.
+// than the burst; a charge is carried in full (issue 22: a report above
+// the burst is not forgiven; the tests report twenty bursts) up to
+// maxChargeBursts bursts, so that a corrupt amount (1e9) from a proxy
+// cannot put a key a billion tokens into debt. It reports whether it cut
+// the amount.
 func boundSettle(op *redisstore.SettleOp) bool {
 	bound := op.Burst
 	switch op.Kind {
