@@ -258,3 +258,29 @@ func TestTrustDefaultRefusesWrites(t *testing.T) {
 		t.Errorf("no warning at start:\n%s", out)
 	}
 }
+
+// TestTrustModuleWithoutCredential: the built module without
+// settings.rls.credential, against a service that requires one, gets its
+// decisions but not its settlements: the settlement is refused (counted
+// in tokengate.rls_settle_errors) and the bucket keeps only the
+// admission's hit; with the wrong credential likewise.
+func TestTrustModuleWithoutCredential(t *testing.T) {
+	for _, tc := range []struct{ name, credential string }{{"none", ""}, {"wrong", "a-credential-of-another-fleet"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			redis := redistest.Start(t)
+			rls := startTokengateRLSAuth(t, clusterSettleConfig, redis.Addr, "-credential-file", credentialFile(t, trustCredential))
+			cfg := clusterSettleConfig
+			if tc.credential != "" {
+				cfg = strings.Replace(cfg, `"cluster":"ratelimit"`, `"cluster":"ratelimit","credential":"`+tc.credential+`"`, 1)
+			}
+			h, srv := startSettleFleetHost(t, cfg, rlsBootstrap(rls.Addr), settleUpstream())
+			if r := mustDo(t, srv.Client(), srv, "/llm?tokens=42", map[string]string{"x-api-key": "k1"}); r.status != 200 {
+				t.Fatalf("got %d, want 200", r.status)
+			}
+			waitFor(t, func() bool { v, _ := h.Metric("tokengate.rls_settle_errors"); return v == 1 })
+			if got := redisTokens(t, redis, "tb:{llm:k1}"); got != "99.000000" {
+				t.Errorf("tokens: %q, want 99 (the admission's hit only)", got)
+			}
+		})
+	}
+}
