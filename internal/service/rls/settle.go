@@ -123,19 +123,30 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	ops := make([]redisstore.SettleOp, len(ds))
 	rules := make([]*config.Rule, len(ds))
 	cfg := s.cfg.Load()
+	var seen map[string]struct{} // the buckets named, when too many to compare pairwise
+	if len(ds) > 8 {
+		seen = make(map[string]struct{}, len(ds))
+	}
 	for i, d := range ds {
 		op, r, err := cfg.settleRule(req.GetDomain(), d, req.GetHitsAddend())
 		if err != nil {
 			s.metrics.request(reqInvalid)
 			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: "+err.Error())
 		}
-		for j := range i {
-			if ops[j].Key == op.Key {
-				// The filter settles each bucket of a stream once: a bucket
-				// named twice would repeat a refund.
-				s.metrics.request(reqInvalid)
-				return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: a settlement call names a bucket twice")
+		// The filter settles each bucket of a stream once: a bucket named
+		// twice would repeat a refund.
+		dup := false
+		if seen != nil {
+			_, dup = seen[op.Key]
+			seen[op.Key] = struct{}{}
+		} else {
+			for j := range i {
+				dup = dup || ops[j].Key == op.Key
 			}
+		}
+		if dup {
+			s.metrics.request(reqInvalid)
+			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: a settlement call names a bucket twice")
 		}
 		if boundSettle(&op) {
 			s.metrics.trust.clamped.Inc()
