@@ -284,3 +284,59 @@ func TestTrustModuleWithoutCredential(t *testing.T) {
 		})
 	}
 }
+
+// TestTrustLeaseCredential: the built module's lease calls are writes.
+// With settings.rls.credential, its holder's grants land in the lease
+// bucket (a holder field in Redis) and none is refused; without it, the
+// service refuses them (counted) and no holder ever holds a grant.
+func TestTrustLeaseCredential(t *testing.T) {
+	for _, withCred := range []bool{true, false} {
+		t.Run(strconv.FormatBool(withCred), func(t *testing.T) {
+			cfg := leaseRule(5, 50, 10, "deny")
+			redis := redistest.Start(t)
+			rls := startTokengateRLSAuth(t, strings.Replace(cfg, `"cluster":"ratelimit"`, `"cluster":"ratelimit","credential":"`+trustCredential+`"`, 1),
+				redis.Addr, "-credential-file", credentialFile(t, trustCredential))
+			if withCred {
+				cfg = strings.Replace(cfg, `"cluster":"ratelimit"`, `"cluster":"ratelimit","credential":"`+trustCredential+`"`, 1)
+			}
+			h, srv := startClusterHost(t, cfg, rlsBootstrap(rls.Addr), 1)
+			held := func() bool {
+				v, err := redis.Do("HGETALL", "tl:{lease:k}")
+				if err != nil {
+					t.Fatal(err)
+				}
+				fields, _ := v.([]any)
+				for i := 0; i < len(fields); i += 2 {
+					if f, _ := fields[i].(string); strings.HasPrefix(f, "h:") {
+						return true
+					}
+				}
+				return false
+			}
+			// Back to back: a request within a refill period of a call
+			// granted in full makes the next call a holder's lease
+			// (docs/lease.md), not an exact take.
+			for i := 0; i < 40 && !(withCred && held()); i++ {
+				resp, _ := getURL(t, srv.URL+"/", map[string]string{"x-api-key": "k"})
+				if resp.StatusCode != 200 && resp.StatusCode != 429 && resp.StatusCode != 503 {
+					t.Fatalf("request %d: %d", i, resp.StatusCode)
+				}
+			}
+			calls, _ := h.Metric("tokengate.lease_calls")
+			_, body := getURL(t, "http://"+rls.Admin+"/metrics", nil)
+			refused := !strings.Contains(body, `tokengate_rls_writes_refused_total{reason="no_credential"} 0`)
+			if withCred {
+				if !held() || refused {
+					t.Errorf("with the credential: a grant held %v, writes refused %v (lease calls %d)", held(), refused, calls)
+				}
+				return
+			}
+			if calls == 0 {
+				t.Fatal("no lease call made")
+			}
+			if held() || !refused {
+				t.Errorf("without the credential: a grant held %v, writes refused %v (lease calls %d)", held(), refused, calls)
+			}
+		})
+	}
+}
