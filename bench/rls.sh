@@ -96,8 +96,12 @@ else
 		  {"name":"fleet-lease","scope":"cluster","mode":"lease","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}],
 		 "settings":{"rls":{"cluster":"tokengate_rls"}}}
 	EOF
+	# Lease calls are writes: the lease round's proxy authenticates with a
+	# credential made for this run (docs/rls.md#trust-model).
+	RLS_CREDENTIAL=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+	printf '%s\n' "$RLS_CREDENTIAL" >"$OUT/rls-credential"
 	"${PIN_SVC[@]}" "$OUT/tokengate-rls" -config "$OUT/rls.json" -redis "127.0.0.1:$RLS_REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" \
-		-admin "127.0.0.1:$((RLS_PORT + 1))" >"$OUT/rls-tokengate.log" 2>&1 &
+		-admin "127.0.0.1:$((RLS_PORT + 1))" -credential-file "$OUT/rls-credential" >"$OUT/rls-tokengate.log" 2>&1 &
 	pids+=($!)
 	TG_PID=$!
 	mkdir -p "$OUT/ratelimit/ratelimit/config"
@@ -162,6 +166,7 @@ else
 		# non-2xx is a wrong rejection (the bound, (N-1) x lease_max, is 0).
 		# Its own rule name: the service has fleet-per-ip in exact mode.
 		sed -e 's/"scope": "cluster",/"scope": "cluster", "mode": "lease",/' -e 's/"name": "fleet-per-ip"/"name": "fleet-lease"/' \
+			-e "s/\"domain\": \"tokengate\",/\"domain\": \"tokengate\", \"credential\": \"$RLS_CREDENTIAL\",/" \
 			"$OUT/http-c.yaml" >"$OUT/http-m.yaml"
 		start_local_on() { # port flags...
 			"$OUT/tokengate-local" -wasm build/tokengate.wasm -listen "127.0.0.1:$1" -admin '' -log-level error "${@:2}" \

@@ -41,6 +41,12 @@ type RLSSettings struct {
 	// transient failure never sends them to a fallback that admits beyond
 	// the fleet's bucket (docs/lease.md#failures-path-by-path).
 	LeaseFallbackMs uint32
+	// Credential, when not empty, is sent with every call as
+	// "authorization: Bearer <credential>": tokengate-rls accepts
+	// settlements and lease calls only from callers that carry one of its
+	// -credential-file's (docs/rls.md#trust-model). 1 to 256 bytes here;
+	// the service accepts only 16 or more visible ASCII characters.
+	Credential string
 }
 
 // RLSProtocol is settings.rls.protocol.
@@ -77,7 +83,7 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 	if !v.IsObject() {
 		return nil, errAt(path, "must be an object, got "+typeName(v))
 	}
-	if err := onlyFields(path, v, "cluster", "authority", "domain", "timeout_ms", "on_error", "protocol", "lease_tick_ms", "lease_fallback_ms"); err != nil {
+	if err := onlyFields(path, v, "cluster", "authority", "domain", "timeout_ms", "on_error", "protocol", "lease_tick_ms", "lease_fallback_ms", "credential"); err != nil {
 		return nil, err
 	}
 	s := &RLSSettings{Domain: "tokengate", TimeoutMs: defaultRLSTimeoutMs, LeaseTickMs: defaultLeaseTickMs}
@@ -90,7 +96,11 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 			return nil
 		}
 		if f.Type != ljson.String || f.Str == "" || len(f.Str) > 256 {
-			return errAt(join(path, field), "must be a string of 1 to 256 bytes, got "+short(f.Raw))
+			got := short(f.Raw)
+			if field == "credential" {
+				got = "something else (a secret: not shown)"
+			}
+			return errAt(join(path, field), "must be a string of 1 to 256 bytes, got "+got)
 		}
 		*dst = f.Str
 		return nil
@@ -126,6 +136,9 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 			return nil, errAt(join(path, "lease_fallback_ms"), "must be an integer from 0 to "+strconv.Itoa(maxLeaseFallbackMs)+", got "+short(t.Raw))
 		}
 		s.LeaseFallbackMs = uint32(n)
+	}
+	if err := str("credential", &s.Credential, false); err != nil {
+		return nil, err
 	}
 	switch oe := v.Get("on_error"); {
 	case !oe.Exists(), oe.Type == ljson.String && oe.Str == "allow":

@@ -94,15 +94,27 @@ func redisTokens(t *testing.T, redis *redistest.Server, key string) string {
 // stream, none failed; the response was never held for it. It runs over
 // both protocols: gRPC on an HTTP/2 cluster, and JSON over HTTP/1.1 to the
 // service's /json, where the settlement's mark travels as an HTTP header.
+//
+// The "credential" variants run it against a service that accepts
+// settlements only from proxies (docs/rls.md#trust-model): the module sends
+// settings.rls.credential with each call, and every settlement applies.
 func TestClusterSettle(t *testing.T) {
-	t.Run("grpc", func(t *testing.T) { testClusterSettle(t, "grpc") })
-	t.Run("json", func(t *testing.T) { testClusterSettle(t, "json") })
+	t.Run("grpc", func(t *testing.T) { testClusterSettle(t, "grpc", false) })
+	t.Run("json", func(t *testing.T) { testClusterSettle(t, "json", false) })
+	t.Run("grpc-credential", func(t *testing.T) { testClusterSettle(t, "grpc", true) })
+	t.Run("json-credential", func(t *testing.T) { testClusterSettle(t, "json", true) })
 }
 
-func testClusterSettle(t *testing.T, protocol string) {
+func testClusterSettle(t *testing.T, protocol string, credential bool) {
 	redis := redistest.Start(t)
 	cfg := strings.Replace(clusterSettleConfig, `"cluster":"ratelimit"`, `"cluster":"ratelimit","protocol":"`+protocol+`"`, 1)
-	rls := startTokengateRLS(t, cfg, redis.Addr)
+	var rls *rlsProc
+	if credential {
+		cfg = strings.Replace(cfg, `"cluster":"ratelimit"`, `"cluster":"ratelimit","credential":"`+trustCredential+`"`, 1)
+		rls = startTokengateRLSAuth(t, cfg, redis.Addr, "-credential-file", credentialFile(t, "an-older-credential-being-rotated", trustCredential))
+	} else {
+		rls = startTokengateRLS(t, cfg, redis.Addr)
+	}
 	bootstrap := rlsBootstrap(rls.Addr)
 	if protocol == "json" {
 		bootstrap = rlsBootstrapHTTP1(rls.Admin)

@@ -78,6 +78,7 @@ func newFairFleet(t *testing.T, cfg string, n int, store *redisstore.Store) *fai
 		t.Fatal(err)
 	}
 	f.srv = rls.NewServer(rc, clockedStore{store, &f.now}, rls.NewMetrics(rc))
+	f.srv.SetWriteAuth(rls.WriteAuth{Open: true}) // the hosts are the proxies
 	for range n {
 		h := filtertest.New()
 		p := filter.NewPlugin(h)

@@ -208,8 +208,19 @@ const testRedisTimeout = "5s"
 // startTokengateRLS runs tokengate-rls with the plugin configuration cfg on
 // Redis at redisAddr (host:port), on free loopback ports, until the test
 // ends; it returns once /ready answers 200. Its -redis-timeout is
-// testRedisTimeout unless extra sets one (a later flag wins).
+// testRedisTimeout unless extra sets one (a later flag wins). Writes
+// (settlements, lease calls) are open to any caller
+// (-allow-unauthenticated-writes), as before the trust model: the tests
+// of who may write use startTokengateRLSAuth.
 func startTokengateRLS(t testing.TB, cfg, redisAddr string, extra ...string) *rlsProc {
+	t.Helper()
+	return startTokengateRLSAuth(t, cfg, redisAddr, append([]string{"-allow-unauthenticated-writes"}, extra...)...)
+}
+
+// startTokengateRLSAuth is startTokengateRLS with writes as the flags in
+// extra say: refused unless they authenticate proxies
+// (docs/rls.md#trust-model).
+func startTokengateRLSAuth(t testing.TB, cfg, redisAddr string, extra ...string) *rlsProc {
 	t.Helper()
 	bin := tokengateRLS(t)
 	path := filepath.Join(t.TempDir(), "rls.json")

@@ -115,6 +115,10 @@ func callRLSWith(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descri
 			{"content-type", "application/grpc"}, {"te", "trailers"},
 		}
 	}
+	if rls.Credential != "" {
+		// Settlements and lease calls need it (docs/rls.md#trust-model).
+		headers = append(headers, [2]string{"authorization", "Bearer " + rls.Credential})
+	}
 	return caller.HTTPCall(rls.Cluster, append(headers, extra...), body, timeoutMs)
 }
 

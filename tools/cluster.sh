@@ -33,6 +33,7 @@ WASM=${WASM:-build/tokengate.wasm}
 CONFIG=examples/cluster/cluster.json
 ENVOY=examples/cluster/envoy.yaml
 MODE=${MODE:-exact}
+rls_auth=()
 
 log() { printf 'make cluster: %s\n' "$*" >&2; }
 
@@ -59,6 +60,15 @@ lease)
 	ENVOY=$DIR/envoy-lease.yaml
 	grep -q '"mode": "lease"' "$CONFIG" && grep -q '"mode": "lease"' "$ENVOY" ||
 		{ log 'MODE=lease: could not put the rule in lease mode'; exit 1; }
+	# Lease calls are writes: the proxies authenticate with a credential
+	# made for this run (docs/rls.md#trust-model).
+	credential=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+	printf '%s\n' "$credential" >"$DIR/credential"
+	chmod 600 "$DIR/credential"
+	sed -i "s/\"domain\": \"tokengate\",/\"domain\": \"tokengate\", \"credential\": \"$credential\",/" "$CONFIG" "$ENVOY"
+	grep -q '"credential"' "$CONFIG" && grep -q '"credential"' "$ENVOY" ||
+		{ log 'MODE=lease: could not add the credential'; exit 1; }
+	rls_auth=(-credential-file "$DIR/credential")
 	;;
 *)
 	log "MODE must be exact or lease, got $MODE"
@@ -120,7 +130,7 @@ for i in $(seq 100); do
 done
 
 setsid "$RLS" -config "$CONFIG" -redis "127.0.0.1:$REDIS_PORT" -listen "127.0.0.1:$RLS_PORT" -admin "127.0.0.1:$RLS_ADMIN_PORT" \
-	>"$DIR/tokengate-rls.log" 2>&1 &
+	"${rls_auth[@]+"${rls_auth[@]}"}" >"$DIR/tokengate-rls.log" 2>&1 &
 pids+=($!)
 wait_http "http://127.0.0.1:$RLS_ADMIN_PORT/ready" tokengate-rls "$DIR/tokengate-rls.log" "${pids[-1]}"
 

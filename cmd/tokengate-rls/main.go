@@ -77,10 +77,15 @@ type options struct {
 	tlsCert     string
 	tlsKey      string
 	tlsClientCA string
-	watch       time.Duration
-	logLevel    string
-	logFormat   string
-	redisSec    redisSecurity
+	// The trust model (docs/rls.md#trust-model).
+	tlsClientOptional bool
+	tlsWriterURI      string
+	credentialFile    string
+	openWrites        bool
+	watch             time.Duration
+	logLevel          string
+	logFormat         string
+	redisSec          redisSecurity
 }
 
 // parseOptions reads the flags, then the environment for those the command
@@ -105,6 +110,11 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM `file` of the gRPC listener's certificate chain (with -tls-key: gRPC over TLS); re-read when it changes")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM `file` of the gRPC listener's private key")
 	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CAs client certificates must chain to: clients without one are refused")
+	fs.BoolVar(&o.tlsClientOptional, "tls-client-optional", false, "with -tls-client-ca: clients without a certificate may connect and get decisions, but not settle or lease")
+	fs.StringVar(&o.tlsWriterURI, "tls-writer-uri-prefix", "", "with -tls-client-ca: a client certificate authenticates a proxy's settlements and lease calls only when it has a URI SAN with this `prefix` (e.g. spiffe://cluster.local/ns/edge/)")
+	fs.StringVar(&o.credentialFile, "credential-file", "", "`file` of the proxies' credentials, one per line: a settlement or lease call must carry one (authorization: Bearer <credential>; the filter's settings.rls.credential)")
+	fs.BoolVar(&o.openWrites, "allow-unauthenticated-writes", false, "accept settlements and lease calls from any caller (unsafe: any client that reaches the port can refund, reset or charge any key); "+
+		"without it, and without -credential-file or -tls-client-ca, they are refused")
 	fs.DurationVar(&o.watch, "watch-interval", 2*time.Second, "how often the -config file and the TLS files are checked for changes (0: only SIGHUP reloads)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "least `level` logged: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text (logfmt) or json")
@@ -128,6 +138,12 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	}
 	if (o.tlsCert == "") != (o.tlsKey == "") || o.tlsClientCA != "" && o.tlsCert == "" {
 		return nil, errors.New("-tls-cert and -tls-key go together, and -tls-client-ca needs them")
+	}
+	if (o.tlsClientOptional || o.tlsWriterURI != "") && o.tlsClientCA == "" {
+		return nil, errors.New("-tls-client-optional and -tls-writer-uri-prefix need -tls-client-ca")
+	}
+	if o.openWrites && (o.credentialFile != "" || o.tlsClientCA != "") {
+		return nil, errors.New("-allow-unauthenticated-writes contradicts -credential-file and -tls-client-ca: choose one")
 	}
 	if o.configPath == "" {
 		return nil, errors.New("-config is required")
@@ -163,11 +179,30 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 		}
 		logger.Info("serving", "rules", len(sv.Config.Rules()), "grpc", sv.GRPC, "tls", s.TLS != nil,
 			"client_certs", o.tlsClientCA != "", "admin", adminAddr, "redis", o.redisAddrs, "cluster", o.cluster, "redis_timeout", o.timeout)
+		switch {
+		case s.Writes.Open:
+			logger.Warn("UNSAFE: -allow-unauthenticated-writes: any client that reaches the gRPC or admin port can refund, reset and charge any key " +
+				"and lease its tokens; give the proxies a credential (-credential-file) or client certificates (-tls-client-ca) instead (docs/rls.md#trust-model)")
+		case !s.Writes.Configured() && writes(sv.Config):
+			logger.Warn("settlements and lease calls are refused: no -credential-file or -tls-client-ca authenticates the proxies; " +
+				"rules that settle after the response or run in lease mode will fail (docs/rls.md#trust-model)")
+		}
 		if listening != nil {
 			listening <- [2]string{sv.GRPC, adminAddr}
 		}
 	}
 	return daemon.Run(ctx, s)
+}
+
+// writes reports whether c has rules whose proxies write: rules that
+// settle after the response or run in lease mode.
+func writes(c *rls.Config) bool {
+	for _, r := range c.Rules() {
+		if r.Cluster && (r.Settle != nil || r.Lease != nil) {
+			return true
+		}
+	}
+	return false
 }
 
 // settings are the service's, from the options: the JSON file's rules,
@@ -193,7 +228,17 @@ func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Se
 		s.RedisNode = o.redisAddrs
 	}
 	if o.tlsCert != "" {
-		s.TLS = &rls.TLSFiles{Cert: o.tlsCert, Key: o.tlsKey, ClientCA: o.tlsClientCA}
+		s.TLS = &rls.TLSFiles{Cert: o.tlsCert, Key: o.tlsKey, ClientCA: o.tlsClientCA, ClientOptional: o.tlsClientOptional}
+	}
+	s.Writes = rls.WriteAuth{Open: o.openWrites, Certs: o.tlsClientCA != "", URIPrefix: o.tlsWriterURI}
+	if o.credentialFile != "" {
+		creds, err := rls.ReadCredentialFile(o.credentialFile)
+		if err != nil {
+			return daemon.Settings{}, fmt.Errorf("-credential-file: %w", err)
+		}
+		for _, c := range creds {
+			s.Writes.AddCredential(c)
+		}
 	}
 	if o.admin != "" {
 		pprofOn := o.pprofOn

@@ -63,6 +63,9 @@ type Settings struct {
 	// error about them is prefixed with TLSNames.
 	TLS      *rls.TLSFiles
 	TLSNames string
+	// Writes say who may settle and lease (rls.WriteAuth,
+	// docs/rls.md#trust-model); the zero value refuses every write.
+	Writes rls.WriteAuth
 	// HealthNames are the service names the health service answers for
 	// besides "" and rls.RLSService.
 	HealthNames []string
@@ -164,6 +167,7 @@ func Run(ctx context.Context, s Settings) error {
 	}
 	defer store.Close()
 	srv := rls.NewServer(cfg, store, metrics)
+	srv.SetWriteAuth(s.Writes)
 	ready := rls.NewReadiness(store, time.Second, func(msg string) { s.Log.Warn(msg) })
 	defer ready.Stop()
 	HoldFor(ready, s.HoldWhileEmpty, cfg)

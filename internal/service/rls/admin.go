@@ -141,7 +141,10 @@ const maxJSONBody = 1 << 20
 //	          400 (invalid request); 503 (Redis failed), where
 //	          envoyproxy/ratelimit answers 400 for any failed decision.
 //	          The filter's settings.rls.protocol "json" reads 200 and 429
-//	          and takes any other status as an error, so both agree.
+//	          and takes any other status as an error, so both agree. A
+//	          write (a settlement, a lease call) needs the proxy's
+//	          credential in the authorization header, as over gRPC: 401
+//	          without one, 403 with a wrong one (docs/rls.md#trust-model).
 func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry(), promhttp.HandlerOpts{}))
@@ -175,16 +178,30 @@ func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
 			return
 		}
 		ctx := r.Context()
+		var md metadata.MD
 		if v := r.Header.Values(rlscontract.SettleHeader); len(v) > 0 {
 			// A settlement over JSON carries its mark as an HTTP header, as
 			// the gRPC call carries it as metadata (settle.go).
-			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(rlscontract.SettleHeader, v[0]))
+			md = metadata.Pairs(rlscontract.SettleHeader, v[0])
+		}
+		if v := r.Header.Values(CredentialHeader); len(v) > 0 {
+			// And the proxy's credential, which a write needs (trust.go):
+			// the admin listener has no client certificates.
+			md = metadata.Join(md, metadata.MD{CredentialHeader: v})
+		}
+		if md != nil {
+			ctx = metadata.NewIncomingContext(ctx, md)
 		}
 		resp, err := srv.ShouldRateLimit(ctx, &req)
 		if err != nil {
 			code := http.StatusServiceUnavailable
-			if status.Code(err) == codes.InvalidArgument {
+			switch status.Code(err) {
+			case codes.InvalidArgument:
 				code = http.StatusBadRequest
+			case codes.Unauthenticated:
+				code = http.StatusUnauthorized
+			case codes.PermissionDenied:
+				code = http.StatusForbidden
 			}
 			http.Error(w, status.Convert(err).Message()+"\n", code)
 			return

@@ -60,6 +60,9 @@ func (s *Server) shouldLease(ctx context.Context, req *rlsv3.RateLimitRequest) (
 	if !isLease || perr == nil && l.Exact() {
 		return nil, false, nil // an exact take: ShouldRateLimit's path
 	}
+	if err := s.authorizeWrite(ctx); err != nil {
+		return nil, true, err // a holder's grant or return: a write (trust.go)
+	}
 	if perr != nil {
 		s.metrics.request(reqInvalid)
 		return nil, true, status.Error(codes.InvalidArgument, perr.Error())

@@ -89,6 +89,7 @@ type Metrics struct {
 	inFlight     prometheus.Gauge
 
 	tlsErrors prometheus.Counter
+	trust     trustMetrics          // trust.go
 	reloads   [2]prometheus.Counter // ok, error
 
 	// detailed are the series of detailed_metric descriptors (a drop-in
@@ -138,6 +139,7 @@ func NewMetrics(cfg *Config) *Metrics {
 		Help: "Pipelined Redis round trips (one per request, plus one per refund).", Buckets: latencyBuckets})
 	f(m.unmatched)
 	f(m.refundErrors)
+	m.trust = newTrustMetrics(f)
 	f(m.redisErrors)
 	f(m.redisDuration)
 

@@ -31,6 +31,8 @@ type Server struct {
 	cfg     atomic.Pointer[Config]
 	store   Runner
 	metrics *Metrics
+	// auth says who may write (trust.go); nil refuses every write.
+	auth atomic.Pointer[WriteAuth]
 }
 
 // NewServer returns a server deciding cfg's rules in store, counting into

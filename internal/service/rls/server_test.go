@@ -65,6 +65,9 @@ func startServer(t testing.TB, cfgJSON string, store rls.Runner) env {
 	}
 	m := rls.NewMetrics(cfg)
 	srv := rls.NewServer(cfg, store, m)
+	// These tests are the proxies' calls: writes are open to them
+	// (trust_test.go tests who may write).
+	srv.SetWriteAuth(rls.WriteAuth{Open: true})
 	gs := rls.NewGRPCServer(srv, rls.DefaultStreamWorkers)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

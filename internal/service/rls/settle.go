@@ -80,6 +80,34 @@ func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, r
 	return op, r, nil
 }
 
+// maxChargeBursts bounds a settlement's charge, in bursts of its rule: a
+// response costing a hundred times what any admission may take is no
+// usage, but a fault or a forgery.
+const maxChargeBursts = 100
+
+// boundSettle bounds a settlement's amount by what one request of the
+// rule can have taken or owe (docs/rls.md#trust-model): a refund gives
+// back at most what its admission took, and an admission never takes more
+// than the burst; a charge is carried in full (issue 22: a report above
+// the burst is not forgiven; the tests report twenty bursts) up to
+// maxChargeBursts bursts, so that a corrupt amount (1e9) from a proxy
+// cannot put a key a billion tokens into debt. It reports whether it cut
+// the amount.
+func boundSettle(op *redisstore.SettleOp) bool {
+	bound := op.Burst
+	switch op.Kind {
+	case rlscontract.SettleReset:
+		return false
+	case rlscontract.SettleCharge:
+		bound = maxChargeBursts * op.Burst
+	}
+	if op.Amount > bound {
+		op.Amount = bound
+		return true
+	}
+	return false
+}
+
 // shouldSettle answers a settlement call (isSettleCall); ok is false for
 // any other call. Every descriptor must be a settlement of a rule that
 // settles (INVALID_ARGUMENT otherwise, and nothing is applied); a Redis
@@ -88,15 +116,40 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	if !isSettleCall(ctx, req) {
 		return nil, false, nil
 	}
+	if err := s.authorizeWrite(ctx); err != nil {
+		return nil, true, err // a write from a caller that is not a proxy (trust.go)
+	}
 	ds := req.GetDescriptors()
 	ops := make([]redisstore.SettleOp, len(ds))
 	rules := make([]*config.Rule, len(ds))
 	cfg := s.cfg.Load()
+	var seen map[string]struct{} // the buckets named, when too many to compare pairwise
+	if len(ds) > 8 {
+		seen = make(map[string]struct{}, len(ds))
+	}
 	for i, d := range ds {
 		op, r, err := cfg.settleRule(req.GetDomain(), d, req.GetHitsAddend())
 		if err != nil {
 			s.metrics.request(reqInvalid)
 			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: "+err.Error())
+		}
+		// The filter settles each bucket of a stream once: a bucket named
+		// twice would repeat a refund.
+		dup := false
+		if seen != nil {
+			_, dup = seen[op.Key]
+			seen[op.Key] = struct{}{}
+		} else {
+			for j := range i {
+				dup = dup || ops[j].Key == op.Key
+			}
+		}
+		if dup {
+			s.metrics.request(reqInvalid)
+			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: a settlement call names a bucket twice")
+		}
+		if boundSettle(&op) {
+			s.metrics.trust.clamped.Inc()
 		}
 		ops[i], rules[i] = op, r
 	}

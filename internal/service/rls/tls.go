@@ -22,6 +22,11 @@ type TLSFiles struct {
 	// ClientSAN, with ClientCA, is a name (DNS name, IP address) the
 	// client certificate must carry besides chaining to ClientCA.
 	ClientSAN string
+	// ClientOptional, with ClientCA, lets clients without a certificate
+	// connect (a certificate given is still verified): their plain
+	// decisions are answered, their writes need a credential
+	// (docs/rls.md#trust-model).
+	ClientOptional bool
 }
 
 // ServerTLS is the gRPC listener's TLS configuration, read from its files
@@ -74,8 +79,15 @@ func (t *ServerTLS) Reload() error {
 			return errors.New("tls: " + t.files.ClientCA + ": no PEM certificate")
 		}
 		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		optional := t.files.ClientOptional
+		if optional {
+			c.ClientAuth = tls.VerifyClientCertIfGiven
+		}
 		if san := t.files.ClientSAN; san != "" {
-			c.VerifyPeerCertificate = func(_ [][]byte, chains [][]*x509.Certificate) error {
+			c.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error {
+				if optional && len(raw) == 0 {
+					return nil // no certificate: a client that may not write
+				}
 				for _, ch := range chains {
 					if len(ch) > 0 && ch[0].VerifyHostname(san) == nil {
 						return nil
