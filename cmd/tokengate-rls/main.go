@@ -81,6 +81,7 @@ type options struct {
 	logLevel    string
 	logFormat   string
 	redisSec    redisSecurity
+	limits      limitFlags
 }
 
 // parseOptions reads the flags, then the environment for those the command
@@ -101,6 +102,7 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long the service keeps serving, not ready (/ready 503, gRPC health NOT_SERVING), before it stops accepting calls")
 	fs.UintVar(&o.workers, "stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
 	o.redisSec.flags(fs)
+	o.limits.flags(fs)
 	fs.BoolVar(&o.pprofOn, "pprof", false, "serve Go's profiles (net/http/pprof) on the admin listener under /debug/pprof/")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM `file` of the gRPC listener's certificate chain (with -tls-key: gRPC over TLS); re-read when it changes")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM `file` of the gRPC listener's private key")
@@ -128,6 +130,9 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	}
 	if (o.tlsCert == "") != (o.tlsKey == "") || o.tlsClientCA != "" && o.tlsCert == "" {
 		return nil, errors.New("-tls-cert and -tls-key go together, and -tls-client-ca needs them")
+	}
+	if err := o.limits.check(); err != nil {
+		return nil, err
 	}
 	if o.configPath == "" {
 		return nil, errors.New("-config is required")
@@ -184,6 +189,7 @@ func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Se
 		DetailedLimit: rls.DefaultDetailedDescriptors,
 		GRPC:          o.listen,
 		Workers:       uint32(o.workers),
+		Limits:        o.limits.Limits(),
 		Poll:          o.watch,
 		Hup:           hup,
 		DrainDelay:    o.drainDelay,

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 
 	"github.com/tokengate/tokengate/internal/service/daemon"
@@ -27,10 +28,15 @@ import (
 // LoadRuntime reads the runtime directory's YAML files into a
 // configuration. A directory that does not exist holds no domains.
 func LoadRuntime(dir string, ignoreDot bool, opt rls.DropinOptions) (*rls.Config, error) {
+	return LoadRuntimeLimits(dir, ignoreDot, opt, rlsyaml.Limits{})
+}
+
+// LoadRuntimeLimits is LoadRuntime within lim (rlsyaml.LoadDirLimits).
+func LoadRuntimeLimits(dir string, ignoreDot bool, opt rls.DropinOptions, lim rlsyaml.Limits) (*rls.Config, error) {
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return rls.NewDropinConfig(nil, opt)
 	}
-	domains, err := rlsyaml.LoadDir(dir, ignoreDot)
+	domains, err := rlsyaml.LoadDirLimits(dir, ignoreDot, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -49,6 +55,9 @@ type Runtime struct {
 	IgnoreDot bool
 	// Options are every domain's.
 	Options rls.DropinOptions
+	// Limits bound the directory's size and descriptors (fields <= 0:
+	// rlsyaml's defaults).
+	Limits rlsyaml.Limits
 	// ServeBadAtStart, when the directory does not load at start, logs
 	// the error and starts with no configuration (rls.Unloaded: every call
 	// answered with an error) instead of failing the start.
@@ -63,7 +72,8 @@ var _ daemon.Rules = (*Runtime)(nil)
 
 // First loads the directory.
 func (r *Runtime) First() (*rls.Config, error) {
-	c, err := LoadRuntime(r.Dir, r.IgnoreDot, r.Options)
+	c, err := LoadRuntimeLimits(r.Dir, r.IgnoreDot, r.Options, r.Limits)
+	debug.FreeOSMemory() // the parse's garbage (load)
 	if err != nil && r.ServeBadAtStart {
 		r.Log.Error("no rate limit configuration loaded: every call is answered with an error until the directory loads", "error", err)
 		return rls.Unloaded(), nil
@@ -94,13 +104,23 @@ func (r *Runtime) Reload(_ string, apply daemon.Apply) {
 }
 
 func (r *Runtime) load(apply daemon.Apply) {
-	c, err := LoadRuntime(r.Dir, r.IgnoreDot, r.Options)
+	c, err := LoadRuntimeLimits(r.Dir, r.IgnoreDot, r.Options, r.Limits)
 	apply(c, err)
+	domains := 0
+	if err == nil {
+		domains = len(c.Domains())
+	}
+	// The parse's garbage (the YAML tree, tens of times the files' size)
+	// and the configuration just replaced are unreachable now: collect
+	// them and give the memory back at once, so that a reload does not
+	// hold two configurations and a tree until the next GC cycle, which
+	// GOGC=400 puts far away (docs/dropin.md#limits).
+	debug.FreeOSMemory()
 	if err != nil {
 		r.Log.Warn(fmt.Sprintf("configuration not reloaded, the one in force is kept: %v", err))
 		return
 	}
-	r.Log.Warn(fmt.Sprintf("configuration reloaded: %d domains", len(c.Domains())))
+	r.Log.Warn(fmt.Sprintf("configuration reloaded: %d domains", domains))
 }
 
 func runtimeDigest(root, dir string) [32]byte {

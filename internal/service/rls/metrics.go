@@ -33,10 +33,11 @@ const (
 	reqOver
 	reqUnavailable
 	reqInvalid
+	reqExhausted // refused by admission control (limits.go)
 	numReqs
 )
 
-var reqNames = [numReqs]string{"ok", "over_limit", "unavailable", "invalid_argument"}
+var reqNames = [numReqs]string{"ok", "over_limit", "unavailable", "invalid_argument", "resource_exhausted"}
 
 // latencyBuckets are the upper bounds, in seconds, of the Redis round-trip
 // and call histograms.
