@@ -46,6 +46,12 @@ func main() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(defaultGCPercent)
 	}
+	if limit, ok, err := softMemoryLimit(os.LookupEnv); err != nil {
+		fmt.Fprintln(os.Stderr, "tokengate-rls:", err)
+		os.Exit(1)
+	} else if ok {
+		debug.SetMemoryLimit(limit)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	run := run

@@ -161,7 +161,7 @@ type Limits struct {
 // Default limits of LoadDirLimits.
 const (
 	DefaultMaxBytes       = 2 << 20
-	DefaultMaxDescriptors = 20000
+	DefaultMaxDescriptors = 10000
 )
 
 // WithDefaults returns l with every field <= 0 set to its default.
