@@ -49,9 +49,6 @@ func NewServer(cfg *Config, store Runner, m *Metrics) *Server {
 // before serving.
 func (s *Server) SetLimits(l Limits) { s.lim = l.WithDefaults() }
 
-// Limits returns the limits in force.
-func (s *Server) Limits() Limits { return s.lim }
-
 // SetConfig makes c the configuration of the calls that start from now
 // on; calls in flight finish with the one they started with. Buckets are
 // Redis keys named by rule and descriptor, so a rule that keeps its name
