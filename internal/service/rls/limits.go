@@ -89,7 +89,9 @@ func (l Limits) WithDefaults() Limits {
 
 // ServerOptions are the gRPC server options that enforce l: the codec
 // that stops decoding a request past l's counts, the largest message and
-// the streams per connection. NewGRPCServer's caller passes them.
+// the streams per connection. NewGRPCServer's caller passes them; as they
+// come after its own options, this codec replaces NewCodec's (grpc-go
+// applies options in order).
 func (l Limits) ServerOptions() []grpc.ServerOption {
 	l = l.WithDefaults()
 	return []grpc.ServerOption{

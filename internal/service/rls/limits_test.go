@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -214,5 +215,34 @@ func TestCodecLimitsDecodeBounded(t *testing.T) {
 				t.Errorf("within the limits: got %v, want %v", &got, req)
 			}
 		})
+	}
+}
+
+// TestLimitsStreamsPerConnection: with StreamsPerConn 1, a second call on
+// the connection of a call in flight waits for it (here: until its own
+// deadline) and never reaches the store, while a call on another
+// connection does.
+func TestLimitsStreamsPerConnection(t *testing.T) {
+	store := &countingRunner{gate: make(chan struct{}), entered: make(chan struct{}, 8)}
+	lim := rls.Limits{StreamsPerConn: 1}
+	client := startLimited(t, store, lim)
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: hotDescs(1)})
+		done <- err
+	}()
+	<-store.entered
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: hotDescs(1)})
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a second stream on the connection: got %v, want it to wait (DeadlineExceeded)", err)
+	}
+	if n := len(store.entered); n != 0 {
+		t.Fatalf("the second stream reached the store (%d)", n)
+	}
+	close(store.gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
