@@ -73,6 +73,10 @@ redis:
 		"server TLS": `
 tls: {enabled: true, secretName: rls-tls, clientCASecret: rls-clients}
 `,
+		"limits": `
+limits: {maxDescriptors: 16, maxEntries: 8, maxEntryBytes: 512, maxMessageBytes: 65536,
+  maxStreamsPerConnection: 100, maxInflightDescriptors: 1000, maxRLQSBuckets: 5000}
+`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, c := rlsContainer(t, mustRender(t, vals))

@@ -268,6 +268,8 @@ type dropinProcess struct {
 	grpc   string
 	config string      // the directory of its YAML files
 	out    *syncBuffer // its output
+	pid    int         // its process id
+	debug  string      // its DEBUG_HOST:DEBUG_PORT (/metrics, pprof)
 }
 
 // startDropinDir is startDropin, with the runtime directory (parityYAML
@@ -331,7 +333,7 @@ func startDropinLayout(t *testing.T, redisAddr string, layout func(config string
 		if resp, err := http.Get("http://" + httpAddr + "/healthcheck"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return dropinProcess{grpc: grpcAddr, config: config, out: out}
+				return dropinProcess{grpc: grpcAddr, config: config, out: out, pid: cmd.Process.Pid, debug: debugAddr}
 			}
 		}
 		select {

@@ -46,6 +46,12 @@ func main() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(defaultGCPercent)
 	}
+	if limit, ok, err := softMemoryLimit(os.LookupEnv); err != nil {
+		fmt.Fprintln(os.Stderr, "tokengate-rls:", err)
+		os.Exit(1)
+	} else if ok {
+		debug.SetMemoryLimit(limit)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	run := run
@@ -86,6 +92,7 @@ type options struct {
 	logLevel          string
 	logFormat         string
 	redisSec          redisSecurity
+	limits            limitFlags
 }
 
 // parseOptions reads the flags, then the environment for those the command
@@ -106,6 +113,7 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long the service keeps serving, not ready (/ready 503, gRPC health NOT_SERVING), before it stops accepting calls")
 	fs.UintVar(&o.workers, "stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
 	o.redisSec.flags(fs)
+	o.limits.flags(fs)
 	fs.BoolVar(&o.pprofOn, "pprof", false, "serve Go's profiles (net/http/pprof) on the admin listener under /debug/pprof/")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM `file` of the gRPC listener's certificate chain (with -tls-key: gRPC over TLS); re-read when it changes")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM `file` of the gRPC listener's private key")
@@ -144,6 +152,9 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	}
 	if o.openWrites && (o.credentialFile != "" || o.tlsClientCA != "") {
 		return nil, errors.New("-allow-unauthenticated-writes contradicts -credential-file and -tls-client-ca: choose one")
+	}
+	if err := o.limits.check(); err != nil {
+		return nil, err
 	}
 	if o.configPath == "" {
 		return nil, errors.New("-config is required")
@@ -219,6 +230,7 @@ func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Se
 		DetailedLimit: rls.DefaultDetailedDescriptors,
 		GRPC:          o.listen,
 		Workers:       uint32(o.workers),
+		Limits:        o.limits.Limits(),
 		Poll:          o.watch,
 		Hup:           hup,
 		DrainDelay:    o.drainDelay,

@@ -59,6 +59,9 @@ type Settings struct {
 	// Workers are the goroutines kept to run calls (0: a new goroutine
 	// per call).
 	Workers uint32
+	// Limits bound each caller's calls and the calls in flight (fields
+	// <= 0: rls.DefaultLimits; docs/rls.md#limits).
+	Limits rls.Limits
 	// TLS, when not nil, serves gRPC over TLS from these files; a start
 	// error about them is prefixed with TLSNames.
 	TLS      *rls.TLSFiles
@@ -168,11 +171,13 @@ func Run(ctx context.Context, s Settings) error {
 	defer store.Close()
 	srv := rls.NewServer(cfg, store, metrics)
 	srv.SetWriteAuth(s.Writes)
+	limits := s.Limits.WithDefaults()
+	srv.SetLimits(limits)
 	ready := rls.NewReadiness(store, time.Second, func(msg string) { s.Log.Warn(msg) })
 	defer ready.Stop()
 	HoldFor(ready, s.HoldWhileEmpty, cfg)
 
-	opts := []grpc.ServerOption{grpc.StatsHandler(metrics.StatsHandler())}
+	opts := append(limits.ServerOptions(), grpc.StatsHandler(metrics.StatsHandler()))
 	if serverTLS != nil {
 		opts = append(opts, grpc.Creds(serverTLS.Credentials(metrics)))
 	}
@@ -180,6 +185,7 @@ func Run(ctx context.Context, s Settings) error {
 	// RLQS beside RLS v3 (docs/rlqs.md); its streams expire their
 	// assignments when ctx is done.
 	quota := rlqs.Register(ctx, gs, cfg.Rules(), store, metrics.Registry())
+	quota.SetMaxBuckets(limits.RLQSBuckets)
 	health := rls.RegisterHealth(gs, ready, s.HealthNames...)
 
 	apply := func(c *rls.Config, err error) {

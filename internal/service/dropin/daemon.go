@@ -50,7 +50,7 @@ func (e *Settings) Daemon(logger *slog.Logger, hup <-chan os.Signal) (daemon.Set
 	var rules daemon.Rules
 	if e.configType == "FILE" {
 		rules = &Runtime{Root: e.runtimeRoot, Dir: filepath.Join(e.runtimeRoot, e.runtimeSub, e.runtimeApp),
-			IgnoreDot: e.ignoreDot, Options: opt, ServeBadAtStart: e.serveBadConfig, Log: logger}
+			IgnoreDot: e.ignoreDot, Options: opt, Limits: e.runtimeLimits, ServeBadAtStart: e.serveBadConfig, Log: logger}
 	} else {
 		xo, conn, err := e.xdsOptions(opt)
 		if err != nil {
@@ -69,6 +69,7 @@ func (e *Settings) Daemon(logger *slog.Logger, hup <-chan os.Signal) (daemon.Set
 		DetailedLimit:  e.detailedMax,
 		GRPC:           net.JoinHostPort(e.grpcHost, strconv.Itoa(e.grpcPort)),
 		Workers:        rls.DefaultStreamWorkers,
+		Limits:         e.limits,
 		HealthNames:    []string{"ratelimit"},
 		HoldWhileEmpty: e.healthyWithConfig,
 		// The runtime directory and the TLS files are checked every

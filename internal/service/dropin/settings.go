@@ -20,6 +20,7 @@ import (
 
 	"github.com/tokengate/tokengate/internal/service/daemon"
 	"github.com/tokengate/tokengate/internal/service/dropin/rlsxds"
+	"github.com/tokengate/tokengate/internal/service/dropin/rlsyaml"
 	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
@@ -62,7 +63,11 @@ type Settings struct {
 	// delay is 0 by default, as envoyproxy/ratelimit stops at once.
 	drain, drainDelay time.Duration
 	// serveBadConfig: TOKENGATE_BAD_CONFIG_AT_START=serve.
-	serveBadConfig      bool
+	serveBadConfig bool
+	// limits are TOKENGATE_RLS_MAX_*, runtimeLimits
+	// TOKENGATE_RUNTIME_MAX_* (limits.go).
+	limits              rls.Limits
+	runtimeLimits       rlsyaml.Limits
 	logLevel, logFormat string
 	notes               []string // settings read but not implemented, for the startup log
 }
@@ -236,6 +241,9 @@ func ParseSettings(get func(string) (string, bool)) (*Settings, error) {
 		return nil, err
 	}
 	if e.drainDelay, err = envDuration(get, "TOKENGATE_RLS_DRAIN_DELAY", 0, true); err != nil {
+		return nil, err
+	}
+	if err := e.readLimits(get); err != nil {
 		return nil, err
 	}
 	switch v := r.str("TOKENGATE_BAD_CONFIG_AT_START", "exit"); v {

@@ -55,6 +55,9 @@ type Options struct {
 	// Metrics, when set, count the streams, reports and actions (else
 	// they are counted in series registered nowhere).
 	Metrics *Metrics
+	// MaxBuckets is the most buckets one stream may report (limit.go;
+	// <= 0: DefaultMaxBuckets).
+	MaxBuckets int
 }
 
 // Server answers StreamRateLimitQuotas. It is safe for concurrent use.
@@ -197,6 +200,9 @@ func (s *Server) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_Strea
 				}
 				domain = m.GetDomain()
 			}
+			if err := overBuckets(m, buckets, s.maxBuckets()); err != nil {
+				return err
+			}
 			resp := s.report(ctx, holder, m, buckets)
 			if len(resp.BucketAction) > 0 {
 				if err := stream.Send(resp); err != nil {
@@ -244,7 +250,10 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 		ttl := float64(2*b.interval + 1)
 		count := u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()
 		if b.rule == nil {
-			// No rule: not limited, as RLS leaves an unmatched descriptor.
+			// No rule: not limited, as RLS leaves an unmatched descriptor,
+			// and not kept (limit.go).
+			s.unassign(b)
+			delete(buckets, name+"\x00"+comp)
 			resp.BucketAction = append(resp.BucketAction, blanket(id, typev3.RateLimitStrategy_ALLOW_ALL, int64(ttl)))
 			met.assignments[actAllowAll].Inc()
 			continue

@@ -29,10 +29,30 @@ import (
 // sends, unknown fields kept, merges of repeated message fields, and
 // proto3's UTF-8 check on strings. Any other message goes to the
 // standard codec.
-type Codec struct{ std encoding.CodecV2 }
+type Codec struct {
+	std encoding.CodecV2
+	lim decodeLimits
+}
 
-// NewCodec returns the codec; grpc.ForceServerCodecV2 installs it.
+// decodeLimits bound what the decoder builds of one request: at most
+// descriptors+1 descriptors and entries+1 entries of each (0: no bound).
+// The one past the limit is what tells ShouldRateLimit that the request
+// went past it (Limits.check); the rest is skipped, not allocated, so a
+// message of 100,000 descriptors costs what one of 65 does.
+type decodeLimits struct{ descriptors, entries int }
+
+// NewCodec returns the codec without limits; grpc.ForceServerCodecV2
+// installs it.
 func NewCodec() Codec { return Codec{std: encoding.GetCodecV2(protocodec.Name)} }
+
+// NewCodecLimits returns the codec decoding at most one descriptor past
+// l.Descriptors and one entry past l.Entries of each (Limits.ServerOptions
+// installs it): a request past them is not the one sent, and is refused.
+func NewCodecLimits(l Limits) Codec {
+	c := NewCodec()
+	c.lim = decodeLimits{descriptors: l.Descriptors, entries: l.Entries}
+	return c
+}
 
 // Name is the standard codec's: the content-subtype is unchanged.
 func (Codec) Name() string { return protocodec.Name }
@@ -64,9 +84,9 @@ func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		return c.std.Unmarshal(data, v)
 	}
 	if len(data) == 1 {
-		return UnmarshalRequest(data[0].ReadOnlyData(), r)
+		return unmarshalRequest(data[0].ReadOnlyData(), r, c.lim)
 	}
-	return UnmarshalRequest(data.Materialize(), r)
+	return unmarshalRequest(data.Materialize(), r, c.lim)
 }
 
 var errInvalidUTF8 = errors.New("string field contains invalid UTF-8")
@@ -112,6 +132,7 @@ func appendUnknown(unknown []byte, num protowire.Number, typ protowire.Type, raw
 type reqDecoder struct {
 	buf []byte
 	s   string
+	lim decodeLimits
 }
 
 // str is a proto3 string field's value, data being a part of d.buf: valid
@@ -132,10 +153,24 @@ func (d *reqDecoder) str(data []byte) (string, error) {
 
 // UnmarshalRequest decodes a RateLimitRequest as proto.Unmarshal does.
 func UnmarshalRequest(b []byte, r *rlsv3.RateLimitRequest) error {
-	d := reqDecoder{buf: b}
+	return unmarshalRequest(b, r, decodeLimits{})
+}
+
+// bounded is n capped at one past limit (0: no limit).
+func bounded(n, limit int) int {
+	if limit > 0 && n > limit+1 {
+		return limit + 1
+	}
+	return n
+}
+
+func unmarshalRequest(b []byte, r *rlsv3.RateLimitRequest, lim decodeLimits) error {
+	d := reqDecoder{buf: b, lim: lim}
 	r.Domain, r.Descriptors, r.HitsAddend = "", nil, 0
+	max := 0
 	if n := count(b, 2); n > 0 {
-		r.Descriptors = make([]*ratelimitv3.RateLimitDescriptor, 0, n)
+		max = bounded(n, lim.descriptors)
+		r.Descriptors = make([]*ratelimitv3.RateLimitDescriptor, 0, max)
 	}
 	var unknown []byte
 	for len(b) > 0 {
@@ -150,6 +185,9 @@ func UnmarshalRequest(b []byte, r *rlsv3.RateLimitRequest) error {
 				return err
 			}
 		case num == 2 && typ == protowire.BytesType:
+			if len(r.Descriptors) == max {
+				continue // past the limit: skipped
+			}
 			desc := new(ratelimitv3.RateLimitDescriptor)
 			if err := d.descriptor(data, desc); err != nil {
 				return err
@@ -201,10 +239,12 @@ func mergeUnknown(m proto.Message, unknown []byte) {
 }
 
 func (d *reqDecoder) descriptor(b []byte, desc *ratelimitv3.RateLimitDescriptor) error {
+	max := 0
 	if n := count(b, 1); n > 0 {
+		max = bounded(n, d.lim.entries)
 		// The entries in one allocation, and their pointers in another.
-		es := make([]ratelimitv3.RateLimitDescriptor_Entry, n)
-		desc.Entries = make([]*ratelimitv3.RateLimitDescriptor_Entry, 0, n)
+		es := make([]ratelimitv3.RateLimitDescriptor_Entry, max)
+		desc.Entries = make([]*ratelimitv3.RateLimitDescriptor_Entry, 0, max)
 		for i := range es {
 			desc.Entries = append(desc.Entries, &es[i])
 		}
@@ -219,6 +259,9 @@ func (d *reqDecoder) descriptor(b []byte, desc *ratelimitv3.RateLimitDescriptor)
 		b = rest
 		switch {
 		case num == 1 && typ == protowire.BytesType:
+			if len(desc.Entries) == max {
+				continue // past the limit: skipped
+			}
 			e := desc.Entries[:len(desc.Entries)+1][len(desc.Entries)]
 			if err := d.entry(data, e); err != nil {
 				return err

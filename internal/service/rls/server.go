@@ -33,15 +33,23 @@ type Server struct {
 	metrics *Metrics
 	// auth says who may write (trust.go); nil refuses every write.
 	auth atomic.Pointer[WriteAuth]
+	// lim bounds each call and admit the calls in flight (limits.go).
+	lim   Limits
+	admit admission
 }
 
 // NewServer returns a server deciding cfg's rules in store, counting into
 // m (which must have been made for cfg).
 func NewServer(cfg *Config, store Runner, m *Metrics) *Server {
-	s := &Server{store: store, metrics: m}
+	s := &Server{store: store, metrics: m, lim: DefaultLimits()}
 	s.cfg.Store(cfg)
 	return s
 }
+
+// SetLimits replaces the limits of each call and of the calls in flight
+// (DefaultLimits until then; fields <= 0 take their default). Call it
+// before serving.
+func (s *Server) SetLimits(l Limits) { s.lim = l.WithDefaults() }
 
 // SetConfig makes c the configuration of the calls that start from now
 // on; calls in flight finish with the one they started with. Buckets are
@@ -81,6 +89,19 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		s.metrics.request(reqInvalid)
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
+	// Bounded before any Redis work: a call past a limit fails alone,
+	// and the calls in flight together hold at most lim.InFlight
+	// descriptors (docs/rls.md#limits).
+	if err := s.lim.check(req); err != nil {
+		s.metrics.request(reqInvalid)
+		return nil, err
+	}
+	n := int64(len(req.Descriptors))
+	if !s.admit.acquire(n, int64(s.lim.InFlight)) {
+		s.metrics.request(reqExhausted)
+		return nil, errInFlight(s.lim.InFlight)
+	}
+	defer s.admit.release(n)
 	cfg := s.cfg.Load() // one configuration for the whole call
 	return cfg.kind.decide(ctx, s, req)
 }

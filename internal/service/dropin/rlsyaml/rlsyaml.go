@@ -138,7 +138,59 @@ var parserProblems = []string{"did not find expected ", "found duplicate %YAML d
 // key cannot start with "..") and are skipped, ignoreDot or not, so that
 // each file is read once, as the visible name.
 func LoadDir(dir string, ignoreDot bool) ([]*rls.Domain, error) {
+	return LoadDirLimits(dir, ignoreDot, Limits{})
+}
+
+// Limits bound what LoadDirLimits loads (docs/dropin.md#limits); a field
+// <= 0 takes its default.
+//
+// Why: parsing keeps the whole YAML tree (go.yaml.in/yaml's Node, with
+// lines for the error messages) until the file is built: about 35 bytes
+// of heap per byte of YAML, so a 7.3 MB file of 60,000 descriptors took
+// 370 MB, and a reload more, with the configuration in force still held
+// (issue 30). The directory's size is checked before any file is read.
+type Limits struct {
+	// Bytes is the most bytes the directory's files may hold together
+	// (TOKENGATE_RUNTIME_MAX_BYTES).
+	Bytes int64
+	// Descriptors is the most descriptors, at every depth, of all the
+	// domains together (TOKENGATE_RUNTIME_MAX_DESCRIPTORS).
+	Descriptors int
+}
+
+// Default limits of LoadDirLimits.
+const (
+	DefaultMaxBytes       = 2 << 20
+	DefaultMaxDescriptors = 10000
+)
+
+// WithDefaults returns l with every field <= 0 set to its default.
+func (l Limits) WithDefaults() Limits {
+	if l.Bytes <= 0 {
+		l.Bytes = DefaultMaxBytes
+	}
+	if l.Descriptors <= 0 {
+		l.Descriptors = DefaultMaxDescriptors
+	}
+	return l
+}
+
+// countDescriptors is the number of descriptors of ds at every depth.
+func countDescriptors(ds []*rls.Descriptor) int {
+	n := len(ds)
+	for _, d := range ds {
+		n += countDescriptors(d.Descriptors)
+	}
+	return n
+}
+
+// LoadDirLimits is LoadDir within lim: a directory whose files hold more
+// than lim.Bytes, or whose domains more than lim.Descriptors descriptors,
+// is refused with an error naming the limit.
+func LoadDirLimits(dir string, ignoreDot bool, lim Limits) ([]*rls.Domain, error) {
+	lim = lim.WithDefaults()
 	var files []string
+	var size int64
 	err := filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -157,6 +209,7 @@ func LoadDir(dir string, ignoreDot bool) ([]*rls.Domain, error) {
 		if e.Type().IsRegular() || e.Type()&fs.ModeSymlink != 0 {
 			if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() {
 				files = append(files, path)
+				size += st.Size()
 			}
 		}
 		return nil
@@ -164,9 +217,13 @@ func LoadDir(dir string, ignoreDot bool) ([]*rls.Domain, error) {
 	if err != nil {
 		return nil, err
 	}
+	if size > lim.Bytes {
+		return nil, fmt.Errorf("%s: %d bytes of files: over the limit of %d bytes (TOKENGATE_RUNTIME_MAX_BYTES)", dir, size, lim.Bytes)
+	}
 	sort.Strings(files)
 	var out []*rls.Domain
 	seen := map[string]string{}
+	descriptors := 0
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -180,6 +237,9 @@ func LoadDir(dir string, ignoreDot bool) ([]*rls.Domain, error) {
 			return nil, fmt.Errorf("%s:%d: domain: %q is also in %s", f, line, d.Name, prev)
 		}
 		seen[d.Name] = f + ":" + strconv.Itoa(line)
+		if descriptors += countDescriptors(d.Descriptors); descriptors > lim.Descriptors {
+			return nil, fmt.Errorf("%s: %d descriptors so far: over the limit of %d descriptors (TOKENGATE_RUNTIME_MAX_DESCRIPTORS)", f, descriptors, lim.Descriptors)
+		}
 		out = append(out, d)
 	}
 	return out, nil
