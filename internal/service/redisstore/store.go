@@ -168,6 +168,8 @@ type Store struct {
 	// lanes keep calls away from Redis nodes that do not answer
 	// (guard.go).
 	lanes lanes
+	// perms is the permission check's state (acl.go).
+	perms perms
 	stop  chan struct{}
 	done  chan struct{}
 	once  sync.Once
@@ -301,6 +303,9 @@ func (s *Store) runEach(ctx context.Context, n int, call func(i int) (*script, s
 			err = e
 			break
 		}
+	}
+	if err != nil || s.perms.unchecked.Load() {
+		s.noteAnswers(n, call, errs)
 	}
 	s.observe(time.Since(start), err)
 }
