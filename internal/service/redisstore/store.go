@@ -170,6 +170,8 @@ type Store struct {
 	lanes lanes
 	// perms is the permission check's state (acl.go).
 	perms perms
+	// connectErr is the last failure to make the client (connect).
+	connectErr atomic.Pointer[error]
 	stop  chan struct{}
 	done  chan struct{}
 	once  sync.Once

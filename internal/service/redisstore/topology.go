@@ -136,6 +136,9 @@ func (s *Store) refreshTopology() {
 func (s *Store) Ping(ctx context.Context) error {
 	cp := s.client.Load()
 	if cp == nil {
+		if e := s.connectErr.Load(); e != nil {
+			return fmt.Errorf("%w: %v", ErrNotConnected, *e)
+		}
 		return ErrNotConnected
 	}
 	c := *cp

@@ -56,15 +56,18 @@ func NewReadiness(p Pinger, interval time.Duration, logf func(msg string)) *Read
 		first := true
 		for {
 			err := p.Ping(context.Background())
+			changed := false // while not ready, the reason changed
 			if err != nil {
 				msg := "redis not answering PING: " + err.Error()
 				if errors.Is(err, redisstore.ErrPermission) {
 					msg = err.Error()
 				}
-				r.why.Store(&msg)
+				if old := r.why.Swap(&msg); old == nil || *old != msg {
+					changed = true
+				}
 			}
 			was := r.ready.Swap(err == nil)
-			if logf != nil && (was != (err == nil) || first && err != nil) {
+			if logf != nil && (was != (err == nil) || err != nil && (first || changed)) {
 				switch {
 				case err == nil:
 					logf("redis answers PING: ready")
