@@ -172,9 +172,9 @@ type Store struct {
 	perms perms
 	// connectErr is the last failure to make the client (connect).
 	connectErr atomic.Pointer[error]
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
+	stop       chan struct{}
+	done       chan struct{}
+	once       sync.Once
 }
 
 // NewStore returns a Store and starts connecting to Redis; Close stops it.
