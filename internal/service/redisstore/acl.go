@@ -199,8 +199,13 @@ func (s *Store) checkPerms(ctx context.Context, nodes map[string]rueidis.Client)
 	}
 	var missing []named
 	var errs []error
-	for addr, c := range nodes {
-		r, err := s.runCheck(ctx, c, argv)
+	addrs := make([]string, 0, len(nodes))
+	for a := range nodes {
+		addrs = append(addrs, a)
+	}
+	sort.Strings(addrs) // one message for one state: the log notes changes
+	for _, addr := range addrs {
+		r, err := s.runCheck(ctx, nodes[addr], argv)
 		if err != nil {
 			if isNoPerm(err) {
 				missing = append(missing, named{"for every script", "EVALSHA or EVAL"})

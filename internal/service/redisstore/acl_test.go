@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,5 +145,50 @@ func TestDocumentedACL(t *testing.T) {
 	srv.MustDo("ACL", "SETUSER", "tokengate", "+incrby")
 	if err := store.Ping(ctx); err != nil {
 		t.Errorf("+incrby given back: Ping: %v, want nil", err)
+	}
+}
+
+// TestDocumentedACLCluster: on a Redis Cluster the check runs on every
+// master, with the Cluster commands: the documented user (with them) is
+// ready, one without the RLQS keys on one master only is not, the error
+// naming them.
+func TestDocumentedACLCluster(t *testing.T) {
+	acl := documentedACL(t, "pw", true)
+	c := redistest.StartCluster(t, 3, append([]string{"--user"}, acl...)...)
+	store, err := redisstore.New(redisstore.Options{Addrs: c.Addrs(), Cluster: true, Timeout: time.Second, Username: "tokengate", Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx := context.Background()
+	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
+		t.Fatalf("documented ACL with the Cluster commands: Ping: %v, want nil", err)
+	}
+	share := []redisstore.ShareOp{{Key: redisstore.ShareKey("api", "acme"), Rate: 1, Burst: 5, Fill: 1, Pool: 1, BurstPool: 5, Holder: "e1", Demand: 1, TTL: 2, Grace: 1}}
+	if err := store.Share(ctx, share)[0].Err; err != nil {
+		t.Errorf("a share: %v", err)
+	}
+	c.Nodes[1].MustDo("ACL", "SETUSER", "tokengate", "resetkeys", "~tb:*", "~tl:*")
+	// Noticed at the next periodic check (10 s), or at once by a call
+	// refused: a share of a bucket on that master.
+	for i := 0; ; i++ {
+		if i == 1000 {
+			t.Fatal("no bucket on master 1 among 1000")
+		}
+		share[0].Key = redisstore.ShareKey("api", strconv.Itoa(i))
+		if c.NodeFor(share[0].Key) == 1 {
+			break
+		}
+	}
+	if err := store.Share(ctx, share)[0].Err; err == nil {
+		t.Fatal("a share on the master without ~tq:*: no error")
+	}
+	err = store.Ping(ctx)
+	if !errors.Is(err, redisstore.ErrPermission) || !strings.Contains(err.Error(), `"tq:{`) {
+		t.Errorf("one master without ~tq:*: Ping: %v, want ErrPermission naming the tq: key", err)
+	}
+	c.Nodes[1].MustDo("ACL", "SETUSER", "tokengate", "~tq:*")
+	if err := store.Ping(ctx); err != nil {
+		t.Errorf("~tq:* given back: Ping: %v, want nil", err)
 	}
 }
