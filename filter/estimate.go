@@ -32,11 +32,12 @@ import (
 // body in UTF-16 or UTF-32, one sent with a Content-Encoding other than
 // identity (gzip, br, deflate), nesting deeper than 512 levels, or at a
 // pointer a number longer than 40 bytes or a string that holds no number
-// (ljson.PointerScanner.Unreadable). A body that is not JSON otherwise,
-// lacks every pointer or states no valid number keeps pre_charge; so does
-// a body larger than MaxEstimateBody, which is let go as soon as the host
-// has buffered more than that, so the host never holds more of it for
-// this filter.
+// (ljson.PointerScanner.Unreadable), and a body larger than
+// MaxEstimateBody, which is let go unread as soon as the host has
+// buffered more than that, so the host never holds more of it for this
+// filter (padding a prompt past it evaded the estimate, issue 30). A body
+// that is not JSON otherwise, lacks every pointer or states no valid
+// number keeps pre_charge.
 //
 // The rules awaiting their estimate count the request (allowed, rejected,
 // shadow_rejected, fail_open, store_denied) once, when the body has been
@@ -48,7 +49,7 @@ import (
 // the filter refuses its body, and sees the stream reset then.
 
 // MaxEstimateBody is the largest request body the filter holds to read an
-// estimate from (512 KiB). Envoy's buffer limit
+// estimate from (512 KiB); a larger one reserves the rule's burst. Envoy's buffer limit
 // (per_connection_buffer_limit_bytes, 1 MiB by default) must exceed it by
 // at least one read, or Envoy answers 413 before the filter lets the body
 // go.
@@ -74,7 +75,7 @@ func (s *Stream) OnRequestBody(size int, endOfStream bool) (act Action) {
 	}
 	switch {
 	case size > MaxEstimateBody:
-		st.bodySize = 0 // not read: pre_charge stands (the ceiling if encoded)
+		st.bodySize, st.encoded = 0, true // not read: the ceiling, as for an unreadable body
 	case !endOfStream:
 		return Pause
 	}

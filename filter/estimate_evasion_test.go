@@ -66,7 +66,7 @@ func TestBodyEstimateCountsOnce(t *testing.T) {
 			[]string{`{"max_tokens":800}`}, counts{failOpen: 1}},
 		{"enforced: the body's take denied", strings.Replace(bodyRule, `"name":"llm",`, `"name":"llm","on_store_error":"deny",`, 1), "deny",
 			[]string{`{"max_tokens":800}`}, counts{storeDenied: 1}},
-		{"enforced: a body too large keeps pre_charge", bodyRule, "",
+		{"enforced: a body too large reserves the burst", bodyRule, "",
 			[]string{`{"m":"` + strings.Repeat("x", filter.MaxEstimateBody) + `"}`}, counts{allowed: 1}},
 		{"shadow: admitted, refused at the body, under pre_charge", shadowBodyRule, "",
 			[]string{`{"max_tokens":800}`, `{"max_tokens":800}`, `{"max_tokens":50}`}, counts{allowed: 2, shadowRejected: 1}},

@@ -55,6 +55,7 @@ type settings struct {
 	check                       string
 	listen, admin, upstream     string
 	workers                     int
+	bufferLimit                 int
 	kong, noFilter, stream      bool
 	showIdentities              bool
 	logLevel                    string
@@ -73,6 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.admin, "admin", "127.0.0.1:10001", "admin address (/stats, /shared_data, /ready); empty to disable")
 	fs.BoolVar(&s.showIdentities, "show-identities", false, "show API keys, subjects, addresses and the slot seed in /shared_data (redacted by default)")
 	fs.IntVar(&s.workers, "workers", 0, "worker VMs (default: number of CPUs, at least 2)")
+	fs.IntVar(&s.bufferLimit, "buffer-limit", 0, "bytes of a request body the host buffers for the filter, more answered 413, as Envoy's per_connection_buffer_limit_bytes (default 1048576, Envoy's)")
 	fs.StringVar(&s.upstream, "upstream", "", "forward allowed requests to this URL instead of the embedded echo upstream, or \"cluster\": to the route's cluster in -envoy")
 	fs.BoolVar(&s.stream, "stream", false, "pass upstream responses through as they arrive, one proxy_on_response_body per piece, as Envoy does (default: buffered)")
 	fs.BoolVar(&s.noFilter, "no-filter", false, "serve the upstream without the module (a baseline for benchmarks)")
@@ -156,6 +158,14 @@ func loadPlugin(s settings) (local, string, error) {
 			UseRemoteAddress: m.UseRemoteAddress, XFFNumTrustedHops: m.XFFNumTrustedHops, SkipXFFAppend: m.SkipXFFAppend,
 			MaxHeadersKB: m.MaxHeadersKB, MaxHeadersCount: m.MaxHeadersCount,
 		}
+		// Envoy's stream_idle_timeout: left out, its default; 0s, none.
+		if d := m.StreamIdleTimeout; d != nil {
+			lo.proxy.StreamIdleTimeout = *d
+			if *d == 0 {
+				lo.proxy.StreamIdleTimeout = -1
+			}
+		}
+		lo.proxy.RequestTimeout = m.RequestTimeout
 		j, err := envoyconf.JWTAuthnBefore(p)
 		if err != nil {
 			return lo, "", fmt.Errorf("%s: %w", s.envoy, err)
@@ -210,6 +220,10 @@ func hostOptions(s settings, level wasmhost.LogLevel, stderr io.Writer) (lo loca
 	}
 	opts.Workers, opts.Kong, opts.MinLogLevel = s.workers, s.kong, level
 	lo.proxy.StreamResponses = s.stream
+	if s.bufferLimit < 0 {
+		return lo, "", "", fmt.Errorf("-buffer-limit: want a number of bytes (0: Envoy's default), got %d", s.bufferLimit)
+	}
+	lo.proxy.BufferLimit = s.bufferLimit
 	opts.LogSink = func(l wasmhost.LogLevel, msg string) { fmt.Fprintf(stderr, "[%s] %s\n", l, msg) }
 	upstream = "embedded echo"
 	switch {

@@ -33,8 +33,13 @@ import (
 const runMainEnv = "TOKENGATE_RLS_TEST_RUN_MAIN"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(runMainEnv) == "1" {
-		os.Args = append([]string{"tokengate-rls"}, os.Args[1:]...)
+	// "ratelimit": main started under that name, the drop-in.
+	if v := os.Getenv(runMainEnv); v == "1" || v == "ratelimit" {
+		name := "tokengate-rls"
+		if v == "ratelimit" {
+			name = "/usr/bin/ratelimit"
+		}
+		os.Args = append([]string{name}, os.Args[1:]...)
 		main()
 		os.Exit(0)
 	}

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 const bootstrap = `
@@ -162,6 +163,11 @@ func TestConnectionManager(t *testing.T) {
 		{"common_http_protocol_options: { max_headers_count: 200 }", ""},
 		{"path_with_escaped_slashes_action: SOMETIMES", "unknown action SOMETIMES"},
 		{"normalize_path: yes please", "normalize_path: want true or false"},
+		{"stream_idle_timeout: 300s", ""},
+		{"stream_idle_timeout: 0s", ""},
+		{"stream_idle_timeout: 5m", `stream_idle_timeout: want a duration such as "300s", got 5m`},
+		{"request_timeout: -1s", `request_timeout: want a duration such as "300s"`},
+		{"request_timeout: 2.5s", ""},
 	} {
 		d := strings.Replace(bootstrap, "          stat_prefix: ingress\n", "          stat_prefix: ingress\n          "+tc.yaml+"\n", 1)
 		p, err := Find([]byte(d), "")
@@ -223,3 +229,35 @@ func TestClusters(t *testing.T) {
 		t.Errorf("got %+v, want %+v", cs, want)
 	}
 }
+
+// TestConnectionManagerTimeouts: stream_idle_timeout and request_timeout
+// are read (issue 30: the local host bounds idle and slow request bodies
+// as Envoy does); stream_idle_timeout left out is Envoy's default (nil),
+// "0s" disables it.
+func TestConnectionManagerTimeouts(t *testing.T) {
+	for _, tc := range []struct {
+		yaml    string
+		idle    *time.Duration
+		request time.Duration
+	}{
+		{"", nil, 0},
+		{"stream_idle_timeout: 30s", ptr(30 * time.Second), 0},
+		{"stream_idle_timeout: 0s", ptr(0), 0},
+		{"request_timeout: 0.5s", nil, 500 * time.Millisecond},
+	} {
+		d := strings.Replace(bootstrap, "          stat_prefix: ingress\n", "          stat_prefix: ingress\n          "+tc.yaml+"\n", 1)
+		p, err := Find([]byte(d), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := ConnectionManager(p.ManagerPath, p.Manager)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if (m.StreamIdleTimeout == nil) != (tc.idle == nil) || m.StreamIdleTimeout != nil && *m.StreamIdleTimeout != *tc.idle || m.RequestTimeout != tc.request {
+			t.Errorf("%q: got idle %v request %v, want %v %v", tc.yaml, m.StreamIdleTimeout, m.RequestTimeout, tc.idle, tc.request)
+		}
+	}
+}
+
+func ptr(d time.Duration) *time.Duration { return &d }

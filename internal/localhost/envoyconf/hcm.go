@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Manager holds the settings of an HTTP connection manager that change
@@ -18,6 +20,10 @@ type Manager struct {
 	SkipXFFAppend     bool   // skip_xff_append
 	MaxHeadersKB      int    // max_request_headers_kb; 60 by default
 	MaxHeadersCount   int    // common_http_protocol_options.max_headers_count; 100 by default
+	// StreamIdleTimeout is stream_idle_timeout: nil when the document
+	// leaves it out (Envoy's default, 5 minutes), 0 to disable it.
+	StreamIdleTimeout *time.Duration
+	RequestTimeout    time.Duration // request_timeout; 0 (none) by default
 }
 
 // unhonoured are connection manager settings that change the request a
@@ -84,6 +90,24 @@ func ConnectionManager(path string, obj map[string]any) (Manager, error) {
 		}
 		m.MaxHeadersCount = int(i)
 	}
+	duration := func(key string) (time.Duration, bool) {
+		v, ok := obj[key]
+		if !ok || err != nil {
+			return 0, false
+		}
+		d, perr := protoDuration(v)
+		if perr != nil {
+			err = fmt.Errorf("envoyconf: %s.%s: %w", path, key, perr)
+			return 0, false
+		}
+		return d, true
+	}
+	if d, ok := duration("stream_idle_timeout"); ok {
+		m.StreamIdleTimeout = &d
+	}
+	if d, ok := duration("request_timeout"); ok {
+		m.RequestTimeout = d
+	}
 	if v, ok := obj["path_with_escaped_slashes_action"]; ok && err == nil {
 		s, _ := v.(string)
 		switch s {
@@ -96,6 +120,19 @@ func ConnectionManager(path string, obj map[string]any) (Manager, error) {
 		}
 	}
 	return m, err
+}
+
+// protoDuration reads a google.protobuf.Duration in its JSON form, as
+// Envoy's YAML writes one: decimal seconds with the suffix "s" ("300s",
+// "0.25s"), not negative.
+func protoDuration(v any) (time.Duration, error) {
+	s, ok := v.(string)
+	num, cut := strings.CutSuffix(s, "s")
+	f, perr := strconv.ParseFloat(num, 64)
+	if !ok || !cut || perr != nil || f < 0 || f > 315576000000 || strings.ContainsAny(num, "eE+-") {
+		return 0, fmt.Errorf("want a duration such as \"300s\", got %v", v)
+	}
+	return time.Duration(f * float64(time.Second)), nil
 }
 
 // lookup follows a dotted name through nested objects.

@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,7 +60,29 @@ type Options struct {
 	// for proxy_continue_stream or a local reply before the proxy answers
 	// 504, like a stream timeout. Zero means 60 s.
 	PauseTimeout time.Duration
+
+	// BufferLimit bounds the request body the proxy buffers for the
+	// filter, in bytes: a body over it is answered 413, as Envoy answers
+	// a filter that buffers more than the connection's buffer limit
+	// (the listener's per_connection_buffer_limit_bytes). Zero means
+	// DefaultBufferLimit, Envoy's default.
+	BufferLimit int
+	// StreamIdleTimeout ends a request whose body sends nothing for that
+	// long with 408, as Envoy's stream_idle_timeout (the HTTP connection
+	// manager's; 5 minutes by default) does. Zero means
+	// DefaultStreamIdleTimeout; negative, none.
+	StreamIdleTimeout time.Duration
+	// RequestTimeout bounds the time to receive the whole request, 408
+	// after it, as Envoy's request_timeout; zero (Envoy's default): none.
+	RequestTimeout time.Duration
 }
+
+// Envoy's defaults for the bounds on a request being received
+// (Options.BufferLimit, Options.StreamIdleTimeout).
+const (
+	DefaultBufferLimit       = 1 << 20
+	DefaultStreamIdleTimeout = 5 * time.Minute
+)
 
 // Proxy serves HTTP through a Host's filter. It is safe for concurrent
 // use.
@@ -94,8 +117,10 @@ type request struct {
 	metadata map[string]map[string]any
 }
 
-// maxRequestBody bounds the request body the proxy buffers.
-const maxRequestBody = 16 << 20
+// maxRequestBody is the default bound on the request body the proxy
+// buffers (Options.BufferLimit). Before issue 30 it was 16 MiB, read with
+// no idle bound: 16 bodies that never ended held 354 MB.
+const maxRequestBody = DefaultBufferLimit
 
 // streamedStatus is what run returns when streamUpstream has answered.
 const streamedStatus = -1
@@ -344,7 +369,11 @@ func (p *Proxy) hold(st *wasmhost.Stream, r *http.Request) (status int, hs []was
 // restarted meanwhile.
 func (p *Proxy) readBody(st *wasmhost.Stream, rw http.ResponseWriter, r *http.Request) (reqBody []byte, status int, hs []wasmhost.Header, body []byte, done bool) {
 	st.Unlock()
-	b, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, maxRequestBody))
+	limit := p.opts.BufferLimit
+	if limit <= 0 {
+		limit = DefaultBufferLimit
+	}
+	b, err := p.readLimited(rw, r, limit)
 	if aerr := st.Lock(); aerr != nil {
 		return nil, http.StatusServiceUnavailable, nil, nil, true
 	}
@@ -357,7 +386,13 @@ func (p *Proxy) readBody(st *wasmhost.Stream, rw http.ResponseWriter, r *http.Re
 	switch {
 	case errors.As(err, &tooLarge):
 		st.SendLocalReply(wasmhost.LocalReply{Status: http.StatusRequestEntityTooLarge, Details: "request_payload_too_large", GRPCStatus: -1,
-			Body: []byte("tokengate-local: the request body is over " + strconv.Itoa(maxRequestBody) + " bytes\n")})
+			Body: []byte("tokengate-local: the request body is over " + strconv.Itoa(limit) + " bytes (the buffer limit)\n")})
+	case errors.Is(err, errStreamIdle):
+		st.SendLocalReply(wasmhost.LocalReply{Status: http.StatusRequestTimeout, Details: "stream_idle_timeout", GRPCStatus: -1,
+			Body: []byte("stream timeout")})
+	case errors.Is(err, errRequestTimeout):
+		st.SendLocalReply(wasmhost.LocalReply{Status: http.StatusRequestTimeout, Details: "request_overall_timeout", GRPCStatus: -1,
+			Body: []byte("request timeout")})
 	case err != nil:
 		// The client went away while sending: Envoy resets the stream, and
 		// the filter hears of it through proxy_on_done and proxy_on_delete.
@@ -369,6 +404,66 @@ func (p *Proxy) readBody(st *wasmhost.Stream, rw http.ResponseWriter, r *http.Re
 		return nil, 499, nil, nil, true
 	}
 	return b, 0, nil, nil, false
+}
+
+// The timeouts readLimited ends a body with.
+var (
+	errStreamIdle     = errors.New("stream idle timeout")
+	errRequestTimeout = errors.New("request timeout")
+)
+
+// readLimited reads r's body, at most limit bytes (a larger one is an
+// *http.MaxBytesError, as soon as it is known: at once from its
+// Content-Length), each read bounded by the stream idle timeout and all
+// of them by the request timeout (errStreamIdle, errRequestTimeout), as
+// Envoy bounds a stream that stops sending. The memory held is the body
+// read so far, never more than limit plus one read.
+func (p *Proxy) readLimited(rw http.ResponseWriter, r *http.Request, limit int) ([]byte, error) {
+	if r.ContentLength > int64(limit) {
+		return nil, &http.MaxBytesError{Limit: int64(limit)}
+	}
+	idle := p.opts.StreamIdleTimeout
+	if idle == 0 {
+		idle = DefaultStreamIdleTimeout
+	}
+	var whole time.Time // the request timeout's deadline
+	if p.opts.RequestTimeout > 0 {
+		whole = time.Now().Add(p.opts.RequestTimeout)
+	}
+	rc := http.NewResponseController(rw)
+	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	chunk := make([]byte, 32<<10)
+	for {
+		var dl time.Time
+		byIdle := idle > 0
+		if byIdle {
+			dl = time.Now().Add(idle)
+		}
+		if !whole.IsZero() && (dl.IsZero() || whole.Before(dl)) {
+			dl, byIdle = whole, false
+		}
+		_ = rc.SetReadDeadline(dl) // unsupported: no bound, as before
+		n, err := r.Body.Read(chunk)
+		if buf.Len()+n > limit {
+			return nil, &http.MaxBytesError{Limit: int64(limit)}
+		}
+		buf.Write(chunk[:n])
+		switch {
+		case err == io.EOF:
+			return buf.Bytes(), nil
+		case err != nil && errors.Is(err, os.ErrDeadlineExceeded):
+			if byIdle {
+				return nil, errStreamIdle
+			}
+			return nil, errRequestTimeout
+		case err != nil:
+			return nil, err
+		}
+	}
 }
 
 // newRequest converts an incoming request to an Envoy-style request header

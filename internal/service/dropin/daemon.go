@@ -36,7 +36,7 @@ func (e *Settings) SetDrain(drain, delay time.Duration) { e.drain, e.drainDelay 
 func (e *Settings) ServingAttrs(sv daemon.Serving) []any {
 	return []any{"domains", len(sv.Config.Domains()), "config_type", e.configType,
 		"algorithm", algorithmName(e.algorithm), "grpc", sv.GRPC, "tls", e.grpcTLS, "http", sv.HTTP[0],
-		"redis_type", e.redisType, "redis", e.redisURL, "redis_timeout", e.redisTimeout}
+		"redis_type", e.redisType, "redis", RedactURL(e.redisURL), "redis_timeout", e.redisTimeout}
 }
 
 // Daemon returns the service's settings, from the environment: the rules of the

@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -44,10 +45,15 @@ func LoadRuntimeLimits(dir string, ignoreDot bool, opt rls.DropinOptions, lim rl
 }
 
 // Runtime is the runtime directory as a source of rules. It is loaded
-// again when it changes, as envoyproxy/ratelimit's runtime watch does:
-// every Poll compares a digest of the files' names, sizes, times and the
-// root's symlink target (a Kubernetes ConfigMap volume swaps a symlink).
-// A bad directory later is logged and the configuration in force kept.
+// again when it changes, as envoyproxy/ratelimit's runtime watch does,
+// but only once the change is complete: every Poll takes a digest of the
+// files' names and contents and the root's symlink target (a Kubernetes
+// ConfigMap volume swaps a symlink), and a new digest is loaded when the
+// next Poll sees it again. A file caught half-written (an editor or
+// `cat > file` writing it in place) changes between two polls, so it is
+// neither installed (a half file may parse, less the limits of its second
+// half) nor logged as an error. A bad directory that stays is logged and
+// the configuration in force kept.
 type Runtime struct {
 	// Root is RUNTIME_ROOT, Dir the directory of YAML files under it.
 	Root, Dir string
@@ -65,7 +71,10 @@ type Runtime struct {
 	// Log receives the reloads and their failures.
 	Log *slog.Logger
 
-	last [32]byte // the digest at the last look
+	last [32]byte // the digest of the directory in force
+	// seen is the digest of the last Poll, when it differed from last:
+	// the next Poll loads it if it sees it again.
+	seen [32]byte
 }
 
 var _ daemon.Rules = (*Runtime)(nil)
@@ -83,22 +92,31 @@ func (r *Runtime) First() (*rls.Config, error) {
 // Follow notes the directory's digest: Poll compares against it.
 func (r *Runtime) Follow(context.Context, daemon.Apply) (bool, error) {
 	r.last = runtimeDigest(r.Root, r.Dir)
+	r.seen = r.last
 	return true, nil
 }
 
-// Poll loads the directory again when its digest changed.
+// Poll loads the directory again when its digest changed and the
+// previous Poll saw the same new digest: the change is complete.
 func (r *Runtime) Poll(apply daemon.Apply) {
 	d := runtimeDigest(r.Root, r.Dir)
 	if d == r.last {
+		r.seen = d
+		return
+	}
+	if d != r.seen {
+		r.seen = d // changed since the last look: perhaps being written
 		return
 	}
 	r.last = d
 	r.load(apply)
 }
 
-// Reload loads the directory again.
+// Reload loads the directory again, at once (SIGHUP: the operator says
+// it is complete).
 func (r *Runtime) Reload(_ string, apply daemon.Apply) {
 	r.last = runtimeDigest(r.Root, r.Dir)
+	r.seen = r.last
 	r.load(apply)
 }
 
@@ -136,24 +154,36 @@ func (r *Runtime) load(apply daemon.Apply) {
 	r.Log.Warn(fmt.Sprintf("configuration reloaded: %d domains", domains))
 }
 
+// runtimeDigest is the digest of the directory: the root's symlink
+// target, and each file's path, size, time and contents (so that an
+// in-place write of the same size within one tick of the file system's
+// clock is still a change).
 func runtimeDigest(root, dir string) [32]byte {
 	h := sha256.New()
 	if t, err := os.Readlink(root); err == nil {
 		fmt.Fprintf(h, "root->%s\n", t)
 	}
-	var lines []string
+	var paths []string
 	_ = filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if st, err := os.Stat(path); err == nil {
-			lines = append(lines, fmt.Sprintf("%s %d %d", path, st.Size(), st.ModTime().UnixNano()))
+		if err == nil {
+			paths = append(paths, path)
 		}
 		return nil
 	})
-	sort.Strings(lines)
-	for _, l := range lines {
-		fmt.Fprintln(h, l)
+	sort.Strings(paths)
+	for _, path := range paths {
+		st, err := os.Stat(path)
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(h, "%q %d %d\n", path, st.Size(), st.ModTime().UnixNano())
+		if !st.Mode().IsRegular() {
+			continue
+		}
+		if f, err := os.Open(path); err == nil {
+			_, _ = io.Copy(h, f)
+			_ = f.Close()
+		}
 	}
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))

@@ -156,6 +156,10 @@ var ignored = []struct{ name, def, off, what string }{
 	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", "", "no extra xDS headers"},
 }
 
+// secretSettings are the ignored settings whose values may hold a
+// credential (an authorization header): their notes never show them.
+var secretSettings = map[string]bool{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": true}
+
 // maxDetailedDescriptors bounds TOKENGATE_DETAILED_METRIC_MAX_DESCRIPTORS:
 // each descriptor is 8 series, so a million is already more than a
 // Prometheus server should scrape from one target.
@@ -264,6 +268,9 @@ func ParseSettings(get func(string) (string, bool)) (*Settings, error) {
 		if !ok || v == "" {
 			v, shown = s.def, s.def+" (its default)"
 		}
+		if secretSettings[s.name] && ok && v != "" {
+			shown = "(set, not shown)"
+		}
 		if !strings.EqualFold(v, s.off) {
 			e.notes = append(e.notes, s.name+"="+shown+": "+s.what)
 		}
@@ -307,7 +314,7 @@ func (e *Settings) storeOptions() (redisstore.Options, error) {
 	case "SENTINEL":
 		// envoyproxy/ratelimit's form: "master,sentinel1:port,sentinel2:port".
 		if len(urls) < 2 {
-			return o, fmt.Errorf("REDIS_URL=%q: REDIS_TYPE=sentinel wants the master's name, then the Sentinels' addresses", e.redisURL)
+			return o, fmt.Errorf("REDIS_URL=%q: REDIS_TYPE=sentinel wants the master's name, then the Sentinels' addresses", RedactURL(e.redisURL))
 		}
 		o.SentinelMaster, urls = urls[0], urls[1:]
 		o.SentinelUsername, o.SentinelPassword = splitAuth(e.redisSentinelAuth)
@@ -317,14 +324,24 @@ func (e *Settings) storeOptions() (redisstore.Options, error) {
 		// radix's URL form, which envoyproxy/ratelimit accepts too:
 		// redis://[user:password@]host:port[/0]; rediss:// is TLS.
 		if !strings.HasPrefix(u, "redis://") && !strings.HasPrefix(u, "rediss://") {
+			if strings.Contains(u, "@") {
+				// Not an address: perhaps credentials without the
+				// scheme, which would reach the connection errors.
+				return o, fmt.Errorf("REDIS_URL=%q: credentials need the form redis://user:password@host:port", RedactURL(u))
+			}
 			continue
 		}
 		pu, err := url.Parse(u)
 		if err != nil {
-			return o, fmt.Errorf("REDIS_URL: %w", err)
+			// url.Error quotes the whole URL, password included.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
+			return o, fmt.Errorf("REDIS_URL=%q: %v", RedactURL(u), err)
 		}
 		if db := strings.Trim(pu.Path, "/"); db != "" && db != "0" {
-			return o, fmt.Errorf("REDIS_URL=%q: database %s: tokengate-rls uses database 0 only", e.redisURL, db)
+			return o, fmt.Errorf("REDIS_URL=%q: database %s: tokengate-rls uses database 0 only", RedactURL(e.redisURL), db)
 		}
 		if pu.User != nil {
 			o.Username = pu.User.Username()
@@ -355,6 +372,31 @@ func (e *Settings) storeOptions() (redisstore.Options, error) {
 		o.TLS = cfg
 	}
 	return o, nil
+}
+
+// RedactURL is REDIS_URL as the logs and errors show it: each of its
+// comma-separated parts with the password of its user information
+// ("redis://user:password@host:port") replaced by "xxxxx", as
+// url.URL.Redacted does; a part that is not a URL but holds '@' is
+// shown as "xxxxx@" and what follows the last '@'.
+func RedactURL(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		at := strings.LastIndex(p, "@")
+		if at < 0 {
+			continue
+		}
+		if u, err := url.Parse(p); err == nil && u.User != nil && u.Host != "" {
+			parts[i] = u.Redacted()
+			continue
+		}
+		scheme := ""
+		if j := strings.Index(p, "://"); j >= 0 && j < at {
+			scheme = p[:j+3]
+		}
+		parts[i] = scheme + "xxxxx@" + p[at+1:]
+	}
+	return strings.Join(parts, ",")
 }
 
 // splitAuth splits REDIS_AUTH: "password" or "user:password".

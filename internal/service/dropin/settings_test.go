@@ -163,3 +163,22 @@ func TestRatelimitEnvTableRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestRedactURL: REDIS_URL as logs and errors show it, the password
+// replaced, whatever the form.
+func TestRedactURL(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"redis:6379", "redis:6379"},
+		{"redis://redis:6379", "redis://redis:6379"},
+		{"redis://user:pw@redis:6379/0", "redis://user:xxxxx@redis:6379/0"},
+		{"rediss://:pw@redis:6379", "rediss://:xxxxx@redis:6379"},
+		{"redis://user@redis:6379", "redis://user@redis:6379"},
+		{"master,redis://u:pw@s1:26379,s2:26379", "master,redis://u:xxxxx@s1:26379,s2:26379"},
+		{"redis://u:pw@host:port", "redis://xxxxx@host:port"},
+		{"u:p@w@host:1", "xxxxx@host:1"},
+	} {
+		if got := RedactURL(tc.in); got != tc.want {
+			t.Errorf("RedactURL(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -72,6 +72,11 @@ func (s *Store) connect() {
 	defer close(s.done)
 	for {
 		c, err := rueidis.NewClient(s.clientOption())
+		if err != nil {
+			// For Ping (the readiness log): why there is no client yet.
+			// rueidis's errors name the address, never the credentials.
+			s.connectErr.Store(&err)
+		}
 		if err == nil {
 			s.client.Store(&c)
 			if !s.opt.Cluster {

@@ -104,6 +104,11 @@ func (s *Store) Lease(ctx context.Context, op LeaseOp) (LeaseResult, error) {
 	if err == nil {
 		res, err = leaseResult(r)
 	}
+	if err != nil {
+		s.notePerm(leaseScript, op.Key, err)
+	} else if s.perms.unchecked.Load() {
+		s.noteSuccess(leaseScript)
+	}
 	if s.opt.Observe != nil {
 		s.opt.Observe(time.Since(start), err)
 	}

@@ -168,9 +168,13 @@ type Store struct {
 	// lanes keep calls away from Redis nodes that do not answer
 	// (guard.go).
 	lanes lanes
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
+	// perms is the permission check's state (acl.go).
+	perms perms
+	// connectErr is the last failure to make the client (connect).
+	connectErr atomic.Pointer[error]
+	stop       chan struct{}
+	done       chan struct{}
+	once       sync.Once
 }
 
 // NewStore returns a Store and starts connecting to Redis; Close stops it.
@@ -301,6 +305,9 @@ func (s *Store) runEach(ctx context.Context, n int, call func(i int) (*script, s
 			err = e
 			break
 		}
+	}
+	if err != nil || s.perms.unchecked.Load() {
+		s.noteAnswers(n, call, errs)
 	}
 	s.observe(time.Since(start), err)
 }

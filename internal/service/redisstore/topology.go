@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/redis/rueidis"
@@ -129,17 +130,25 @@ func (s *Store) refreshTopology() {
 // (Sentinel), or every slot of the cluster has a master and each master
 // answers PING (Cluster). Replicas are not asked: the store never uses
 // them. Each PING is bounded by the connection timeout (pingGap), longer
-// than a call's, so that a busy host does not flap readiness.
+// than a call's, so that a busy host does not flap readiness. Then the
+// user's permissions are checked on each of those nodes (acl.go): an
+// error wrapping ErrPermission names what it may not run.
 func (s *Store) Ping(ctx context.Context) error {
 	cp := s.client.Load()
 	if cp == nil {
+		if e := s.connectErr.Load(); e != nil {
+			return fmt.Errorf("%w: %v", ErrNotConnected, *e)
+		}
 		return ErrNotConnected
 	}
 	c := *cp
 	if !s.opt.Cluster {
-		ctx, cancel := context.WithTimeout(ctx, s.connTimeout())
+		pctx, cancel := context.WithTimeout(ctx, s.connTimeout())
 		defer cancel()
-		return c.Do(ctx, c.B().Ping().Build()).Error()
+		if err := c.Do(pctx, c.B().Ping().Build()).Error(); err != nil {
+			return err
+		}
+		return s.checkPerms(ctx, map[string]rueidis.Client{strings.Join(s.opt.Addrs, ","): c})
 	}
 	t, err := s.readTopology(ctx, c)
 	if err != nil {
@@ -169,5 +178,12 @@ func (s *Store) Ping(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	check := make(map[string]rueidis.Client, len(masters))
+	for _, a := range masters {
+		check[a] = nodes[a]
+	}
+	return s.checkPerms(ctx, check)
 }

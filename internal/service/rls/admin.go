@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
@@ -28,7 +30,9 @@ type Pinger interface {
 // answered, until Drain, after which it never is. /ready and the gRPC
 // health service (Watch) follow it; liveness (/live) does not.
 type Readiness struct {
-	ready    atomic.Bool // the last PING was answered
+	ready atomic.Bool // the last PING was answered
+	// why is the last Ping's error, when it failed.
+	why      atomic.Pointer[string]
 	draining atomic.Bool
 	held     atomic.Bool // Hold: something besides Redis is missing
 	stop     chan struct{}
@@ -52,11 +56,24 @@ func NewReadiness(p Pinger, interval time.Duration, logf func(msg string)) *Read
 		first := true
 		for {
 			err := p.Ping(context.Background())
+			changed := false // while not ready, the reason changed
+			if err != nil {
+				msg := "redis not answering PING: " + err.Error()
+				if errors.Is(err, redisstore.ErrPermission) {
+					msg = err.Error()
+				}
+				if old := r.why.Swap(&msg); old == nil || *old != msg {
+					changed = true
+				}
+			}
 			was := r.ready.Swap(err == nil)
-			if logf != nil && (was != (err == nil) || first && err != nil) {
-				if err == nil {
+			if logf != nil && (was != (err == nil) || err != nil && (first || changed)) {
+				switch {
+				case err == nil:
 					logf("redis answers PING: ready")
-				} else {
+				case errors.Is(err, redisstore.ErrPermission):
+					logf("not ready: " + err.Error())
+				default:
 					logf("redis does not answer PING: not ready: " + err.Error())
 				}
 			}
@@ -75,6 +92,19 @@ func NewReadiness(p Pinger, interval time.Duration, logf func(msg string)) *Read
 // Ready reports whether the service can decide: Redis answered the last
 // PING, Drain was not called and nothing holds it (Hold).
 func (r *Readiness) Ready() bool { return r.told.Load() }
+
+// Why says why the service is not ready: held (Hold), or why Redis made
+// it not ready the last time it did: PING not answered, or the
+// permission the user lacks.
+func (r *Readiness) Why() string {
+	if r.ready.Load() && r.held.Load() {
+		return "held: no configuration yet"
+	}
+	if p := r.why.Load(); p != nil {
+		return *p
+	}
+	return "redis not answering PING"
+}
 
 // Hold makes the service not ready while held is true, whatever Redis
 // does, for a condition of the caller's (the drop-in's
@@ -133,8 +163,9 @@ const maxJSONBody = 1 << 20
 //	          OpenMetrics as the scraper asks (promhttp)
 //	/live     200 while the process serves: never depends on Redis
 //	/ready    200 when the service can decide (Readiness.Ready): Redis
-//	          answered the last PING and shutdown has not begun; 503
-//	          before and otherwise
+//	          answered the last PING, its user may run what the service
+//	          runs, and shutdown has not begun; 503 before and otherwise,
+//	          with the reason (Readiness.Why)
 //	/json     POST a RateLimitRequest in protobuf's JSON form, get the
 //	          RateLimitResponse: 200 (OK) and 429 (OVER_LIMIT) with the
 //	          response, as envoyproxy/ratelimit's /json (server_impl.go);
@@ -156,7 +187,7 @@ func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
 		case ready.Draining():
 			http.Error(w, "shutting down\n", http.StatusServiceUnavailable)
 		case !ready.Ready():
-			http.Error(w, "redis not answering PING\n", http.StatusServiceUnavailable)
+			http.Error(w, ready.Why()+"\n", http.StatusServiceUnavailable)
 		default:
 			_, _ = io.WriteString(w, "ready\n")
 		}
