@@ -1,20 +1,27 @@
 package filter
 
+import "github.com/tokengate/tokengate/ratelimitheader"
+
 // The request path: proxy_on_request_headers runs the stages below, in
 // order, over one reqState.
 
-// reqState is one request's way through the stages of OnRequestHeaders:
-// what collect found and what each stage hands to the next, each in a named
-// field. Every stage is passed the state and reads and writes only it (and
-// the stream); nothing passes between stages any other way. Its storage is
-// the plugin's (Plugin.st), reset by begin and reused for the next request,
-// so that a request allocates none; only the buffers' capacity outlives the
-// request.
+// reqState is one request's state, owned by its stream (Stream.st): what
+// collect found and what each stage of OnRequestHeaders hands to the next,
+// each in a named field, and what the request needs after that callback:
+// its continuation while it is paused (cont), the RateLimit headers of its
+// response (quotas, rlsHeaders), what it settles when it ends (settle).
+// Every stage is passed the state and reads and writes only it (and the
+// plugin's shared tables); nothing passes between stages any other way, and
+// a continuation (a rate-limit call's answer, a hold's release) finds the
+// request's buckets here, not in a copy. The stream and its state are
+// reused from one request to the next (Plugin.NewStream, Stream.Release):
+// only the buffers' capacity outlives a request, so that a request
+// allocates none.
 //
 // Lifetime: bytes and strings the host returns are valid until the callback
 // returns (Host). The keys of the request's buckets are views of keyBuf
-// (ViewString), which stays untouched until the next request; the host
-// copies what it keeps, as Envoy does.
+// (ViewString), which stays untouched until the stream's next request; the
+// host copies what it keeps, as Envoy does.
 type reqState struct {
 	// req is the request's descriptors, read from the host on demand.
 	req request
@@ -38,7 +45,7 @@ type reqState struct {
 	// hold: output of the local stage, input of the hold stage. The
 	// prepared hold of a request the local buckets admitted into their
 	// reservation; nil for none. The lease and cluster stages, which may
-	// answer after this callback, hand it to the stream (Stream.cont)
+	// answer after this callback, hand it to the continuation (cont)
 	// while they ask: whoever answers then starts or drops it.
 	hold *waiter
 	// debits: output of the lease stage. The allowances it debited, given
@@ -60,6 +67,36 @@ type reqState struct {
 	// "on_missing_key": "deny" whose limit key the request lacks; nil if
 	// none. Such a request is answered before any stage charges a bucket.
 	denied *rule
+
+	// What the request needs after the stages, until its stream ends.
+	//
+	// hasBody: proxy_on_request_headers said a body follows.
+	hasBody bool
+	// cont is what the request needs to go on once paused (continuation).
+	// ended is set once the stream has ended (Stream.end): nothing resumes
+	// it after that.
+	cont  continuation
+	ended bool
+	// quotas describe, for the response headers, the bucket of every
+	// enforced rule that admitted the request; best indexes the one with
+	// the fewest tokens left, which the legacy headers describe.
+	quotas []ratelimitheader.Quota
+	best   int
+	// rlsHeaders are the service's response_headers_to_add for an
+	// admitted request.
+	rlsHeaders [][2]string
+	// settle is what the stream settles and releases when it ends
+	// (settle.go); nil for a request that needs nothing of the kind.
+	settle *settleState
+}
+
+// clear empties the state of a released stream for its next request,
+// keeping its buffers' capacity (begin empties the stages' own).
+func (st *reqState) clear() {
+	*st = reqState{
+		shadow: st.shadow, inflight: st.inflight, enforce: st.enforce, lease: st.lease, cluster: st.cluster, exact: st.exact,
+		debits: st.debits[:0], keyBuf: st.keyBuf[:0], vals: st.vals[:0], quotas: st.quotas[:0],
+	}
 }
 
 // begin starts a request's decision.
@@ -135,8 +172,8 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	if cfg == nil {
 		return Continue
 	}
-	s.hasBody = !endOfStream
-	st := &p.st
+	st := &s.st
+	st.hasBody = !endOfStream
 	st.begin(p.newRequest())
 	applies := p.collect(st)
 	if st.denied != nil {
@@ -158,7 +195,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 // answering the request; those that took their cost settle as enforced
 // ones would.
 func (s *Stream) shadowStage(st *reqState) Action {
-	if len(st.shadow.reqs) > 0 && s.p.observe(&st.shadow, st.now, s.hasBody) {
+	if len(st.shadow.reqs) > 0 && s.p.observe(&st.shadow, st.now, s.st.hasBody) {
 		s.trackShadow(&st.shadow)
 	}
 	return Continue
@@ -188,7 +225,7 @@ func (s *Stream) leaseStage(st *reqState) Action {
 	if len(st.lease.reqs) == 0 {
 		return Continue
 	}
-	s.cont.await(st.hold) // the request may wait for a lease
+	st.cont.await(st.hold) // the request may wait for a lease
 	return s.leaseAdmit(st)
 }
 
@@ -199,7 +236,7 @@ func (s *Stream) clusterStage(st *reqState) Action {
 		return Continue
 	}
 	st.cluster.extend(&st.exact)
-	s.cont.await(st.hold) // proceed starts it when the service admits the request
+	st.cont.await(st.hold) // proceed starts it when the service admits the request
 	return s.askCluster(st)
 }
 
@@ -209,6 +246,6 @@ func (s *Stream) holdStage(st *reqState) Action {
 	if st.hold == nil {
 		return Continue
 	}
-	s.cont.await(nil) // back from the lease stage: no one else will start it
+	st.cont.await(nil) // back from the lease stage: no one else will start it
 	return s.holdNow(st)
 }
