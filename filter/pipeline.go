@@ -91,12 +91,27 @@ type reqState struct {
 }
 
 // clear empties the state of a released stream for its next request,
-// keeping its buffers' capacity (begin empties the stages' own).
+// keeping its buffers' capacity. It resets what begin does not, field by
+// field: the state is large, and rebuilding it whole costs a request more
+// than the rest of its bookkeeping.
 func (st *reqState) clear() {
-	*st = reqState{
-		shadow: st.shadow, inflight: st.inflight, enforce: st.enforce, lease: st.lease, cluster: st.cluster, exact: st.exact,
-		debits: st.debits[:0], keyBuf: st.keyBuf[:0], vals: st.vals[:0], quotas: st.quotas[:0],
-	}
+	st.hasBody, st.ended, st.best = false, false, 0
+	st.cont = continuation{}
+	st.quotas, st.rlsHeaders, st.settle = st.quotas[:0], nil, nil
+	st.hold, st.denied = nil, nil
+}
+
+// Idle reports whether the stream's later callbacks have nothing to do but
+// add the response headers: its request went on (it is neither paused nor
+// ended), it settles nothing after the response and holds no place in
+// flight, and the rate-limit service added no response headers. A host
+// whose response headers can be set without calling the filter again (the
+// dynamic module) may then run OnResponseHeaders at once, keep the headers
+// it sets for the response, and end and release the stream (OnDone,
+// Release): later callbacks would have done nothing.
+func (s *Stream) Idle() bool {
+	st := &s.st
+	return st.settle == nil && st.cont == (continuation{}) && !st.ended && len(st.rlsHeaders) == 0
 }
 
 // begin starts a request's decision.

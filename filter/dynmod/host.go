@@ -55,6 +55,24 @@ func (h *whost) flushHeaders() {
 	h.pendBuf, h.pendOps, h.pendF = h.pendBuf[:0], h.pendOps[:0], 0
 }
 
+// toMailbox moves the response headers queued for stream f into box, and
+// reports false, moving nothing, if they do not fit.
+func (h *whost) toMailbox(f uintptr, box *Mailbox) bool {
+	if len(h.pendOps) == 0 {
+		return true
+	}
+	n := len(h.pendOps) / 3
+	if h.pendF != f || int(box.NHeaders)+n > MailboxHeaders || int(box.BufLen)+len(h.pendBuf) > MailboxBytes {
+		return false
+	}
+	copy(box.Ops[3*box.NHeaders:], h.pendOps)
+	copy(box.Buf[box.BufLen:], h.pendBuf)
+	box.NHeaders += uint32(n)
+	box.BufLen += uint32(len(h.pendBuf))
+	h.pendBuf, h.pendOps, h.pendF = h.pendBuf[:0], h.pendOps[:0], 0
+	return true
+}
+
 // dropHeaders forgets the headers queued for stream f (it is destroyed).
 func (h *whost) dropHeaders(f uintptr) {
 	if h.pendF == f {
@@ -101,9 +119,16 @@ func (h *whost) IncrementCounter(id uint32, delta int64) {
 		w.owing = true
 		return
 	}
-	if eid, ok := w.c.envoyCounter(id); ok {
-		env.IncrementCounter(w.cur, eid, uint64(delta))
+	eid, ok := w.c.envoyCounter(id)
+	if !ok {
+		return
 	}
+	if b := w.box; b != nil && b.NCounts < MailboxCounts {
+		b.Counts[2*b.NCounts], b.Counts[2*b.NCounts+1] = eid, uint64(delta)
+		b.NCounts++
+		return
+	}
+	env.IncrementCounter(w.cur, eid, uint64(delta))
 }
 
 // RequestHeader implements filter.Host.
@@ -144,10 +169,14 @@ func (h *whost) Property(path ...string) ([]byte, bool) {
 
 // PropertyString is Property as a string view.
 func (h *whost) PropertyString(path ...string) (string, bool) {
-	if h.w.cur == 0 || len(path) != 2 || path[0] != "source" || path[1] != "address" {
+	w := h.w
+	if w.cur == 0 || len(path) != 2 || path[0] != "source" || path[1] != "address" {
 		return "", false
 	}
-	return env.SourceAddress(h.w.cur)
+	if w.srcSet {
+		return w.src, w.srcOK
+	}
+	return env.SourceAddress(w.cur)
 }
 
 // ViewString returns a string sharing b's bytes (the filter asks only for
