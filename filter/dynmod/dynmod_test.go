@@ -1,6 +1,7 @@
 package dynmod
 
 import (
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -243,6 +244,30 @@ func TestMailboxFinishesIdleStream(t *testing.T) {
 	h, _ = RequestHeadersNew(cfg, f, 0, true, "10.0.0.10:1234", true, &box)
 	if h == 0 || box.NHeaders != 0 {
 		t.Fatalf("settling request: handle %d, %d mailbox headers; want a live stream and none", h, box.NHeaders)
+	}
+	StreamComplete(f, h)
+	Destroy(h)
+
+	// Headers too long for the mailbox: the stream keeps its Go side, and
+	// its response hook sets them.
+	var rules []string
+	for i := range 24 {
+		rules = append(rules, `{"name":"a-rather-long-rule-name-`+strconv.Itoa(i)+`","limit_keys":["ip:address"],"algorithm_config":{"rps":1000,"burst":1000}}`)
+	}
+	long := ConfigNew(1, []byte(`{"rules":[`+strings.Join(rules, ",")+`]}`))
+	if long == 0 {
+		t.Fatalf("config refused: %q", e.logs)
+	}
+	defer ConfigDestroy(long)
+	box = Mailbox{}
+	h, _ = RequestHeadersNew(long, f, 0, true, "10.0.0.12:1234", true, &box)
+	if h == 0 || box.NHeaders != 0 || box.BufLen != 0 {
+		t.Fatalf("long headers: handle %d, %d mailbox headers; want a live stream and none", h, box.NHeaders)
+	}
+	before := s.sets
+	ResponseHeaders(f, h, true)
+	if s.sets-before != 5 {
+		t.Fatalf("long headers: the response hook set %d headers, want 5", s.sets-before)
 	}
 	StreamComplete(f, h)
 	Destroy(h)

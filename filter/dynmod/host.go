@@ -25,6 +25,10 @@ type whost struct {
 	pendBuf []byte
 	pendOps []uint32
 	pendF   uintptr
+	// box, while set (finishEarly), takes the response headers instead,
+	// written straight into the mailbox; boxFull says some did not fit.
+	box     *Mailbox
+	boxFull bool
 }
 
 // queueHeader queues a set (add false) or add of a response header of the
@@ -42,6 +46,18 @@ func (h *whost) queueHeader(add bool, name, value string) {
 	if add {
 		a = 1
 	}
+	if b := h.box; b != nil {
+		n, off := b.NHeaders, b.BufLen
+		if n >= MailboxHeaders || int(off)+len(name)+len(value) > MailboxBytes {
+			h.boxFull = true
+			return
+		}
+		b.Ops[3*n], b.Ops[3*n+1], b.Ops[3*n+2] = a, uint32(len(name)), uint32(len(value))
+		off += uint32(copy(b.Buf[off:], name))
+		b.BufLen = off + uint32(copy(b.Buf[off:], value))
+		b.NHeaders = n + 1
+		return
+	}
 	h.pendBuf = append(append(h.pendBuf, name...), value...)
 	h.pendOps = append(h.pendOps, a, uint32(len(name)), uint32(len(value)))
 }
@@ -53,24 +69,6 @@ func (h *whost) flushHeaders() {
 	}
 	env.SetHeaders(h.pendF, ResponseHeader, h.pendBuf, h.pendOps)
 	h.pendBuf, h.pendOps, h.pendF = h.pendBuf[:0], h.pendOps[:0], 0
-}
-
-// toMailbox moves the response headers queued for stream f into box, and
-// reports false, moving nothing, if they do not fit.
-func (h *whost) toMailbox(f uintptr, box *Mailbox) bool {
-	if len(h.pendOps) == 0 {
-		return true
-	}
-	n := len(h.pendOps) / 3
-	if h.pendF != f || int(box.NHeaders)+n > MailboxHeaders || int(box.BufLen)+len(h.pendBuf) > MailboxBytes {
-		return false
-	}
-	copy(box.Ops[3*box.NHeaders:], h.pendOps)
-	copy(box.Buf[box.BufLen:], h.pendBuf)
-	box.NHeaders += uint32(n)
-	box.BufLen += uint32(len(h.pendBuf))
-	h.pendBuf, h.pendOps, h.pendF = h.pendBuf[:0], h.pendOps[:0], 0
-	return true
 }
 
 // dropHeaders forgets the headers queued for stream f (it is destroyed).

@@ -249,6 +249,7 @@ func newWorker(c *config, i int) *worker {
 // enter makes stream slot (filter pointer f) the current one, first running
 // a tick that came due while no stream could take its event.
 func (w *worker) enter(f uintptr, slot uint32) {
+	w.host.box = nil // only finishEarly sets it, for its own call
 	if w.due.Load() {
 		w.due.Store(false)
 		w.cur, w.curSlot = 0, 0
@@ -399,10 +400,12 @@ func finishEarly(h uintptr, box *Mailbox) (done bool) {
 		return false
 	}
 	w.cur, w.curSlot = st.f, slot
+	w.host.box, w.host.boxFull = box, false
 	st.s.OnResponseHeaders(0, false)
-	if !w.host.toMailbox(st.f, box) {
-		w.host.dropHeaders(st.f)
-		w.cur = 0
+	w.host.box = nil
+	if w.host.boxFull {
+		box.NHeaders, box.BufLen = 0, 0
+		w.cur, w.curSlot = 0, 0
 		return false
 	}
 	st.s.OnDone()
