@@ -114,9 +114,9 @@ func (s *Stream) Idle() bool {
 	return st.settle == nil && st.cont == (continuation{}) && !st.ended && len(st.rlsHeaders) == 0
 }
 
-// begin starts a request's decision.
-func (st *reqState) begin(req request) {
-	st.req = req
+// begin starts a request's decision, its request read from p's host.
+func (st *reqState) begin(p *Plugin) {
+	p.initRequest(&st.req)
 	st.now, st.wait, st.waitRule, st.hold, st.denied = 0, 0, -1, nil, nil
 	st.debits = st.debits[:0]
 	st.shadow.reset()
@@ -171,10 +171,18 @@ var stages = [...]stage{
 
 // newRequest is a request of this plugin's host and settings, its
 // properties read lazily.
-func (p *Plugin) newRequest() request {
+func (p *Plugin) newRequest() (r request) {
+	p.initRequest(&r)
+	return r
+}
+
+// initRequest makes r newRequest's request in place: the request is large,
+// and building it aside to copy it in costs more than the fields.
+func (p *Plugin) initRequest(r *request) {
 	set := &p.cfg.Settings
-	return request{host: p.host, ps: p.ps, xffHops: set.XFFTrustedHops, v6Prefix: set.IPv6Prefix, xffCIDRs: set.XFFTrustedCIDRs,
-		jwtMeta: set.JWTPayloadInMetadata}
+	*r = request{}
+	r.host, r.ps, r.xffHops, r.v6Prefix, r.xffCIDRs = p.host, p.ps, set.XFFTrustedHops, set.IPv6Prefix, set.XFFTrustedCIDRs
+	r.jwtMeta = set.JWTPayloadInMetadata
 }
 
 // OnRequestHeaders is proxy_on_request_headers: it finds the buckets that
@@ -189,7 +197,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	}
 	st := &s.st
 	st.hasBody = !endOfStream
-	st.begin(p.newRequest())
+	st.begin(p)
 	applies := p.collect(st)
 	if st.denied != nil {
 		return s.denyMissingKey(&st.req, st.denied)
