@@ -344,8 +344,9 @@ const (
 // memory, which Go only writes during the call.
 type Mailbox struct {
 	// NHeaders and NCounts are the entries used in Ops and Counts, BufLen
-	// the bytes used in Buf.
-	NHeaders, NCounts, BufLen, pad uint32
+	// the bytes used in Buf; the blank field is C's padding.
+	NHeaders, NCounts, BufLen uint32
+	_                         uint32
 	// Ops holds {add (1) or set (0), name length, value length} per
 	// header, their names and values back to back in Buf (as SetHeaders).
 	Ops [3 * MailboxHeaders]uint32
