@@ -6,7 +6,7 @@ package filter
 // Who owns what:
 //   - the code that makes a call (proxy_http_call) adds its token to the
 //     table with the owner of the answer, and nothing else keeps the token
-//     but the stream that waits for it (Stream.call, to drop the entry when
+//     but the stream that waits for it (reqState.cont.call, to drop the entry when
 //     the stream ends first): a request's rate-limit call (cluster.go, the
 //     *pendingCall's answered), a lease call (lease_call.go, the *leaseCall's
 //     answered) and a settlement (cluster_settle.go, settleAnswered);

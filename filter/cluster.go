@@ -21,8 +21,12 @@ const (
 )
 
 // pendingCall is a request paused while the rate-limit service decides its
-// cluster rules. It owns copies of everything it needs, since the request
-// scratch is reused by the requests decided meanwhile.
+// cluster rules, or while a lease refill decides its lease rules. A
+// cluster call's record views the request's state (Stream.st: its local
+// buckets, debits and cluster buckets), which stays the request's while the
+// call is in flight: the stream's end drops the call (abandon) before the
+// state is reused. A lease wait's record owns copies (leaseWait), since it
+// may outlive the stream until the next refill.
 type pendingCall struct {
 	s      *Stream
 	now    float64
@@ -52,13 +56,8 @@ func (s *Stream) askCluster(st *reqState) Action {
 	if s.costOverBurst(st, g) {
 		return Pause
 	}
-	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), grpc: isGRPCRequest(req)}
-	pc.local = cloneReqs(st.enforce.reqs)
-	if len(st.debits) > 0 {
-		pc.lease = cloneDebits(st.debits)
-	}
-	pc.rules = append(pc.rules, g.rules...)
-	pc.buckets = cloneReqs(g.reqs)
+	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), grpc: isGRPCRequest(req),
+		local: st.enforce.reqs, lease: st.debits, rules: g.rules, buckets: g.reqs}
 
 	rls := p.cfg.Settings.RLS
 	if p.caller == nil {
@@ -85,7 +84,7 @@ func (s *Stream) askCluster(st *reqState) Action {
 		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
 	}
 	p.callouts.add(token, pc.answered)
-	s.cont.call = token
+	s.st.cont.call = token
 	return Pause
 }
 
@@ -135,7 +134,7 @@ func cloneReqs(reqs []sharedstate.Request) []sharedstate.Request {
 // failure (no headers): the request goes on or is answered as the decision
 // or settings.rls.on_error says.
 func (pc *pendingCall) answered(p *Plugin, numHeaders, bodySize int) {
-	pc.s.cont.call = 0
+	pc.s.st.cont.call = 0
 	if !p.caller.SetEffectiveContext(pc.s.id) {
 		pc.s.dropHold(true) // gone: never continued
 		return
@@ -246,7 +245,7 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlscontract.Response) {
 	}
 	if worst < 0 {
 		s.admitCluster(pc, resp)
-		s.rlsHeaders = resp.Headers
+		s.st.rlsHeaders = resp.Headers
 		s.proceed(pc)
 		return
 	}

@@ -78,7 +78,7 @@ func (s *Stream) trackCluster(g *group, ds []rlscontract.Descriptor) {
 // only if no shadow rule was over its limit (tokengate-rls refunds a shadow
 // group that fails as a whole, as it does the enforced one).
 func (s *Stream) admitCluster(pc *pendingCall, resp *rlscontract.Response) {
-	st := s.settle
+	st := s.st.settle
 	if st == nil || len(st.awaiting) == 0 {
 		return
 	}
@@ -101,8 +101,8 @@ func (s *Stream) admitCluster(pc *pendingCall, resp *rlscontract.Response) {
 // dropAwaiting forgets the awaited cluster charges: the service did not
 // admit the request (it failed, or rejected it).
 func (s *Stream) dropAwaiting() {
-	if s.settle != nil {
-		s.settle.awaiting = s.settle.awaiting[:0]
+	if s.st.settle != nil {
+		s.st.settle.awaiting = s.st.settle.awaiting[:0]
 	}
 }
 
@@ -145,13 +145,13 @@ func (s *Stream) queueClusterSettle(c *charge, op sharedstate.SettleOp, amount f
 		set.Kind = rlscontract.SettleReset
 		c.r.metrics.settleReset.inc(p.host, 1)
 	}
-	s.settle.remote = append(s.settle.remote, rlscontract.SettlementDescriptor(set))
+	s.st.settle.remote = append(s.st.settle.remote, rlscontract.SettlementDescriptor(set))
 }
 
 // sendClusterSettles sends the stream's queued cluster settlements in one
 // call, once; the stream does not wait for the answer.
 func (s *Stream) sendClusterSettles() {
-	st := s.settle
+	st := s.st.settle
 	if st == nil || len(st.remote) == 0 {
 		return
 	}

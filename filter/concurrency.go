@@ -122,7 +122,7 @@ func (s *Stream) holdInFlight(r *rule, f *sharedstate.InFlight) {
 
 // releaseAll gives back the stream's places in flight.
 func (s *Stream) releaseAll() {
-	st := s.settle
+	st := s.st.settle
 	if st == nil {
 		return
 	}

@@ -1,7 +1,7 @@
 package filter
 
 // continuation is everything a paused request needs to go on later, in one
-// value of its stream (Stream.cont): the rate-limit call it waits for (a
+// value of its request state (reqState.cont): the rate-limit call it waits for (a
 // cluster rule's or a cold lease rule's), the hold prepared for it while
 // that call or a lease refill decides (delayed admission after the other
 // rules), and its hold in the timer once every rule admitted it. Lease

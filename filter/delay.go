@@ -115,7 +115,7 @@ func (s *Stream) startHold(w *waiter, now float64) bool {
 		return false
 	}
 	p.held++
-	s.cont.held = w
+	s.st.cont.held = w
 	for _, r := range w.rules {
 		r.metrics.delayed.inc(p.host, 1)
 	}
@@ -127,12 +127,12 @@ func (s *Stream) startHold(w *waiter, now float64) bool {
 // its client left before its release (counted, and refunded if its rules
 // ask for it, as a held request whose client leaves).
 func (s *Stream) dropHold(cancelled bool) {
-	w := s.cont.pending
+	w := s.st.cont.pending
 	if w == nil {
 		return
 	}
 	p := s.p
-	s.cont.pending = nil
+	s.st.cont.pending = nil
 	p.forget(w)
 	if cancelled {
 		p.cancelled(w, p.time())
@@ -147,12 +147,12 @@ func (s *Stream) dropHold(cancelled bool) {
 // naming the reserving rule, with the request's tokens given back where
 // they can be (pc).
 func (s *Stream) proceed(pc *pendingCall) {
-	w := s.cont.pending
+	w := s.st.cont.pending
 	if w == nil {
 		s.resume()
 		return
 	}
-	s.cont.pending = nil
+	s.st.cont.pending = nil
 	p := s.p
 	now := p.time()
 	if w.deadline <= now {
@@ -190,7 +190,7 @@ func (s *Stream) holdNow(st *reqState) Action {
 // wait as Retry-After; the admission's headers are forgotten.
 func (s *Stream) refuseHold(req *request, g *group, now, wait float64, over int) Action {
 	p := s.p
-	s.quotas = s.quotas[:0]
+	s.st.quotas = s.st.quotas[:0]
 	if _, err := p.upd.Refund(g.reqs, now); err != nil {
 		p.warnf(now, "event=refund_error reason="+strconv.Quote(err.Error()))
 	}
@@ -210,7 +210,7 @@ func (s *Stream) refuseHold(req *request, g *group, now, wait float64, over int)
 func (w *waiter) due(p *Plugin, now float64) {
 	p.held--
 	p.forget(w)
-	w.s.cont.held = nil
+	w.s.st.cont.held = nil
 	if p.caller.SetEffectiveContext(w.s.id) {
 		w.s.resume()
 	} else {
@@ -225,10 +225,10 @@ func (w *waiter) due(p *Plugin, now float64) {
 // proxy_on_done and proxy_on_delete, when its context still exists.
 func (s *Stream) abandon() {
 	p := s.p
-	s.ended = true
-	if s.cont.call != 0 {
-		p.callouts.take(s.cont.call) // its answer is dropped
-		s.cont.call = 0
+	s.st.ended = true
+	if s.st.cont.call != 0 {
+		p.callouts.take(s.st.cont.call) // its answer is dropped
+		s.st.cont.call = 0
 	}
 	s.dropHold(true)
 }
@@ -246,13 +246,13 @@ func (p *Plugin) forget(w *waiter) {
 // on_delete Envoy may still run the root's tick, and the stream's context
 // still exists then: it must not be continued.
 func (s *Stream) cancelWait() {
-	w := s.cont.held
+	w := s.st.cont.held
 	if w == nil {
 		return
 	}
 	p := s.p
 	defer p.recoverTo("the end of a held stream", nil)
-	s.cont.held = nil
+	s.st.cont.held = nil
 	p.held--
 	p.forget(w)
 	now := p.time()

@@ -66,7 +66,7 @@ const BodyEnded = -1
 func (s *Stream) OnRequestBody(size int, endOfStream bool) (act Action) {
 	p := s.p
 	defer p.recoverTo("proxy_on_request_body", func() { act = Continue })
-	st := s.settle
+	st := s.st.settle
 	if st == nil || !st.estimating || st.ended {
 		return Continue
 	}
@@ -87,7 +87,7 @@ func (s *Stream) OnRequestBody(size int, endOfStream bool) (act Action) {
 // shadow ones are observed).
 func (s *Stream) reserveEstimate() Action {
 	p := s.p
-	st := s.settle
+	st := s.st.settle
 	st.estimating = false
 	if !st.encoded {
 		s.readEstimates(st)
@@ -147,9 +147,9 @@ func (s *Stream) reserveEstimate() Action {
 	s.raise(enforce)
 	for i, r := range enforce.rules {
 		r.metrics.allowed.inc(p.host, 1)
-		for k := range s.quotas {
-			if s.quotas[k].Plan == &r.plan {
-				s.quotas[k] = quotaOf(r, enforce.res[i])
+		for k := range s.st.quotas {
+			if s.st.quotas[k].Plan == &r.plan {
+				s.st.quotas[k] = quotaOf(r, enforce.res[i])
 			}
 		}
 	}
@@ -159,7 +159,7 @@ func (s *Stream) reserveEstimate() Action {
 // deferCount reports whether r, admitted at the headers of a request
 // whose body follows, is counted when the body has been read
 // (reserveEstimate) rather than then.
-func (s *Stream) deferCount(r *rule) bool { return s.hasBody && awaitsEstimate(r) }
+func (s *Stream) deferCount(r *rule) bool { return s.st.hasBody && awaitsEstimate(r) }
 
 // requestEncoded reports whether the request's body is sent with a
 // Content-Encoding other than identity, which the estimate scanner cannot
@@ -173,7 +173,7 @@ func requestEncoded(h Host) bool {
 // took the estimate: the settlement compares the usage with it.
 func (s *Stream) raise(g *group) {
 	for i := range g.reqs {
-		c := &s.settle.charges[g.vals[i][0]]
+		c := &s.st.settle.charges[g.vals[i][0]]
 		c.pre += g.reqs[i].Cost
 	}
 }
@@ -182,8 +182,8 @@ func (s *Stream) raise(g *group) {
 // headers of a request refused when its body arrived: it never reaches the
 // upstream. Shadow rules keep theirs, as on any local reply (dropCharges).
 func (s *Stream) refundCharges() {
-	for i := range s.settle.charges {
-		if c := &s.settle.charges[i]; !c.r.Shadow && !c.done {
+	for i := range s.st.settle.charges {
+		if c := &s.st.settle.charges[i]; !c.r.Shadow && !c.done {
 			s.apply(c, sharedstate.SettleRefund, c.pre)
 		}
 	}

@@ -394,7 +394,7 @@ func (p *Plugin) leaseRefund(ds []leaseDebit) {
 // leaseRetry tries a waiting request's allowances again and reports
 // whether it still waits; if not, w.outcome says how it ends.
 func (p *Plugin) leaseRetry(w *leaseWaiter, now float64) bool {
-	if w.s.id != w.id || w.s.ended {
+	if w.s.id != w.id || w.s.st.ended {
 		w.outcome = waitGone // the stream ended (and may be reused)
 		p.leaseStopWaiting(w)
 		return false

@@ -87,7 +87,7 @@ func (p *Plugin) leaseConfigure(cfg *config.Config) {
 		// No service to ask any more, and no cluster rule to decide:
 		// the waiting requests go on, as the new configuration admits.
 		for _, w := range p.lease.waiters {
-			if w.s.id == w.id && !w.s.ended && p.caller.SetEffectiveContext(w.id) {
+			if w.s.id == w.id && !w.s.st.ended && p.caller.SetEffectiveContext(w.id) {
 				w.s.proceed(w.pc)
 			}
 		}

@@ -101,15 +101,15 @@ func (s *Stream) decide(st *reqState) Action {
 		st.wait, st.waitRule = wait, by
 		st.hold = s.prepareHold(g, now, wait, by)
 	}
-	s.quotas, s.best = s.quotas[:0], 0
+	s.st.quotas, s.st.best = s.st.quotas[:0], 0
 	settles := false
 	for i, r := range g.rules {
 		if !s.deferCount(r) {
 			r.metrics.allowed.inc(p.host, 1)
 		}
-		s.quotas = append(s.quotas, quotaOf(r, g.res[i]))
-		if g.res[i].Tokens < g.res[s.best].Tokens {
-			s.best = i
+		s.st.quotas = append(s.st.quotas, quotaOf(r, g.res[i]))
+		if g.res[i].Tokens < g.res[s.st.best].Tokens {
+			s.st.best = i
 		}
 		settles = settles || r.Settle != nil
 	}

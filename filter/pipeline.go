@@ -1,20 +1,27 @@
 package filter
 
+import "github.com/tokengate/tokengate/ratelimitheader"
+
 // The request path: proxy_on_request_headers runs the stages below, in
 // order, over one reqState.
 
-// reqState is one request's way through the stages of OnRequestHeaders:
-// what collect found and what each stage hands to the next, each in a named
-// field. Every stage is passed the state and reads and writes only it (and
-// the stream); nothing passes between stages any other way. Its storage is
-// the plugin's (Plugin.st), reset by begin and reused for the next request,
-// so that a request allocates none; only the buffers' capacity outlives the
-// request.
+// reqState is one request's state, owned by its stream (Stream.st): what
+// collect found and what each stage of OnRequestHeaders hands to the next,
+// each in a named field, and what the request needs after that callback:
+// its continuation while it is paused (cont), the RateLimit headers of its
+// response (quotas, rlsHeaders), what it settles when it ends (settle).
+// Every stage is passed the state and reads and writes only it (and the
+// plugin's shared tables); nothing passes between stages any other way, and
+// a continuation (a rate-limit call's answer, a hold's release) finds the
+// request's buckets here, not in a copy. The stream and its state are
+// reused from one request to the next (Plugin.NewStream, Stream.Release):
+// only the buffers' capacity outlives a request, so that a request
+// allocates none.
 //
 // Lifetime: bytes and strings the host returns are valid until the callback
 // returns (Host). The keys of the request's buckets are views of keyBuf
-// (ViewString), which stays untouched until the next request; the host
-// copies what it keeps, as Envoy does.
+// (ViewString), which stays untouched until the stream's next request; the
+// host copies what it keeps, as Envoy does.
 type reqState struct {
 	// req is the request's descriptors, read from the host on demand.
 	req request
@@ -38,7 +45,7 @@ type reqState struct {
 	// hold: output of the local stage, input of the hold stage. The
 	// prepared hold of a request the local buckets admitted into their
 	// reservation; nil for none. The lease and cluster stages, which may
-	// answer after this callback, hand it to the stream (Stream.cont)
+	// answer after this callback, hand it to the continuation (cont)
 	// while they ask: whoever answers then starts or drops it.
 	hold *waiter
 	// debits: output of the lease stage. The allowances it debited, given
@@ -60,11 +67,56 @@ type reqState struct {
 	// "on_missing_key": "deny" whose limit key the request lacks; nil if
 	// none. Such a request is answered before any stage charges a bucket.
 	denied *rule
+
+	// What the request needs after the stages, until its stream ends.
+	//
+	// hasBody: proxy_on_request_headers said a body follows.
+	hasBody bool
+	// cont is what the request needs to go on once paused (continuation).
+	// ended is set once the stream has ended (Stream.end): nothing resumes
+	// it after that.
+	cont  continuation
+	ended bool
+	// quotas describe, for the response headers, the bucket of every
+	// enforced rule that admitted the request; best indexes the one with
+	// the fewest tokens left, which the legacy headers describe.
+	quotas []ratelimitheader.Quota
+	best   int
+	// rlsHeaders are the service's response_headers_to_add for an
+	// admitted request.
+	rlsHeaders [][2]string
+	// settle is what the stream settles and releases when it ends
+	// (settle.go); nil for a request that needs nothing of the kind.
+	settle *settleState
 }
 
-// begin starts a request's decision.
-func (st *reqState) begin(req request) {
-	st.req = req
+// clear empties the state of a released stream for its next request,
+// keeping its buffers' capacity. It resets what begin does not, field by
+// field: the state is large, and rebuilding it whole costs a request more
+// than the rest of its bookkeeping.
+func (st *reqState) clear() {
+	st.hasBody, st.ended, st.best = false, false, 0
+	st.cont = continuation{}
+	st.quotas, st.rlsHeaders, st.settle = st.quotas[:0], nil, nil
+	st.hold, st.denied = nil, nil
+}
+
+// Idle reports whether the stream's later callbacks have nothing to do but
+// add the response headers: its request went on (it is neither paused nor
+// ended), it settles nothing after the response and holds no place in
+// flight, and the rate-limit service added no response headers. A host
+// whose response headers can be set without calling the filter again (the
+// dynamic module) may then run OnResponseHeaders at once, keep the headers
+// it sets for the response, and end and release the stream (OnDone,
+// Release): later callbacks would have done nothing.
+func (s *Stream) Idle() bool {
+	st := &s.st
+	return st.settle == nil && st.cont == (continuation{}) && !st.ended && len(st.rlsHeaders) == 0
+}
+
+// begin starts a request's decision, its request read from p's host.
+func (st *reqState) begin(p *Plugin) {
+	p.initRequest(&st.req)
 	st.now, st.wait, st.waitRule, st.hold, st.denied = 0, 0, -1, nil, nil
 	st.debits = st.debits[:0]
 	st.shadow.reset()
@@ -119,10 +171,18 @@ var stages = [...]stage{
 
 // newRequest is a request of this plugin's host and settings, its
 // properties read lazily.
-func (p *Plugin) newRequest() request {
+func (p *Plugin) newRequest() (r request) {
+	p.initRequest(&r)
+	return r
+}
+
+// initRequest makes r newRequest's request in place: the request is large,
+// and building it aside to copy it in costs more than the fields.
+func (p *Plugin) initRequest(r *request) {
 	set := &p.cfg.Settings
-	return request{host: p.host, ps: p.ps, xffHops: set.XFFTrustedHops, v6Prefix: set.IPv6Prefix, xffCIDRs: set.XFFTrustedCIDRs,
-		jwtMeta: set.JWTPayloadInMetadata}
+	*r = request{}
+	r.host, r.ps, r.xffHops, r.v6Prefix, r.xffCIDRs = p.host, p.ps, set.XFFTrustedHops, set.IPv6Prefix, set.XFFTrustedCIDRs
+	r.jwtMeta = set.JWTPayloadInMetadata
 }
 
 // OnRequestHeaders is proxy_on_request_headers: it finds the buckets that
@@ -135,9 +195,9 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 	if cfg == nil {
 		return Continue
 	}
-	s.hasBody = !endOfStream
-	st := &p.st
-	st.begin(p.newRequest())
+	st := &s.st
+	st.hasBody = !endOfStream
+	st.begin(p)
 	applies := p.collect(st)
 	if st.denied != nil {
 		return s.denyMissingKey(&st.req, st.denied)
@@ -158,7 +218,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 // answering the request; those that took their cost settle as enforced
 // ones would.
 func (s *Stream) shadowStage(st *reqState) Action {
-	if len(st.shadow.reqs) > 0 && s.p.observe(&st.shadow, st.now, s.hasBody) {
+	if len(st.shadow.reqs) > 0 && s.p.observe(&st.shadow, st.now, s.st.hasBody) {
 		s.trackShadow(&st.shadow)
 	}
 	return Continue
@@ -188,7 +248,7 @@ func (s *Stream) leaseStage(st *reqState) Action {
 	if len(st.lease.reqs) == 0 {
 		return Continue
 	}
-	s.cont.await(st.hold) // the request may wait for a lease
+	st.cont.await(st.hold) // the request may wait for a lease
 	return s.leaseAdmit(st)
 }
 
@@ -199,7 +259,7 @@ func (s *Stream) clusterStage(st *reqState) Action {
 		return Continue
 	}
 	st.cluster.extend(&st.exact)
-	s.cont.await(st.hold) // proceed starts it when the service admits the request
+	st.cont.await(st.hold) // proceed starts it when the service admits the request
 	return s.askCluster(st)
 }
 
@@ -209,6 +269,6 @@ func (s *Stream) holdStage(st *reqState) Action {
 	if st.hold == nil {
 		return Continue
 	}
-	s.cont.await(nil) // back from the lease stage: no one else will start it
+	st.cont.await(nil) // back from the lease stage: no one else will start it
 	return s.holdNow(st)
 }

@@ -31,10 +31,8 @@ type Plugin struct {
 
 	store *sharedstate.LocalFallback
 
-	// st is the storage of the request being decided, reused from one
-	// request to the next (reqState, pipeline.go); buf is the scratch of
-	// the callback being run.
-	st  reqState
+	// buf is the scratch of the callback being run; a request's own
+	// state is its stream's (Stream.st).
 	buf scratch
 	// est and estShadow are the buckets a request's body estimate takes
 	// from (estimate.go), reused from one request to the next.
@@ -158,13 +156,13 @@ func (p *Plugin) OnConfigure(data []byte) (ok bool) {
 
 // NewStream returns the state of one HTTP request (an HTTP context).
 //
-// Streams released with Stream.Release are reused, so that a request
-// allocates none.
+// Streams released with Stream.Release are reused, their request state
+// (Stream.st) with its buffers, so that a request allocates none.
 func (p *Plugin) NewStream() *Stream {
 	if n := len(p.free); n > 0 {
 		s := p.free[n-1]
 		p.free = p.free[:n-1]
-		*s = Stream{p: p, quotas: s.quotas[:0]}
+		s.id = 0
 		return s
 	}
 	return &Stream{p: p}
@@ -184,7 +182,8 @@ func (s *Stream) Release() {
 	if p == nil || len(p.free) >= maxFreeStreams {
 		return
 	}
-	*s = Stream{p: p, quotas: s.quotas[:0]}
+	s.id = 0
+	s.st.clear()
 	p.free = append(p.free, s)
 }
 
@@ -192,28 +191,13 @@ func (s *Stream) Release() {
 // request can be resumed from the root context.
 func (s *Stream) SetID(id uint32) { s.id = id }
 
-// Stream is one HTTP request going through the filter.
+// Stream is one HTTP request going through the filter: the host's id of
+// its context, and its state (reqState, pipeline.go), the one value every
+// stage and every continuation of the request reads and writes.
 type Stream struct {
 	p  *Plugin
 	id uint32 // the host's context id, see SetID
-	// rlsHeaders are the service's response_headers_to_add for an
-	// admitted request.
-	rlsHeaders [][2]string
-	// cont is what the request needs to go on once paused (continuation).
-	// ended is set once the stream has ended (Stream.end): nothing resumes
-	// it after that.
-	cont  continuation
-	ended bool
-	// quotas describe, for the response headers, the bucket of every
-	// enforced rule that admitted the request; best indexes the one with
-	// the fewest tokens left, which the legacy headers describe.
-	quotas []ratelimitheader.Quota
-	best   int
-	// settle is what the stream settles and releases when it ends
-	// (settle.go); nil for a request that needs nothing of the kind.
-	settle *settleState
-	// hasBody: proxy_on_request_headers said a body follows.
-	hasBody bool
+	st reqState
 }
 
 // quotaOf is what the RateLimit headers say about r's bucket after a
@@ -281,14 +265,14 @@ func (s *Stream) OnResponseHeaders(numHeaders int, endOfStream bool) (act Action
 	p := s.p
 	s.settleHeaders(endOfStream)
 	if p.cfg != nil && p.cfg.Settings.RateLimitHeaders {
-		for _, h := range s.rlsHeaders {
+		for _, h := range s.st.rlsHeaders {
 			p.host.SetResponseHeader(lite.ToLowerASCII(h[0]), h[1])
 		}
 	}
-	if len(s.quotas) == 0 || p.cfg == nil || !p.cfg.Settings.RateLimitHeaders {
+	if len(s.st.quotas) == 0 || p.cfg == nil || !p.cfg.Settings.RateLimitHeaders {
 		return Continue
 	}
-	p.buf.hdrBuf = p.setRateLimitHeaders(p.buf.hdrBuf[:0], s.quotas, s.best)
+	p.buf.hdrBuf = p.setRateLimitHeaders(p.buf.hdrBuf[:0], s.st.quotas, s.st.best)
 	return Continue
 }
 

@@ -98,10 +98,10 @@ type charge struct {
 
 // settleOf returns the stream's settle state, creating it.
 func (s *Stream) settleOf() *settleState {
-	if s.settle == nil {
-		s.settle = &settleState{}
+	if s.st.settle == nil {
+		s.st.settle = &settleState{}
 	}
-	return s.settle
+	return s.st.settle
 }
 
 // track remembers, for an admitted request, the buckets of g whose rules
@@ -118,7 +118,7 @@ func (s *Stream) track(g *group) {
 		if pre == admitPositive {
 			pre = 0 // pre_charge 0: admission took nothing a balance shows
 		}
-		est := s.hasBody && awaitsEstimate(r)
+		est := s.st.hasBody && awaitsEstimate(r)
 		st.charges = append(st.charges, charge{r: r, req: req, pre: pre, estimate: est})
 		st.estimating = st.estimating || est
 		st.encoded = st.encoded || est && requestEncoded(s.p.host)
@@ -158,15 +158,15 @@ func (s *Stream) trackShadow(g *group) {
 // buckets keep their admission cost, as a shadow rule without settlement
 // does whatever the enforced rules decide.
 func (s *Stream) dropCharges() {
-	if s.settle != nil {
-		s.settle.charges = s.settle.charges[:0]
-		s.settle.awaiting = s.settle.awaiting[:0]
+	if s.st.settle != nil {
+		s.st.settle.charges = s.st.settle.charges[:0]
+		s.st.settle.awaiting = s.st.settle.awaiting[:0]
 	}
 }
 
 // settleHeaders is the settlement work of proxy_on_response_headers.
 func (s *Stream) settleHeaders(endOfStream bool) {
-	st := s.settle
+	st := s.st.settle
 	if st == nil || st.ended || len(st.charges) == 0 {
 		return
 	}
@@ -228,7 +228,7 @@ func parseReported(v string) (float64, bool) {
 // the body. The response always continues.
 func (s *Stream) OnResponseBody(size int, endOfStream bool) (act Action) {
 	defer s.p.recoverTo("proxy_on_response_body", func() { act = Continue })
-	st := s.settle
+	st := s.st.settle
 	if st == nil || st.ended {
 		return Continue
 	}
@@ -278,7 +278,7 @@ func (s *Stream) OnDone() {
 // finish settles every charge not yet settled and releases the stream's
 // places in flight, once.
 func (s *Stream) finish() {
-	st := s.settle
+	st := s.st.settle
 	if st == nil || st.ended {
 		return
 	}

@@ -126,33 +126,50 @@ func appendMicro(dst []byte, x float64) []byte {
 	var buf [24]byte
 	i := len(buf)
 	f := uint32(frac)
-	for range 6 {
-		i--
-		buf[i] = byte('0' + f%10)
-		f /= 10
+	for range 3 { // two digits a step: half the divisions
+		i -= 2
+		q := f / 100
+		d := (f - q*100) * 2
+		buf[i], buf[i+1] = digitPairs[d], digitPairs[d+1]
+		f = q
 	}
 	i--
 	buf[i] = '.'
 	if ip >= 1<<32 {
 		lo := uint32(ip % 1e9)
 		ip /= 1e9
-		for range 9 {
-			i--
-			buf[i] = byte('0' + lo%10)
-			lo /= 10
+		for range 4 {
+			i -= 2
+			q := lo / 100
+			d := (lo - q*100) * 2
+			buf[i], buf[i+1] = digitPairs[d], digitPairs[d+1]
+			lo = q
 		}
+		i--
+		buf[i] = byte('0' + lo)
 	}
 	w := uint32(ip)
-	for {
+	for w >= 100 {
+		i -= 2
+		q := w / 100
+		d := (w - q*100) * 2
+		buf[i], buf[i+1] = digitPairs[d], digitPairs[d+1]
+		w = q
+	}
+	if w >= 10 {
+		i -= 2
+		buf[i], buf[i+1] = digitPairs[2*w], digitPairs[2*w+1]
+	} else {
 		i--
-		buf[i] = byte('0' + w%10)
-		w /= 10
-		if w == 0 {
-			break
-		}
+		buf[i] = byte('0' + w)
 	}
 	return append(dst, buf[i:]...)
 }
+
+// digitPairs holds "00" to "99": appendMicro's digits, two at a time.
+const digitPairs = "00010203040506070809101112131415161718192021222324252627282930313233343536373839" +
+	"40414243444546474849505152535455565758596061626364656667686970717273747576777879" +
+	"8081828384858687888990919293949596979899"
 
 // ParseState parses a shared-data value written by AppendState.
 //

@@ -31,6 +31,17 @@ extern void* envoy_dynamic_module_callback_http_filter_scheduler_new(void* filte
 extern void envoy_dynamic_module_callback_http_filter_scheduler_commit(void* scheduler, uint64_t event_id);
 extern void envoy_dynamic_module_callback_http_filter_scheduler_delete(void* scheduler);
 
+// A stream's mailbox (filter/dynmod.Mailbox, same layout): the request-
+// headers hook's counter increments, and the response headers of a stream
+// Go finished at once, left by Go for the hooks' C side (hooks.c).
+enum { TG_MAILBOX_HEADERS = 8, TG_MAILBOX_COUNTS = 6, TG_MAILBOX_BYTES = 800 };
+typedef struct {
+	uint32_t nheaders, ncounts, buflen, pad;
+	uint32_t ops[3 * TG_MAILBOX_HEADERS];
+	uint64_t counts[2 * TG_MAILBOX_COUNTS];
+	char buf[TG_MAILBOX_BYTES];
+} tg_mailbox;
+
 // Wrappers (wrappers.c).
 typedef struct { const char* ptr; size_t len; size_t count; int ok; } tg_result;
 typedef struct { uint64_t id; uint32_t status; } tg_id_result;

@@ -5,6 +5,11 @@
 // crosses into Go only when the stream has a Go side: filter_new and a
 // destroy after a stream that left nothing behind cost no crossing, and a
 // stream whose request headers never reached the module costs none at all.
+// The common request crosses once: the request-headers hook passes the
+// source address in, and Go leaves the hook's counter increments and, for
+// a stream it could finish at once, the response headers in the stream's
+// mailbox (tg_mailbox), which the C side applies without calling back into
+// Go; no later hook of such a stream crosses.
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -18,8 +23,9 @@ enum { CONTINUE = 0 };
 #define NONE ((uintptr_t)-1)
 
 typedef struct {
-	uintptr_t cfg; // the config's handle
-	uintptr_t go;  // the stream's Go handle; 0: not made yet; NONE: none
+	uintptr_t cfg;  // the config's handle
+	uintptr_t go;   // the stream's Go handle; 0: not made yet; NONE: none
+	tg_mailbox box; // what the Go side of the request-headers hook left for C
 } tg_stream;
 
 static int live(const tg_stream* s) { return s->go != 0 && s->go != NONE; }
@@ -40,15 +46,28 @@ const void* envoy_dynamic_module_on_http_filter_new(const void* cfg, void* f) {
 	if (s == NULL) return NULL;
 	s->cfg = (uintptr_t)cfg;
 	s->go = 0;
+	s->box.nheaders = s->box.ncounts = 0;
 	return s;
 }
 
 uint32_t envoy_dynamic_module_on_http_filter_request_headers(void* f, const void* m, bool end) {
 	tg_stream* s = (tg_stream*)m;
 	if (s->go == 0) {
+		// One crossing: the worker and the source address go in, the
+		// counts come back in the mailbox, and so do the response headers
+		// of a stream Go finished at once (then r0 is 0).
 		uint32_t worker = envoy_dynamic_module_callback_http_filter_get_worker_index(f);
-		struct tgo_request_headers_new_return r = tgo_request_headers_new(s->cfg, (uintptr_t)f, worker, end);
+		tg_buffer src = {0};
+		bool src_ok = envoy_dynamic_module_callback_http_filter_get_attribute_string(f, 24 /* source.address */, &src) &&
+		              src.ptr != NULL;
+		s->box.nheaders = s->box.ncounts = s->box.buflen = 0;
+		struct tgo_request_headers_new_return r =
+		    tgo_request_headers_new(s->cfg, (uintptr_t)f, worker, end, (char*)src.ptr, src.length, src_ok, &s->box);
 		s->go = r.r0 ? r.r0 : NONE;
+		for (uint32_t i = 0; i < s->box.ncounts && i < TG_MAILBOX_COUNTS; i++)
+			envoy_dynamic_module_callback_http_filter_increment_counter(f, (size_t)s->box.counts[2 * i], NULL, 0,
+			                                                             s->box.counts[2 * i + 1]);
+		s->box.ncounts = 0;
 		return r.r1;
 	}
 	return live(s) ? tgo_request_headers((uintptr_t)f, s->go, end) : CONTINUE;
@@ -65,7 +84,12 @@ uint32_t envoy_dynamic_module_on_http_filter_request_trailers(void* f, const voi
 }
 
 uint32_t envoy_dynamic_module_on_http_filter_response_headers(void* f, const void* m, bool end) {
-	const tg_stream* s = m;
+	tg_stream* s = (tg_stream*)m;
+	if (s->box.nheaders > 0) { // the RateLimit headers of a stream Go finished at once
+		tg_set_headers((uintptr_t)f, 2 /* response headers */, s->box.buf, s->box.ops,
+		               s->box.nheaders < TG_MAILBOX_HEADERS ? s->box.nheaders : TG_MAILBOX_HEADERS);
+		s->box.nheaders = 0;
+	}
 	return live(s) ? tgo_response_headers((uintptr_t)f, s->go, end) : CONTINUE;
 }
 

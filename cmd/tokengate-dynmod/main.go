@@ -195,10 +195,16 @@ func tgo_config_destroy(h C.uintptr_t) {
 	dynmod.ConfigDestroy(uintptr(h))
 }
 
+// The mailbox has the same layout on both sides: a size that differs fails
+// the build.
+var _ = [1]struct{}{}[unsafe.Sizeof(dynmod.Mailbox{})-unsafe.Sizeof(C.tg_mailbox{})]
+
 //export tgo_request_headers_new
-func tgo_request_headers_new(cfg, f C.uintptr_t, worker C.uint32_t, end C.bool) (h C.uintptr_t, st C.uint32_t) {
+func tgo_request_headers_new(cfg, f C.uintptr_t, worker C.uint32_t, end C.bool,
+	src *C.char, srcLen C.size_t, srcOK C.bool, box *C.tg_mailbox) (h C.uintptr_t, st C.uint32_t) {
 	defer recovered()
-	gh, gst := dynmod.RequestHeadersNew(uintptr(cfg), uintptr(f), uint32(worker), bool(end))
+	gh, gst := dynmod.RequestHeadersNew(uintptr(cfg), uintptr(f), uint32(worker), bool(end),
+		gostr(src, srcLen), bool(srcOK), (*dynmod.Mailbox)(unsafe.Pointer(box)))
 	return C.uintptr_t(gh), C.uint32_t(gst)
 }
 

@@ -1,6 +1,7 @@
 package dynmod
 
 import (
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -185,5 +186,109 @@ func BenchmarkRequest(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		request(cfg, f, s)
+	}
+}
+
+// boxHeaders decodes the response headers left in a mailbox.
+func boxHeaders(b *Mailbox) map[string]string {
+	hs := map[string]string{}
+	off := uint32(0)
+	for i := range b.NHeaders {
+		kl, vl := b.Ops[3*i+1], b.Ops[3*i+2]
+		hs[string(b.Buf[off:off+kl])] = string(b.Buf[off+kl : off+kl+vl])
+		off += kl + vl
+	}
+	return hs
+}
+
+// TestMailboxFinishesIdleStream: through RequestHeadersNew with a mailbox,
+// an admitted request whose later hooks would only set its RateLimit
+// headers is finished in the one crossing (no handle comes back, so no
+// later hook crosses), its headers and counts are left in the mailbox, and
+// it allocates nothing; a rejected request and one that settles after the
+// response keep their Go side and leave no headers.
+func TestMailboxFinishesIdleStream(t *testing.T) {
+	e := &fakeEnvoy{workers: 1}
+	Bind(e)
+	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"r","limit_keys":["ip:address"],"algorithm_config":{"rps":0.001,"burst":3}},`+
+		`{"name":"s","limit_keys":["header:x-settle"],"algorithm_config":{"rps":1000,"burst":1000,"count_statuses":[200]}}]}`))
+	if cfg == 0 {
+		t.Fatalf("config refused: %q", e.logs)
+	}
+	defer ConfigDestroy(cfg)
+	f := e.newStream(0, nil)
+	s := e.stream(f)
+	var box Mailbox
+	for i, want := range []string{"2", "1", "0"} {
+		h, st := RequestHeadersNew(cfg, f, 0, true, "10.0.0.9:1234", true, &box)
+		if h != 0 || st != HeadersContinue || s.local != 0 {
+			t.Fatalf("request %d: handle %d status %d reply %d, want 0, continue, none", i, h, st, s.local)
+		}
+		hs := boxHeaders(&box)
+		if got := hs["ratelimit-remaining"]; got != want || box.NHeaders != 5 || hs["ratelimit-policy"] == "" {
+			t.Fatalf("request %d: mailbox headers %v, want 5 with ratelimit-remaining %s", i, hs, want)
+		}
+		if box.NCounts == 0 || box.Counts[1] != 1 {
+			t.Fatalf("request %d: %d counts (%v), want the increments of the hook (allowed: 1)", i, box.NCounts, box.Counts[:2])
+		}
+		box = Mailbox{}
+	}
+	h, _ := RequestHeadersNew(cfg, f, 0, true, "10.0.0.9:1234", true, &box)
+	if h == 0 || s.local != 429 || box.NHeaders != 0 {
+		t.Fatalf("4th request: handle %d reply %d, %d mailbox headers; want a live stream, 429, none", h, s.local, box.NHeaders)
+	}
+	StreamComplete(f, h)
+	Destroy(h)
+
+	s.req, s.local, box = [][2]string{{"x-settle", "a"}}, 0, Mailbox{}
+	h, _ = RequestHeadersNew(cfg, f, 0, true, "10.0.0.10:1234", true, &box)
+	if h == 0 || box.NHeaders != 0 {
+		t.Fatalf("settling request: handle %d, %d mailbox headers; want a live stream and none", h, box.NHeaders)
+	}
+	StreamComplete(f, h)
+	Destroy(h)
+
+	// Headers too long for the mailbox: the stream keeps its Go side, and
+	// its response hook sets them.
+	var rules []string
+	for i := range 24 {
+		rules = append(rules, `{"name":"a-rather-long-rule-name-`+strconv.Itoa(i)+`","limit_keys":["ip:address"],"algorithm_config":{"rps":1000,"burst":1000}}`)
+	}
+	long := ConfigNew(1, []byte(`{"rules":[`+strings.Join(rules, ",")+`]}`))
+	if long == 0 {
+		t.Fatalf("config refused: %q", e.logs)
+	}
+	defer ConfigDestroy(long)
+	box = Mailbox{}
+	h, _ = RequestHeadersNew(long, f, 0, true, "10.0.0.12:1234", true, &box)
+	if h == 0 || box.NHeaders != 0 || box.BufLen != 0 {
+		t.Fatalf("long headers: handle %d, %d mailbox headers; want a live stream and none", h, box.NHeaders)
+	}
+	before := s.sets
+	ResponseHeaders(f, h, true)
+	if s.sets-before != 5 {
+		t.Fatalf("long headers: the response hook set %d headers, want 5", s.sets-before)
+	}
+	StreamComplete(f, h)
+	Destroy(h)
+
+	// Steady state: nothing allocates on the mailbox path.
+	perIP := ConfigNew(1, []byte(`{"rules":[{"name":"r","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}]}`))
+	if perIP == 0 {
+		t.Fatalf("config refused: %q", e.logs)
+	}
+	defer ConfigDestroy(perIP)
+	s.req = nil
+	run := func() {
+		box.NHeaders, box.NCounts, box.BufLen = 0, 0, 0
+		if h, _ := RequestHeadersNew(perIP, f, 0, true, "10.0.0.11:1", true, &box); h != 0 || box.NHeaders != 5 {
+			t.Fatalf("handle %d, %d mailbox headers; want 0 and 5", h, box.NHeaders)
+		}
+	}
+	for range 100 {
+		run()
+	}
+	if allocs := testing.AllocsPerRun(1000, run); allocs != 0 {
+		t.Fatalf("%v allocations per request through the mailbox, want 0", allocs)
 	}
 }

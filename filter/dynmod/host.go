@@ -25,6 +25,10 @@ type whost struct {
 	pendBuf []byte
 	pendOps []uint32
 	pendF   uintptr
+	// box, while set (finishEarly), takes the response headers instead,
+	// written straight into the mailbox; boxFull says some did not fit.
+	box     *Mailbox
+	boxFull bool
 }
 
 // queueHeader queues a set (add false) or add of a response header of the
@@ -41,6 +45,18 @@ func (h *whost) queueHeader(add bool, name, value string) {
 	a := uint32(0)
 	if add {
 		a = 1
+	}
+	if b := h.box; b != nil {
+		n, off := b.NHeaders, b.BufLen
+		if n >= MailboxHeaders || int(off)+len(name)+len(value) > MailboxBytes {
+			h.boxFull = true
+			return
+		}
+		b.Ops[3*n], b.Ops[3*n+1], b.Ops[3*n+2] = a, uint32(len(name)), uint32(len(value))
+		off += uint32(copy(b.Buf[off:], name))
+		b.BufLen = off + uint32(copy(b.Buf[off:], value))
+		b.NHeaders = n + 1
+		return
 	}
 	h.pendBuf = append(append(h.pendBuf, name...), value...)
 	h.pendOps = append(h.pendOps, a, uint32(len(name)), uint32(len(value)))
@@ -101,9 +117,16 @@ func (h *whost) IncrementCounter(id uint32, delta int64) {
 		w.owing = true
 		return
 	}
-	if eid, ok := w.c.envoyCounter(id); ok {
-		env.IncrementCounter(w.cur, eid, uint64(delta))
+	eid, ok := w.c.envoyCounter(id)
+	if !ok {
+		return
 	}
+	if b := w.box; b != nil && b.NCounts < MailboxCounts {
+		b.Counts[2*b.NCounts], b.Counts[2*b.NCounts+1] = eid, uint64(delta)
+		b.NCounts++
+		return
+	}
+	env.IncrementCounter(w.cur, eid, uint64(delta))
 }
 
 // RequestHeader implements filter.Host.
@@ -144,10 +167,14 @@ func (h *whost) Property(path ...string) ([]byte, bool) {
 
 // PropertyString is Property as a string view.
 func (h *whost) PropertyString(path ...string) (string, bool) {
-	if h.w.cur == 0 || len(path) != 2 || path[0] != "source" || path[1] != "address" {
+	w := h.w
+	if w.cur == 0 || len(path) != 2 || path[0] != "source" || path[1] != "address" {
 		return "", false
 	}
-	return env.SourceAddress(h.w.cur)
+	if w.srcSet {
+		return w.src, w.srcOK
+	}
+	return env.SourceAddress(w.cur)
 }
 
 // ViewString returns a string sharing b's bytes (the filter asks only for

@@ -217,6 +217,12 @@ type worker struct {
 	// hook on a stream to report; owing says some are.
 	owed  []uint64
 	owing bool
+	// During RequestHeadersNew: the stream's source address as the C side
+	// read it (srcSet), and the mailbox its counts go to (box; nil
+	// outside).
+	src           string
+	srcOK, srcSet bool
+	box           *Mailbox
 
 	// The timer (filter.Ticker): a goroutine's time.Timer that, every
 	// period, commits a scheduler event to a paused stream of the worker
@@ -243,6 +249,7 @@ func newWorker(c *config, i int) *worker {
 // enter makes stream slot (filter pointer f) the current one, first running
 // a tick that came due while no stream could take its event.
 func (w *worker) enter(f uintptr, slot uint32) {
+	w.host.box = nil // only finishEarly sets it, for its own call
 	if w.due.Load() {
 		w.due.Store(false)
 		w.cur, w.curSlot = 0, 0
@@ -319,12 +326,47 @@ func filterNew(cfgHandle, f uintptr, wi uint32) uintptr {
 	return uintptr(c.idx) | uintptr(wi)<<8 | uintptr(id)<<24
 }
 
+// Mailbox sizes: response headers, counter increments, and the bytes of
+// the headers' names and values.
+const (
+	MailboxHeaders = 8
+	MailboxCounts  = 6
+	MailboxBytes   = 800
+)
+
+// Mailbox is where RequestHeadersNew leaves work for the C side of the
+// request-headers hook, so that the common request crosses from C into Go
+// once and makes no call back into C: the counter increments of the hook,
+// which the C side applies when the hook returns, and, for a stream
+// released at once (finishEarly), the response headers it sets in its own
+// response-headers hook. It is a field of the stream's C record
+// (cmd/tokengate-dynmod's tg_mailbox, declared with the same layout): C
+// memory, which Go only writes during the call.
+type Mailbox struct {
+	// NHeaders and NCounts are the entries used in Ops and Counts, BufLen
+	// the bytes used in Buf; the blank field is C's padding.
+	NHeaders, NCounts, BufLen uint32
+	_                         uint32
+	// Ops holds {add (1) or set (0), name length, value length} per
+	// header, their names and values back to back in Buf (as SetHeaders).
+	Ops [3 * MailboxHeaders]uint32
+	// Counts holds {Envoy's counter id, delta} per increment.
+	Counts [2 * MailboxCounts]uint64
+	Buf    [MailboxBytes]byte
+}
+
 // RequestHeadersNew is FilterNew and RequestHeaders in one crossing from C:
 // the binding's C hooks (cmd/tokengate-dynmod/hooks.c) create the Go side
 // of a stream only when its request headers arrive, on Envoy worker wi
-// (which the C side asked Envoy for). It returns the stream's handle (0:
-// none) and the hook's answer.
-func RequestHeadersNew(cfgHandle, f uintptr, wi uint32, end bool) (h uintptr, status uint32) {
+// (which the C side asked Envoy for). src is the stream's source address
+// (srcOK false: Envoy has none), read by the C side before it crossed, so
+// that the filter's ip: keys need no call back into C. With box, the
+// hook's counter increments are left there for the C side to apply, and a
+// stream whose later hooks would do nothing but set its response headers
+// is finished at once (finishEarly): its headers are left in box, and the
+// returned handle is 0, so that no later hook crosses into Go. It returns
+// the stream's handle (0: none) and the hook's answer.
+func RequestHeadersNew(cfgHandle, f uintptr, wi uint32, end bool, src string, srcOK bool, box *Mailbox) (h uintptr, status uint32) {
 	func() {
 		defer guard("on_http_filter_new", func() { h = 0 })
 		h = filterNew(cfgHandle, f, wi)
@@ -332,7 +374,45 @@ func RequestHeadersNew(cfgHandle, f uintptr, wi uint32, end bool) (h uintptr, st
 	if h == 0 {
 		return 0, HeadersContinue
 	}
-	return h, RequestHeaders(f, h, end)
+	w, _, _ := streamOf(h)
+	if w == nil {
+		return h, RequestHeaders(f, h, end)
+	}
+	w.src, w.srcOK, w.srcSet, w.box = src, srcOK, true, box
+	status = RequestHeaders(f, h, end)
+	w.src, w.srcOK, w.srcSet, w.box = "", false, false, nil
+	if box != nil && status == HeadersContinue && finishEarly(h, box) {
+		return 0, status
+	}
+	return h, status
+}
+
+// finishEarly ends stream h, whose request went on, when
+// the filter says its later hooks would have nothing to do but set the
+// response headers (filter.Stream.Idle): the filter computes those headers
+// now, they are left in box for the C side to set when the response
+// headers arrive, and the stream is ended and released. It reports false,
+// changing nothing the response hook would not redo, when the stream is
+// not idle or its headers do not fit in box.
+func finishEarly(h uintptr, box *Mailbox) (done bool) {
+	defer guard("on_http_filter_request_headers", func() { done = false })
+	w, slot, st := streamOf(h)
+	if w == nil || !st.s.Idle() {
+		return false
+	}
+	w.cur, w.curSlot = st.f, slot
+	w.host.box, w.host.boxFull = box, false
+	st.s.OnResponseHeaders(0, false)
+	w.host.box = nil
+	if w.host.boxFull {
+		box.NHeaders, box.BufLen = 0, 0
+		w.cur, w.curSlot = 0, 0
+		return false
+	}
+	st.s.OnDone()
+	w.cur, w.curSlot = 0, 0
+	Destroy(h)
+	return true
 }
 
 // RequestHeaders is on_http_filter_request_headers.
