@@ -72,7 +72,7 @@ func TestRLQSMetrics(t *testing.T) {
 	}
 	exchange := func(us ...*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) *rlqsv3.RateLimitQuotaResponse {
 		t.Helper()
-		if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: us}); err != nil {
+		if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "tokengate", BucketQuotaUsages: us}); err != nil {
 			t.Fatal(err)
 		}
 		resp, err := stream.Recv()

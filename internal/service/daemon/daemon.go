@@ -176,6 +176,7 @@ func Run(ctx context.Context, s Settings) error {
 	// RLQS beside RLS v3 (docs/rlqs.md); its streams expire their
 	// assignments when ctx is done.
 	quota := rlqs.Register(ctx, gs, cfg.Rules(), store, metrics.Registry())
+	quota.SetDomain(rlqs.FileDomain(cfg.File))
 	health := rls.RegisterHealth(gs, ready, s.HealthNames...)
 
 	apply := func(c *rls.Config, err error) {
@@ -185,6 +186,7 @@ func Run(ctx context.Context, s Settings) error {
 		}
 		srv.SetConfig(c)
 		quota.SetRules(c.Rules())
+		quota.SetDomain(rlqs.FileDomain(c.File))
 		HoldFor(ready, s.HoldWhileEmpty, c)
 	}
 	start, err := s.Rules.Follow(ctx, apply)

@@ -206,15 +206,19 @@ func (e *modelEnvoy) apply(now float64, r *rlqsv3.RateLimitQuotaResponse) {
 	}
 }
 
-// countingStore counts the share requests that reach Redis.
+// countingStore counts the share requests that reach Redis and the
+// script calls that carry them.
 type countingStore struct {
 	*redisstore.Store
-	ops atomic.Int64
+	ops, calls atomic.Int64
 }
 
-func (c *countingStore) Share(ctx context.Context, ops []redisstore.ShareOp) []redisstore.ShareResult {
-	c.ops.Add(int64(len(ops)))
-	return c.Store.Share(ctx, ops)
+func (c *countingStore) Share(ctx context.Context, batches []redisstore.ShareBatch) [][]redisstore.ShareResult {
+	for _, b := range batches {
+		c.ops.Add(int64(len(b.Ops)))
+	}
+	c.calls.Add(int64(len(batches)))
+	return c.Store.Share(ctx, batches)
 }
 
 const fleetConfig = `{"rules": [{"name": "api", "scope": "cluster", "limit_keys": ["header:x-tenant"],
