@@ -73,10 +73,10 @@ type ShareResult struct {
 
 // Share limits: a pipeline carries at most shareChunkCalls scripts and
 // shareChunkOps holders, so that each round trip fits the store's timeout
-// however large the report (10,000 buckets are 79 round trips, one after
+// however large the report (10,000 buckets are 157 round trips, one after
 // the other, each under the timeout; never one round trip per bucket).
 const (
-	shareChunkCalls = 128
+	shareChunkCalls = 64
 	shareChunkOps   = 2048
 )
 

@@ -186,13 +186,16 @@ local function rateOf(list)
 end
 local othersRate = 0
 for _, list in pairs(shares) do othersRate = othersRate + rateOf(list) end
--- Holders waiting for a share, oldest first.
+-- Holders waiting for a share, oldest first: rank[h] is how many waited
+-- longer (computed once: the batch is linear in its holders).
+local rank = {}
+for i, w in ipairs(waiters) do rank[w[1]] = i - 1 end
 local function waitersBefore(h, since)
-  local c = 0
-  for h2, d in pairs(demands) do
-    if h2 ~= h and d[3] > 0 and d[1] > 0 and (since == 0 or d[3] < since) and current(h2) == nil then c = c + 1 end
+  if since == 0 or rank[h] == nil then
+    if rank[h] ~= nil then return #waiters - 1 end
+    return #waiters
   end
-  return c
+  return rank[h]
 end
 
 local result = {}

@@ -157,9 +157,10 @@ const (
 )
 
 // fillInterval is a rule's fill interval: whole seconds, long enough for
-// about a hundred units of rate (1 % steps), at most a minute.
+// about a thousand units of rate (0.1 % steps, so that a fleet of hundreds
+// of Envoys still gets whole units each), at most a minute.
 func fillInterval(rate float64) int64 {
-	return int64(min(max(math.Ceil(100/rate), 1), 60))
+	return int64(min(max(math.Ceil(1000/rate), 1), 60))
 }
 
 // bucketState is one bucket a stream reports.
