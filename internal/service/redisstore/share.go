@@ -36,7 +36,9 @@ type ShareBatch struct {
 	// share's rate is Units/Fill tokens per second.
 	Fill int64
 	// Pool bounds the units all live shares hold together (at most
-	// Rate*Fill); BurstPool the max_tokens of one share (at most Burst).
+	// Rate*Fill); BurstPool is the max_tokens shared out, each share
+	// getting its part of the pool's (at least 1; the free tokens bound
+	// them all).
 	Pool, BurstPool uint64
 	// Grace is how long a replaced or released share stays held, Turn how
 	// long a share is held before it yields to a holder waiting for one
@@ -71,41 +73,61 @@ type ShareResult struct {
 	Err    error
 }
 
-// Share limits: a pipeline carries at most shareChunkCalls scripts and
-// shareChunkOps holders, so that each round trip fits the store's timeout
-// however large the report (10,000 buckets are 157 round trips, one after
-// the other, each under the timeout; never one round trip per bucket).
+// Share limits: a script call decides at most shareCallOps holders (a
+// batch of more is split into calls run one after the other, each seeing
+// the last's state), and a pipeline carries at most shareChunkCalls calls
+// and shareChunkOps holders, so that each round trip fits the store's
+// timeout however large the report or the fleet (10,000 buckets are 313
+// round trips, one after the other, each under the timeout; never one
+// round trip per bucket).
 const (
-	shareChunkCalls = 64
-	shareChunkOps   = 2048
+	shareCallOps    = 128
+	shareChunkCalls = 32
+	shareChunkOps   = 256
 )
 
-// Share runs batches, one script call per batch, in pipelines of bounded
-// size one after the other (each as Run runs its ops: the deadline,
-// NOSCRIPT, retries and the guard of silent nodes alike), and returns
-// each batch's results in the order of its ops.
+// Share runs batches, one script call per batch (per shareCallOps of its
+// holders), in pipelines of bounded size one after the other (each as Run
+// runs its ops: the deadline, NOSCRIPT, retries and the guard of silent
+// nodes alike), and returns each batch's results in the order of its ops.
 func (s *Store) Share(ctx context.Context, batches []ShareBatch) [][]ShareResult {
 	out := make([][]ShareResult, len(batches))
-	for i, b := range batches {
-		out[i] = make([]ShareResult, len(b.Ops))
+	type call struct {
+		b    *ShareBatch
+		res  []ShareResult
+		from int
+		to   int
 	}
-	for start := 0; start < len(batches); {
+	var calls []call
+	for i := range batches {
+		b := &batches[i]
+		out[i] = make([]ShareResult, len(b.Ops))
+		for from := 0; from < len(b.Ops) || from == 0; from += shareCallOps {
+			to := min(from+shareCallOps, len(b.Ops))
+			calls = append(calls, call{b: b, res: out[i][from:to], from: from, to: to})
+			if to == len(b.Ops) {
+				break
+			}
+		}
+	}
+	for start := 0; start < len(calls); {
 		end, ops := start, 0
-		for end < len(batches) && end-start < shareChunkCalls && (end == start || ops+len(batches[end].Ops) <= shareChunkOps) {
-			ops += len(batches[end].Ops)
+		for end < len(calls) && end-start < shareChunkCalls && (end == start || ops+calls[end].to-calls[end].from <= shareChunkOps) {
+			ops += calls[end].to - calls[end].from
 			end++
 		}
-		chunk := batches[start:end]
-		res := out[start:end]
+		chunk := calls[start:end]
 		s.runEach(ctx, len(chunk), func(i int) (*script, string, []string) {
-			return shareScript, chunk[i].Key, chunk[i].args()
+			c := chunk[i]
+			return shareScript, c.b.Key, c.b.args(c.from, c.to)
 		}, func(i int, r rueidis.RedisResult, err error) error {
+			res := chunk[i].res
 			if err == nil {
-				err = shareResults(r, res[i])
+				err = shareResults(r, res)
 			}
 			if err != nil {
-				for j := range res[i] {
-					res[i][j] = ShareResult{Err: err}
+				for j := range res {
+					res[j] = ShareResult{Err: err}
 				}
 			}
 			return err
@@ -115,11 +137,12 @@ func (s *Store) Share(ctx context.Context, batches []ShareBatch) [][]ShareResult
 	return out
 }
 
-func (b *ShareBatch) args() []string {
-	a := make([]string, 0, 8+4*len(b.Ops))
+// args are the script's arguments for b.Ops[from:to].
+func (b *ShareBatch) args(from, to int) []string {
+	a := make([]string, 0, 8+4*(to-from))
 	a = append(a, Num(b.Rate), Num(b.Burst), strconv.FormatInt(b.Fill, 10),
 		strconv.FormatUint(b.Pool, 10), strconv.FormatUint(b.BurstPool, 10), Num(b.Grace), Num(b.Turn), b.Now)
-	for _, op := range b.Ops {
+	for _, op := range b.Ops[from:to] {
 		mode := "share"
 		if op.Release {
 			mode = "release"

@@ -13,7 +13,7 @@
 -- ARGV[2]  burst B (> 0)
 -- ARGV[3]  fill interval F, whole seconds: a share's rate is units / F
 -- ARGV[4]  pool: the most units (of F) all shares may hold together
--- ARGV[5]  burst pool: the largest max_tokens one share may get
+-- ARGV[5]  burst pool: the max_tokens shared out, in proportion to units
 -- ARGV[6]  grace: seconds a replaced or released share stays held
 -- ARGV[7]  turn: seconds a share is held before it yields to a waiting holder
 -- ARGV[8]  the time "<seconds>.<6 digits>" (tests), or "" for TIME
@@ -112,11 +112,15 @@ else
   if r < 0 then r = 0 end
   if now > t then tokens = capped(tokens + (now - t) * r) end
 end
+-- Only what changed is written back: the batch's holders and the holders
+-- whose shares expired (a call costs O(holders) to read, O(batch) to write).
+local dirty = {}
 for h, list in pairs(shares) do
   local keep = {}
   for _, s in ipairs(list) do
     if s[4] > now then keep[#keep + 1] = s end
   end
+  if #keep ~= #list then dirty[h] = true end
   shares[h] = keep
 end
 local function current(h)
@@ -130,6 +134,7 @@ local ops = {}
 for i = 9, #ARGV - 3, 4 do
   local o = {op = ARGV[i], holder = ARGV[i + 1], demand = tonumber(ARGV[i + 2]) or 0, ttl = tonumber(ARGV[i + 3])}
   ops[#ops + 1] = o
+  dirty[o.holder] = true
   if o.op == 'release' then
     demands[o.holder] = nil
     redis.call('HDEL', KEYS[1], 'd:' .. o.holder)
@@ -226,7 +231,6 @@ for _, o in ipairs(ops) do
     if want < 1 then want = 1 end
     local wantmax = math.floor(bpool * want / pool)
     if wantmax < 1 then wantmax = 1 end
-    if wantmax > bpool then wantmax = bpool end
     local slack = 1
     if cur ~= nil then slack = math.max(1, math.floor(cur[1] / 5)) end
     local waiting = waitersBefore(h, 0)
@@ -235,7 +239,7 @@ for _, o in ipairs(ops) do
       retire(0)
       d[3] = now
       res = {0, 0, 1}
-    elseif cur ~= nil and cur[5] == fill and cur[3] > now + grace and cur[1] <= want and want - cur[1] <= slack then
+    elseif cur ~= nil and cur[5] == fill and cur[3] > now + grace and cur[1] <= want and want - cur[1] <= slack and othersRate <= pool / fill + 1e-9 then
       -- Renewal: the same share, a later expiry.
       cur[3] = now + o.ttl
       cur[4] = now + o.ttl + grace
@@ -257,8 +261,9 @@ for _, o in ipairs(ops) do
         table.insert(mine, 1, {u, m, now + o.ttl, now + o.ttl + grace, fill, now})
         res = {u, m, 1}
         d[3] = 0
-      elseif cur ~= nil and cur[5] == fill and cur[3] > now + grace then
-        -- No room to change it now: keep it rather than collapse.
+      elseif cur ~= nil and cur[5] == fill and cur[3] > now + grace and othersRate <= pool / fill + 1e-9 then
+        -- No room to change it now: keep it rather than collapse (unless
+        -- the live shares exceed the pool: the rule was lowered).
         cur[3] = now + o.ttl
         cur[4] = now + o.ttl + grace
         res = {math.floor(cur[1]), cur[2], 0}
@@ -279,25 +284,40 @@ end
 if tokens < 0 then tokens = 0 end
 local tokstr = fmt(math.floor(tokens * 1e6) / 1e6)
 result[#result + 1] = tokstr
-for _, f in ipairs(stale) do redis.call('HDEL', KEYS[1], f) end
-redis.call('HSET', KEYS[1], 'b', tokstr .. ':' .. fmt(now))
+local del, set = {}, {'b', tokstr .. ':' .. fmt(now)}
+for _, f in ipairs(stale) do del[#del + 1] = f end
 local maxexp = now
 for h, list in pairs(shares) do
-  if #list == 0 then
-    redis.call('HDEL', KEYS[1], 'g:' .. h)
-  else
-    local parts = {}
-    for _, s in ipairs(list) do
-      parts[#parts + 1] = fmt(s[1]) .. ',' .. s[2] .. ',' .. fmt(s[3]) .. ',' .. fmt(s[4]) .. ',' .. s[5] .. ',' .. fmt(s[6])
-      if s[4] > maxexp then maxexp = s[4] end
+  for _, s in ipairs(list) do
+    if s[4] > maxexp then maxexp = s[4] end
+  end
+  if dirty[h] then
+    if #list == 0 then
+      del[#del + 1] = 'g:' .. h
+    else
+      local parts = {}
+      for _, s in ipairs(list) do
+        parts[#parts + 1] = fmt(s[1]) .. ',' .. s[2] .. ',' .. fmt(s[3]) .. ',' .. fmt(s[4]) .. ',' .. s[5] .. ',' .. fmt(s[6])
+      end
+      set[#set + 1] = 'g:' .. h
+      set[#set + 1] = table.concat(parts, ';')
     end
-    redis.call('HSET', KEYS[1], 'g:' .. h, table.concat(parts, ';'))
   end
 end
 for h, d in pairs(demands) do
-  redis.call('HSET', KEYS[1], 'd:' .. h, fmt(d[1]) .. ',' .. fmt(d[2]) .. ',' .. fmt(d[3]))
   if d[2] > maxexp then maxexp = d[2] end
+  if dirty[h] then
+    set[#set + 1] = 'd:' .. h
+    set[#set + 1] = fmt(d[1]) .. ',' .. fmt(d[2]) .. ',' .. fmt(d[3])
+  end
 end
+local function each(cmd, args, step)
+  for i = 1, #args, step do
+    redis.call(cmd, KEYS[1], unpack(args, i, math.min(i + step - 1, #args)))
+  end
+end
+each('HDEL', del, 500)
+each('HSET', set, 500)
 -- Until every share has expired and then L has refilled, plus a minute
 -- (for a clock of the service's that differs from Redis's).
 redis.call('PEXPIRE', KEYS[1], math.ceil(((maxexp - now) + burst / rate + 60) * 1000))

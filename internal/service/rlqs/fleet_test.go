@@ -62,7 +62,8 @@ type modelEnvoy struct {
 	buckets    map[string]*modelBucket
 	nextReport float64 // 0: the timer has not started
 	interval   float64 // reporting_interval, seconds (0: reportInterval)
-	sent       int     // report messages sent
+	debug      bool
+	sent       int // report messages sent
 	admitted   uint64
 	abandons   int
 	expiries   int
@@ -181,6 +182,9 @@ func (e *modelEnvoy) recv() *rlqsv3.RateLimitQuotaResponse {
 }
 
 func (e *modelEnvoy) apply(now float64, r *rlqsv3.RateLimitQuotaResponse) {
+	if e.debug {
+		e.t.Logf("%.1f %v", now, r)
+	}
 	for _, a := range r.GetBucketAction() {
 		k := idKey(a.GetBucketId().GetBucket())
 		b := e.buckets[k]

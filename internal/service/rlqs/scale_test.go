@@ -87,17 +87,19 @@ func everySecond(f *fleet) {
 // its fair share, the lightest below) and a reconnect of a third of the
 // fleet at 10 s: the bound holds and the fleet still uses ≥ 80 %.
 func TestRLQSFleetScale(t *testing.T) {
-	const rate, burst, secs = 100.0, 100.0, 30.0
-	// Only 10 Envoys, equal and skewed, meet the goals yet: with 3 and 50
-	// Envoys and with reconnects the fleet used 58-79 % of the bound
-	// (TOKENGATE_RLQS_SCALE_ALL=1 runs them; docs/rlqs.md#limits).
-	ns, kinds := []int{10}, []string{"equal", "skewed"}
+	const rate, secs = 100.0, 30.0
+	// 50 Envoys do not meet the goals yet (71-80 % of the bound, the
+	// least Envoy 42 of a fair 60: docs/rlqs.md#limits);
+	// TOKENGATE_RLQS_SCALE_ALL=1 runs them too.
+	ns, kinds := []int{3, 10}, []string{"equal", "skewed", "reconnect"}
 	if os.Getenv("TOKENGATE_RLQS_SCALE_ALL") != "" {
-		ns, kinds = []int{3, 10, 50}, []string{"equal", "skewed", "reconnect"}
+		ns = append(ns, 50)
 	}
 	for _, n := range ns {
 		for _, kind := range kinds {
 			t.Run(fmt.Sprintf("envoys=%d/%s", n, kind), func(t *testing.T) {
+				// A burst of at least 4 per Envoy (docs/rlqs.md#limits).
+				burst := max(100, 4*float64(n))
 				f := startFleetConfig(t, n, ruleConfig(rate, burst))
 				everySecond(f)
 				demand := func(i int, _ float64) float64 { return 2 * rate / float64(n) }
@@ -183,13 +185,7 @@ func TestRLQSRotation(t *testing.T) {
 // B + 4×15 + 2×15 + 4×3.
 func TestRLQSReloadLowersRate(t *testing.T) {
 	const burst, secs, at, lag = 6.0, 30.0, 15.0, 3.0
-	// With 3 Envoys one window of 10 s held 27 against 26.8 (not yet
-	// met; TOKENGATE_RLQS_SCALE_ALL=1 runs it).
-	ns := []int{10}
-	if os.Getenv("TOKENGATE_RLQS_SCALE_ALL") != "" {
-		ns = []int{3, 10}
-	}
-	for _, n := range ns {
+	for _, n := range []int{3, 10} {
 		t.Run(fmt.Sprintf("envoys=%d", n), func(t *testing.T) {
 			f := startFleetConfig(t, n, ruleConfig(4, burst))
 			everySecond(f)
@@ -246,7 +242,8 @@ func TestRLQSLightEnvoy(t *testing.T) {
 // TestRLQSClampedReport: a report claiming 2^64−1 requests counts as the
 // most its interval can hold (burst + 2 × rate × interval), is counted in
 // tokengate_rls_rlqs_reports_clamped_total, and an honest Envoy offering
-// twice the rate beside it still gets at least a third of the pool.
+// twice the rate beside it still gets at least a third of the pool
+// (without the clamp it got 90 % of the rate to the attacker's 10 %).
 func TestRLQSClampedReport(t *testing.T) {
 	const rate = 100.0
 	f := startFleetConfig(t, 2, ruleConfig(rate, 100))
@@ -271,11 +268,11 @@ func TestRLQSClampedReport(t *testing.T) {
 			units = append(units, hb.strategy.GetTokenBucket().GetTokensPerFill().GetValue())
 		}
 	}
-	// Pool: 90 % of 100/s over a fill interval of 1 s = 90 units.
-	if len(units) == 0 || units[len(units)-1] < 30 {
-		t.Fatalf("honest Envoy's shares %v (units of 90); want at least 30 at the end", units)
+	// Pool: 95 % of 100/s over a fill interval of 10 s = 950 units.
+	if len(units) == 0 || units[len(units)-1] < 950/3 {
+		t.Fatalf("honest Envoy's shares %v (units of 950); want at least a third at the end", units)
 	}
-	t.Logf("honest Envoy's shares over 5 s: %v units of 90", units)
+	t.Logf("honest Envoy's shares over 5 s: %v units of 950", units)
 }
 
 // TestRLQSClampMetric: the clamp is counted.

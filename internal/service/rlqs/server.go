@@ -15,6 +15,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -140,9 +141,11 @@ func (s *Server) now() time.Time {
 const (
 	// poolFraction of the rule's rate is shared out; the rest refills
 	// the free tokens that new and changed shares start full with.
-	poolFraction = 0.9
-	// burstFraction of the burst is the most max_tokens one share gets.
-	burstFraction = 0.5
+	poolFraction = 0.95
+	// burstFraction of the burst is shared out as max_tokens, in
+	// proportion to the shares' rates; the rest stays free for new and
+	// changed shares.
+	burstFraction = 0.8
 	// defaultInterval is Envoy's reporting interval until the reports
 	// say otherwise.
 	defaultInterval = 5
@@ -151,6 +154,8 @@ const (
 	// intervals and idleHold seconds.
 	idleHold    = 10
 	idleReports = 3
+	// demandReports is how many reports a bucket's demand is the peak of.
+	demandReports = 3
 	// reportSlack is how many times a report interval's tokens a report
 	// may claim (allowed + denied), over the burst, before it is clamped.
 	reportSlack = 2
@@ -172,6 +177,10 @@ type bucketState struct {
 	interval int64 // the Envoy's reporting interval, whole seconds
 	idle     int64 // seconds reported with no request, in a row
 	idleN    int   // reports with no request, in a row
+	// recent are the demands (requests per second) of the last reports:
+	// the share follows their peak, so that an Envoy with less than one
+	// request per interval keeps a share its requests fit.
+	recent   [demandReports]float64
 	assigned bool
 	// gauged reports whether the bucket is counted in
 	// tokengate_rls_rlqs_buckets_assigned.
@@ -300,7 +309,9 @@ func (s *Server) report(holder string, m *rlqsv3.RateLimitQuotaUsageReports, buc
 		} else if count > 0 {
 			b.idle, b.idleN = 0, 0
 		}
-		op := redisstore.ShareOp{Holder: holder, Demand: float64(count) / float64(max(elapsed, 1)), TTL: ttl}
+		copy(b.recent[1:], b.recent[:])
+		b.recent[0] = float64(count) / float64(max(elapsed, 1))
+		op := redisstore.ShareOp{Holder: holder, Demand: slices.Max(b.recent[:]), TTL: ttl}
 		if b.idleN >= idleReports && b.idle >= idleHold {
 			// Idle long enough: abandoned, its share released.
 			op.Release = true
