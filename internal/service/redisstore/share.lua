@@ -181,8 +181,14 @@ for i, hw in ipairs(wants) do
   target[hw[1]] = give
   left = left - give
 end
-if left > 0 and n > 0 then
-  for h, v in pairs(target) do target[h] = v + left / n end
+local holding = 0
+for h in pairs(target) do
+  if current(h) ~= nil then holding = holding + 1 end
+end
+if left > 0 and holding > 0 then
+  for h, v in pairs(target) do
+    if current(h) ~= nil then target[h] = v + left / holding end
+  end
 end
 local function rateOf(list)
   local r = 0
@@ -239,8 +245,10 @@ for _, o in ipairs(ops) do
       retire(0)
       d[3] = now
       res = {0, 0, 1}
-    elseif cur ~= nil and cur[5] == fill and cur[3] > now + grace and cur[1] <= want and want - cur[1] <= slack and othersRate <= pool / fill + 1e-9 then
-      -- Renewal: the same share, a later expiry.
+    elseif cur ~= nil and cur[5] == fill and cur[3] > now + grace and cur[1] <= want and want - cur[1] <= slack and othersRate <= pool / fill + 1e-9
+      and (2 * cur[2] >= wantmax or math.floor(tokens) < wantmax) then
+      -- Renewal: the same share, a later expiry (unless its max_tokens
+      -- are less than half its target and the free tokens can pay more).
       cur[3] = now + o.ttl
       cur[4] = now + o.ttl + grace
       res = {cur[1], cur[2], 0}

@@ -89,15 +89,16 @@ func everySecond(f *fleet) {
 // fleet at 10 s: the bound holds and the fleet still uses ≥ 80 %.
 func TestRLQSFleetScale(t *testing.T) {
 	const rate, secs = 100.0, 30.0
-	// 50 Envoys do not meet the goals yet (71-80 % of the bound, the
-	// least Envoy 42 of a fair 60: docs/rlqs.md#limits);
-	// TOKENGATE_RLQS_SCALE_ALL=1 runs them too.
-	ns, kinds := []int{3, 10}, []string{"equal", "skewed", "reconnect"}
-	if os.Getenv("TOKENGATE_RLQS_SCALE_ALL") != "" {
-		ns = append(ns, 50)
-	}
+	// 50 Envoys of skewed demand (most below one request per report
+	// interval) do not meet the goal yet: 73 % of the bound
+	// (docs/rlqs.md#limits); TOKENGATE_RLQS_SCALE_ALL=1 runs them too.
+	ns, kinds := []int{3, 10, 50}, []string{"equal", "skewed", "reconnect"}
+	all := os.Getenv("TOKENGATE_RLQS_SCALE_ALL") != ""
 	for _, n := range ns {
 		for _, kind := range kinds {
+			if n == 50 && kind == "skewed" && !all {
+				continue
+			}
 			t.Run(fmt.Sprintf("envoys=%d/%s", n, kind), func(t *testing.T) {
 				// A burst of at least 4 per Envoy (docs/rlqs.md#limits).
 				burst := max(100, 4*float64(n))
