@@ -154,6 +154,10 @@ const (
 	// intervals and idleHold seconds.
 	idleHold    = 10
 	idleReports = 3
+	// turnReports is how many report intervals (and seconds, at least) a
+	// share is held before it yields to an Envoy waiting for one when the
+	// burst has no room for both.
+	turnReports = 5
 	// demandReports is how many reports a bucket's demand is the peak of.
 	demandReports = 3
 	// reportSlack is how many times a report interval's tokens a report
@@ -369,7 +373,7 @@ func (s *Server) batchOf(r *config.Rule, key string, interval int64, nowArg stri
 	return redisstore.ShareBatch{Key: key, Rate: lim.Rate, Burst: lim.Burst, Fill: fill,
 		Pool:      uint64(max(math.Floor(poolFraction*lim.Rate*float64(fill)), 1)),
 		BurstPool: uint64(max(math.Floor(burstFraction*lim.Burst), 1)),
-		Grace:     s.opt.Grace.Seconds(), Turn: float64(max(2*interval, 2)), Now: nowArg}
+		Grace:     s.opt.Grace.Seconds(), Turn: float64(max(turnReports*interval, turnReports)), Now: nowArg}
 }
 
 // shareReq is one bucket's share request of a report and, once run, its
