@@ -261,7 +261,15 @@ for _, o in ipairs(ops) do
       if u > avail then u = avail end
       local m = wantmax
       if m > math.floor(tokens) then m = math.floor(tokens) end
-      local mayTake = cur ~= nil or waitersBefore(h, d[3]) < math.floor(tokens)
+      -- A holder growing its share leaves a token for the oldest waiting
+      -- Envoy (a shrinking one frees rate for it); waiting ones take
+      -- their turn oldest first.
+      local mayTake
+      if cur ~= nil then
+        mayTake = waiting == 0 or u < cur[1] or math.floor(tokens - m) >= 1
+      else
+        mayTake = waitersBefore(h, d[3]) < math.floor(tokens)
+      end
       if u >= 1 and m >= 1 and mayTake then
         retire(u / fill)
         tokens = tokens - m
