@@ -451,6 +451,23 @@ func (q *shareQueue) flush() {
 		}
 		q.s.opt.Metrics.calls.Add(float64(len(batches)))
 		res := q.s.store.Share(context.Background(), batches)
+		// The batches that failed (a pipeline over the timeout on a busy
+		// Redis) run once more: a share op is safe to repeat, as a second
+		// run finds the share the first granted and renews it.
+		var again []redisstore.ShareBatch
+		var againAt []int
+		for bi := range batches {
+			if slices.ContainsFunc(res[bi], func(r redisstore.ShareResult) bool { return r.Err != nil }) {
+				again = append(again, batches[bi])
+				againAt = append(againAt, bi)
+			}
+		}
+		if len(again) > 0 {
+			q.s.opt.Metrics.calls.Add(float64(len(again)))
+			for i, r := range q.s.store.Share(context.Background(), again) {
+				res[againAt[i]] = r
+			}
+		}
 		for bi, ws := range where {
 			for k, w := range ws {
 				ts[w.t].reqs[w.r].res = res[bi][k]
