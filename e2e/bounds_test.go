@@ -382,9 +382,10 @@ func TestBoundsDropinYAML(t *testing.T) {
 		t.Errorf("peak RSS %d KiB, want under %d MiB", hwmReload, memLimitMiB)
 	}
 	// The configuration replaced is not kept: the live heap after the
-	// reload is the one configuration's, and the resident set has not
-	// doubled.
-	if heapReload > heapLoad*1.25+4 {
+	// reload is the one configuration's (two would be twice it; on a
+	// loaded machine up to 1.4 times was seen while the reload's last
+	// garbage was still reachable), and the resident set has not doubled.
+	if heapReload > heapLoad*1.6+4 {
 		t.Errorf("live heap %.1f MiB after the reload, %.1f before: the old configuration is kept", heapReload, heapLoad)
 	}
 	// The reload's peak holds the configuration in force, the new one and

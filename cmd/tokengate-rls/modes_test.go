@@ -187,7 +187,7 @@ func TestModesHealthRLQS(t *testing.T) {
 				t.Fatal(err)
 			}
 			free := &rlqsv3.BucketId{Bucket: map[string]string{rlscontract.RuleKey: "no-such-rule"}}
-			if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: free}}}); err != nil {
+			if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "tokengate", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: free}}}); err != nil {
 				t.Fatal(err)
 			}
 			resp, err := stream.Recv()

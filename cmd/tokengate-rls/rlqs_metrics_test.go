@@ -41,7 +41,7 @@ func metricValue(m, series string) float64 {
 // TestRLQSMetrics: the RLQS series are on the service's /metrics: a stream
 // open, its reports, the assignments it was sent by action (a share for a
 // rule's bucket, allow_all for a bucket no rule names), the buckets
-// assigned, the share requests, an abandon after an idle interval; and,
+// assigned, the share requests, an abandon after three idle intervals; and,
 // once the stream has ended, no stream open and no bucket assigned.
 // Before, RLQS counted on the server only (Server.Reports), not in
 // Prometheus.
@@ -72,7 +72,7 @@ func TestRLQSMetrics(t *testing.T) {
 	}
 	exchange := func(us ...*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) *rlqsv3.RateLimitQuotaResponse {
 		t.Helper()
-		if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: us}); err != nil {
+		if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "tokengate", BucketQuotaUsages: us}); err != nil {
 			t.Fatal(err)
 		}
 		resp, err := stream.Recv()
@@ -87,11 +87,18 @@ func TestRLQSMetrics(t *testing.T) {
 	if len(resp.GetBucketAction()) != 2 {
 		t.Fatalf("%d actions, want 2: %v", len(resp.GetBucketAction()), resp)
 	}
-	action := "token_bucket"
-	if a := resp.GetBucketAction()[0].GetQuotaAssignmentAction(); a == nil {
-		t.Fatalf("first action %v, want an assignment", resp.GetBucketAction()[0])
-	} else if a.GetRateLimitStrategy().GetTokenBucket() == nil {
-		action = "deny_all" // no tokens to give now: still an assignment
+	action := ""
+	for _, b := range resp.GetBucketAction() {
+		if b.GetBucketId().GetBucket()[rlscontract.RuleKey] != "api" {
+			continue
+		}
+		if a := b.GetQuotaAssignmentAction(); a == nil {
+			t.Fatalf("action %v for the shared bucket, want an assignment", b)
+		} else if a.GetRateLimitStrategy().GetTokenBucket() != nil {
+			action = "token_bucket"
+		} else {
+			action = "deny_all" // no tokens to give now: still an assignment
+		}
 	}
 	_, m := get(t, admin+"/metrics")
 	for _, w := range []struct {
@@ -112,18 +119,25 @@ func TestRLQSMetrics(t *testing.T) {
 		}
 	}
 
-	// A whole interval without requests: the share is abandoned.
+	// Idle reports keep a share for a while (docs/rlqs.md: 3 reports and
+	// 10 s); the third idle interval of 5 s abandons it.
+	for i := range 2 {
+		resp = exchange(usage(shared, 0, 5))
+		if len(resp.GetBucketAction()) != 1 || resp.GetBucketAction()[0].GetQuotaAssignmentAction() == nil {
+			t.Fatalf("idle report %d answered %v, want the share kept", i+1, resp)
+		}
+	}
 	resp = exchange(usage(shared, 0, 5))
 	if len(resp.GetBucketAction()) != 1 || resp.GetBucketAction()[0].GetAbandonAction() == nil {
-		t.Fatalf("idle report answered %v, want an abandon", resp)
+		t.Fatalf("third idle report answered %v, want an abandon", resp)
 	}
 	_, m = get(t, admin+"/metrics")
 	for _, w := range []struct {
 		series string
 		want   float64
 	}{
-		{"tokengate_rls_rlqs_reports_total", 3},
-		{"tokengate_rls_rlqs_share_requests_total", 2},
+		{"tokengate_rls_rlqs_reports_total", 5},
+		{"tokengate_rls_rlqs_share_requests_total", 4},
 		{"tokengate_rls_rlqs_abandons_total", 1},
 		{"tokengate_rls_rlqs_buckets_assigned", 0},
 	} {

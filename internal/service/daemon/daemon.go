@@ -186,6 +186,7 @@ func Run(ctx context.Context, s Settings) error {
 	// assignments when ctx is done.
 	quota := rlqs.Register(ctx, gs, cfg.Rules(), store, metrics.Registry())
 	quota.SetMaxBuckets(limits.RLQSBuckets)
+	quota.SetDomain(rlqs.FileDomain(cfg.File))
 	health := rls.RegisterHealth(gs, ready, s.HealthNames...)
 
 	apply := func(c *rls.Config, err error) {
@@ -195,6 +196,7 @@ func Run(ctx context.Context, s Settings) error {
 		}
 		srv.SetConfig(c)
 		quota.SetRules(c.Rules())
+		quota.SetDomain(rlqs.FileDomain(c.File))
 		HoldFor(ready, s.HoldWhileEmpty, c)
 	}
 	start, err := s.Rules.Follow(ctx, apply)

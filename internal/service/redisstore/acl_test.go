@@ -100,7 +100,8 @@ func TestDocumentedACL(t *testing.T) {
 			return store.Run(ctx, []redisstore.Op{{Key: redisstore.LeaseKey("api", "acme"), Rate: 1, Burst: 5, Cost: 1, Lease: true, TTL: 10}})[0].Err
 		}},
 		{"RLQS share", func() error {
-			return store.Share(ctx, []redisstore.ShareOp{{Key: redisstore.ShareKey("api", "acme"), Rate: 1, Burst: 5, Fill: 1, Pool: 1, BurstPool: 5, Holder: "e1", Demand: 1, TTL: 2, Grace: 1}})[0].Err
+			return store.Share(ctx, []redisstore.ShareBatch{{Key: redisstore.ShareKey("api", "acme"), Rate: 1, Burst: 5, Fill: 1, Pool: 1, BurstPool: 5, Grace: 1,
+				Ops: []redisstore.ShareOp{{Holder: "e1", Demand: 1, TTL: 2}}}})[0][0].Err
 		}},
 		{"fixed window", func() error {
 			return store.Run(ctx, []redisstore.Op{{Key: "rl_a_k_v_0", Cost: 1, Window: 60, Count: 10}})[0].Err
@@ -164,8 +165,9 @@ func TestDocumentedACLCluster(t *testing.T) {
 	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
 		t.Fatalf("documented ACL with the Cluster commands: Ping: %v, want nil", err)
 	}
-	share := []redisstore.ShareOp{{Key: redisstore.ShareKey("api", "acme"), Rate: 1, Burst: 5, Fill: 1, Pool: 1, BurstPool: 5, Holder: "e1", Demand: 1, TTL: 2, Grace: 1}}
-	if err := store.Share(ctx, share)[0].Err; err != nil {
+	share := []redisstore.ShareBatch{{Key: redisstore.ShareKey("api", "acme"), Rate: 1, Burst: 5, Fill: 1, Pool: 1, BurstPool: 5, Grace: 1,
+		Ops: []redisstore.ShareOp{{Holder: "e1", Demand: 1, TTL: 2}}}}
+	if err := store.Share(ctx, share)[0][0].Err; err != nil {
 		t.Errorf("a share: %v", err)
 	}
 	c.Nodes[1].MustDo("ACL", "SETUSER", "tokengate", "resetkeys", "~tb:*", "~tl:*")
@@ -180,7 +182,7 @@ func TestDocumentedACLCluster(t *testing.T) {
 			break
 		}
 	}
-	if err := store.Share(ctx, share)[0].Err; err == nil {
+	if err := store.Share(ctx, share)[0][0].Err; err == nil {
 		t.Fatal("a share on the master without ~tq:*: no error")
 	}
 	err = store.Ping(ctx)

@@ -61,7 +61,9 @@ type modelEnvoy struct {
 	domain     string
 	buckets    map[string]*modelBucket
 	nextReport float64 // 0: the timer has not started
-	sent       int     // report messages sent
+	interval   float64 // reporting_interval, seconds (0: reportInterval)
+	debug      bool
+	sent       int // report messages sent
 	admitted   uint64
 	abandons   int
 	expiries   int
@@ -76,6 +78,13 @@ func idKey(id map[string]string) string {
 	return strings.Join(keys, "\x01")
 }
 
+func (e *modelEnvoy) every() float64 {
+	if e.interval > 0 {
+		return e.interval
+	}
+	return reportInterval
+}
+
 // request decides one request of bucket id at now.
 func (e *modelEnvoy) request(now float64, id map[string]string) bool {
 	b := e.buckets[idKey(id)]
@@ -85,7 +94,7 @@ func (e *modelEnvoy) request(now float64, id map[string]string) bool {
 		ok := e.decide(b, now)
 		e.send(now, []*modelBucket{b})
 		if e.nextReport == 0 {
-			e.nextReport = now + reportInterval
+			e.nextReport = now + e.every()
 		}
 		return ok
 	}
@@ -126,7 +135,7 @@ func (e *modelEnvoy) tick(now float64) {
 	if e.nextReport == 0 || now < e.nextReport || len(e.buckets) == 0 {
 		return
 	}
-	e.nextReport += reportInterval
+	e.nextReport += e.every()
 	bs := make([]*modelBucket, 0, len(e.buckets))
 	for _, b := range e.buckets {
 		bs = append(bs, b)
@@ -173,6 +182,9 @@ func (e *modelEnvoy) recv() *rlqsv3.RateLimitQuotaResponse {
 }
 
 func (e *modelEnvoy) apply(now float64, r *rlqsv3.RateLimitQuotaResponse) {
+	if e.debug {
+		e.t.Logf("%.1f %v", now, r)
+	}
 	for _, a := range r.GetBucketAction() {
 		k := idKey(a.GetBucketId().GetBucket())
 		b := e.buckets[k]
@@ -188,9 +200,13 @@ func (e *modelEnvoy) apply(now float64, r *rlqsv3.RateLimitQuotaResponse) {
 		st := qa.GetRateLimitStrategy()
 		if tb := st.GetTokenBucket(); tb != nil {
 			old := b.strategy.GetTokenBucket()
+			// Envoy compares max_tokens, tokens_per_fill and only the
+			// nanoseconds of fill_interval (global_client_impl.cc,
+			// protoTokenBucketsEq); the rate is tokens_per_fill over the
+			// whole seconds.
 			same := b.strategy != nil && now < b.expires && old != nil && old.GetMaxTokens() == tb.GetMaxTokens() &&
 				old.GetTokensPerFill().GetValue() == tb.GetTokensPerFill().GetValue() &&
-				old.GetFillInterval().AsDuration() == tb.GetFillInterval().AsDuration()
+				old.GetFillInterval().GetNanos() == tb.GetFillInterval().GetNanos()
 			if !same {
 				b.max = float64(tb.GetMaxTokens())
 				b.tokens = b.max
@@ -206,15 +222,19 @@ func (e *modelEnvoy) apply(now float64, r *rlqsv3.RateLimitQuotaResponse) {
 	}
 }
 
-// countingStore counts the share requests that reach Redis.
+// countingStore counts the share requests that reach Redis and the
+// script calls that carry them.
 type countingStore struct {
 	*redisstore.Store
-	ops atomic.Int64
+	ops, calls atomic.Int64
 }
 
-func (c *countingStore) Share(ctx context.Context, ops []redisstore.ShareOp) []redisstore.ShareResult {
-	c.ops.Add(int64(len(ops)))
-	return c.Store.Share(ctx, ops)
+func (c *countingStore) Share(ctx context.Context, batches []redisstore.ShareBatch) [][]redisstore.ShareResult {
+	for _, b := range batches {
+		c.ops.Add(int64(len(b.Ops)))
+	}
+	c.calls.Add(int64(len(batches)))
+	return c.Store.Share(ctx, batches)
 }
 
 const fleetConfig = `{"rules": [{"name": "api", "scope": "cluster", "limit_keys": ["header:x-tenant"],
@@ -232,9 +252,16 @@ type fleet struct {
 	clk    *clock
 	envoys []*modelEnvoy
 	stop   context.CancelFunc
+	addr   string
+	// at, when set, runs at every tick before the Envoys (k: the tick).
+	at func(k int, now float64)
 }
 
-func startFleet(t *testing.T, n int) *fleet {
+func startFleet(t *testing.T, n int) *fleet { t.Helper(); return startFleetConfig(t, n, fleetConfig) }
+
+// startFleetConfig starts n model Envoys against a server of configuration
+// cfgJSON (rule "api", domain "edge").
+func startFleetConfig(t *testing.T, n int, cfgJSON string) *fleet {
 	t.Helper()
 	redis := redistest.Start(t)
 	st, err := redisstore.New(redisstore.Options{Addrs: []string{redis.Addr}, Timeout: 2 * time.Second})
@@ -249,7 +276,7 @@ func startFleet(t *testing.T, n int) *fleet {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	cfg, err := rls.ParseConfig([]byte(fleetConfig))
+	cfg, err := rls.ParseConfig([]byte(cfgJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,21 +294,28 @@ func startFleet(t *testing.T, n int) *fleet {
 	}
 	go func() { _ = gs.Serve(l) }()
 	t.Cleanup(func() { cancel(); gs.Stop() })
+	f.addr = l.Addr().String()
 	for range n {
-		conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		s, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.envoys = append(f.envoys, &modelEnvoy{t: t, stream: s, domain: "edge", buckets: map[string]*modelBucket{}})
+		f.envoys = append(f.envoys, &modelEnvoy{t: t, stream: f.dial(t), domain: "edge", buckets: map[string]*modelBucket{}})
 	}
 	return f
+}
+
+// dial opens a new stream on a new connection (one Envoy process).
+func (f *fleet) dial(t *testing.T) rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient {
+	t.Helper()
+	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // run drives the fleet for secs of simulated time, Envoy i offering
@@ -297,6 +331,9 @@ func (f *fleet) run(secs float64, demand func(i int, now float64) float64) [][]i
 		now := start + float64(k)*tick
 		f.clk.micros.Store(int64(math.Round(now * 1e6)))
 		out[k] = make([]int, len(f.envoys))
+		if f.at != nil {
+			f.at(k, now-start)
+		}
 		for i, e := range f.envoys {
 			e.tick(now)
 			acc[i] += demand(i, now-start) * tick

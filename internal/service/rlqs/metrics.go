@@ -22,6 +22,7 @@ type Metrics struct {
 	streams, assigned       prometheus.Gauge
 	reports, shares, errors prometheus.Counter
 	abandons                prometheus.Counter
+	calls, clamped, domains prometheus.Counter
 	assignments             [numActs]prometheus.Counter
 }
 
@@ -40,7 +41,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_rlqs_debit_errors_total",
 			Help: "Share requests that failed in Redis: the Envoy was sent nothing new and keeps its assignment until its TTL."}),
 		abandons: prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_rlqs_abandons_total",
-			Help: "Abandon actions sent: a bucket idle for a whole report interval, its share released."}),
+			Help: "Abandon actions sent: a bucket idle for 3 report intervals and 10 s, its share released."}),
+		calls: prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_rlqs_share_calls_total",
+			Help: "Share script calls sent to Redis: one per bucket per flush, whatever the number of Envoys reporting it."}),
+		clamped: prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_rlqs_reports_clamped_total",
+			Help: "Bucket usage reports claiming more requests than their interval can hold (burst + 2 x rate x interval), counted as that."}),
+		domains: prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_rlqs_domain_refused_total",
+			Help: "Streams ended because their domain is not the one served (settings.rls.domain)."}),
 	}
 	av := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_rlqs_assignments_total",
 		Help: "Quota assignments sent, by action: token_bucket (a share), deny_all (no tokens to give now), allow_all (no rule for the bucket), expire (TTL 0 on shutdown)."},
@@ -49,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.assignments[i] = av.WithLabelValues(actNames[i])
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.streams, m.assigned, m.reports, m.shares, m.errors, m.abandons, av} {
+		for _, c := range []prometheus.Collector{m.streams, m.assigned, m.reports, m.shares, m.errors, m.abandons, m.calls, m.clamped, m.domains, av} {
 			reg.MustRegister(c)
 		}
 	}

@@ -20,10 +20,13 @@ import (
 // failingSharer is a Redis that fails every share request.
 type failingSharer struct{}
 
-func (failingSharer) Share(_ context.Context, ops []redisstore.ShareOp) []redisstore.ShareResult {
-	out := make([]redisstore.ShareResult, len(ops))
-	for i := range out {
-		out[i].Err = errors.New("redis down")
+func (failingSharer) Share(_ context.Context, batches []redisstore.ShareBatch) [][]redisstore.ShareResult {
+	out := make([][]redisstore.ShareResult, len(batches))
+	for i, b := range batches {
+		out[i] = make([]redisstore.ShareResult, len(b.Ops))
+		for j := range out[i] {
+			out[i][j].Err = errors.New("redis down")
+		}
 	}
 	return out
 }

@@ -15,8 +15,10 @@ import (
 	"errors"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,9 +41,10 @@ import (
 // in key order, are the bucket's composite key.
 const RuleKey = rlscontract.RuleKey
 
-// Sharer runs share requests; *redisstore.Store is the Redis one.
+// Sharer runs share batches (one script call each); *redisstore.Store is
+// the Redis one.
 type Sharer interface {
-	Share(ctx context.Context, ops []redisstore.ShareOp) []redisstore.ShareResult
+	Share(ctx context.Context, batches []redisstore.ShareBatch) [][]redisstore.ShareResult
 }
 
 // Options tune a Server; the zero value is the defaults.
@@ -52,6 +55,10 @@ type Options struct {
 	// Grace is how long a replaced or released share stays held: the bound
 	// on an answer's way to its Envoy (default 1 s).
 	Grace time.Duration
+	// Domain is the only domain whose buckets get shares (settings.rls.domain,
+	// as RLS v3 serves cluster rules); a stream naming another ends with
+	// InvalidArgument. Empty: any domain (SetDomain changes it).
+	Domain string
 	// Metrics, when set, count the streams, reports and actions (else
 	// they are counted in series registered nowhere).
 	Metrics *Metrics
@@ -63,10 +70,12 @@ type Options struct {
 // Server answers StreamRateLimitQuotas. It is safe for concurrent use.
 type Server struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
-	rules atomic.Pointer[map[string]*config.Rule]
-	store Sharer
-	stop  context.Context
-	opt   Options
+	rules  atomic.Pointer[map[string]*config.Rule]
+	domain atomic.Pointer[string]
+	store  Sharer
+	stop   context.Context
+	opt    Options
+	queue  shareQueue
 	// Reports counts the bucket usages received; Ops the share requests
 	// sent to Redis; Errors those that failed.
 	Reports, Ops, Errors atomic.Uint64
@@ -84,7 +93,9 @@ func New(stop context.Context, rules []*config.Rule, store Sharer, opt Options) 
 		opt.Metrics = NewMetrics(nil)
 	}
 	s := &Server{store: store, stop: stop, opt: opt}
+	s.queue.s = s
 	s.SetRules(rules)
+	s.SetDomain(opt.Domain)
 	return s
 }
 
@@ -107,6 +118,20 @@ func (s *Server) SetRules(rules []*config.Rule) {
 	s.rules.Store(&m)
 }
 
+// SetDomain sets the domain served (Options.Domain); streams already open
+// keep theirs until they end.
+func (s *Server) SetDomain(domain string) { s.domain.Store(&domain) }
+
+// FileDomain is the domain whose rules a configuration file serves:
+// settings.rls.domain ("tokengate" when not given), or "" (any) without
+// settings.rls (the drop-in's: no rule is shared out there).
+func FileDomain(f *config.Config) string {
+	if f == nil || f.Settings.RLS == nil {
+		return ""
+	}
+	return f.Settings.RLS.Domain
+}
+
 func (s *Server) now() time.Time {
 	if s.opt.Now != nil {
 		return s.opt.Now()
@@ -114,23 +139,40 @@ func (s *Server) now() time.Time {
 	return time.Now()
 }
 
-// Fill interval, pools and TTL of a rule's shares (docs/rlqs.md#shares).
+// Fill interval, pools, TTL and limits of a rule's shares
+// (docs/rlqs.md#shares).
 const (
 	// poolFraction of the rule's rate is shared out; the rest refills
 	// the free tokens that new and changed shares start full with.
-	poolFraction = 0.9
-	// burstFraction of the burst is shared out as max_tokens; the rest
-	// stays free for them.
-	burstFraction = 0.5
+	poolFraction = 0.95
+	// burstFraction of the burst is shared out as max_tokens, in
+	// proportion to the shares' rates; the rest stays free for new and
+	// changed shares.
+	burstFraction = 0.8
 	// defaultInterval is Envoy's reporting interval until the reports
 	// say otherwise.
 	defaultInterval = 5
+	// idleHold is how long a bucket reported with no request keeps its
+	// (minimum) share before it is abandoned: at least idleReports
+	// intervals and idleHold seconds.
+	idleHold    = 10
+	idleReports = 3
+	// turnReports is how many report intervals (and seconds, at least) a
+	// share is held before it yields to an Envoy waiting for one when the
+	// burst has no room for both.
+	turnReports = 5
+	// demandReports is how many reports a bucket's demand is the peak of.
+	demandReports = 3
+	// reportSlack is how many times a report interval's tokens a report
+	// may claim (allowed + denied), over the burst, before it is clamped.
+	reportSlack = 2
 )
 
 // fillInterval is a rule's fill interval: whole seconds, long enough for
-// about a hundred units of rate (1 % steps), at most a minute.
+// about a thousand units of rate (0.1 % steps, so that a fleet of hundreds
+// of Envoys still gets whole units each), at most a minute.
 func fillInterval(rate float64) int64 {
-	return int64(min(max(math.Ceil(100/rate), 1), 60))
+	return int64(min(max(math.Ceil(1000/rate), 1), 60))
 }
 
 // bucketState is one bucket a stream reports.
@@ -140,6 +182,12 @@ type bucketState struct {
 	key      string
 	reports  int
 	interval int64 // the Envoy's reporting interval, whole seconds
+	idle     int64 // seconds reported with no request, in a row
+	idleN    int   // reports with no request, in a row
+	// recent are the demands (requests per second) of the last reports:
+	// the share follows their peak, so that an Envoy with less than one
+	// request per interval keeps a share its requests fit.
+	recent   [demandReports]float64
 	assigned bool
 	// gauged reports whether the bucket is counted in
 	// tokengate_rls_rlqs_buckets_assigned.
@@ -199,11 +247,15 @@ func (s *Server) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_Strea
 					return status.Error(codes.InvalidArgument, "the first report must name the domain")
 				}
 				domain = m.GetDomain()
+				if want := *s.domain.Load(); want != "" && domain != want {
+					s.opt.Metrics.domains.Inc()
+					return status.Errorf(codes.InvalidArgument, "domain %q is not served here (settings.rls.domain is %q)", domain, want)
+				}
 			}
 			if err := overBuckets(m, buckets, s.maxBuckets()); err != nil {
 				return err
 			}
-			resp := s.report(ctx, holder, m, buckets)
+			resp := s.report(holder, m, buckets)
 			if len(resp.BucketAction) > 0 {
 				if err := stream.Send(resp); err != nil {
 					return err
@@ -214,16 +266,12 @@ func (s *Server) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_Strea
 }
 
 // report decides one report message.
-func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQuotaUsageReports, buckets map[string]*bucketState) *rlqsv3.RateLimitQuotaResponse {
+func (s *Server) report(holder string, m *rlqsv3.RateLimitQuotaUsageReports, buckets map[string]*bucketState) *rlqsv3.RateLimitQuotaResponse {
 	resp := &rlqsv3.RateLimitQuotaResponse{}
 	met := s.opt.Metrics
-	now := s.now()
-	nowArg := ""
-	if s.opt.Now != nil {
-		nowArg = strconv.FormatFloat(float64(now.UnixMicro())/1e6, 'f', 6, 64)
-	}
+	nowArg := s.nowArg()
 	rules := *s.rules.Load()
-	var ops []redisstore.ShareOp
+	var reqs []shareReq
 	var opBuckets []*bucketState
 	for _, u := range m.GetBucketQuotaUsages() {
 		s.Reports.Add(1)
@@ -243,12 +291,11 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 			b.key = redisstore.ShareKey(b.rule.Name, comp)
 		}
 		b.reports++
-		elapsed := u.GetTimeElapsed().GetSeconds()
+		elapsed := max(u.GetTimeElapsed().GetSeconds(), 0)
 		if b.reports > 1 && elapsed >= 1 {
 			b.interval = min(elapsed, 60)
 		}
 		ttl := float64(2*b.interval + 1)
-		count := u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()
 		if b.rule == nil {
 			// No rule: not limited, as RLS leaves an unmatched descriptor,
 			// and not kept (limit.go).
@@ -259,50 +306,186 @@ func (s *Server) report(ctx context.Context, holder string, m *rlqsv3.RateLimitQ
 			continue
 		}
 		lim := b.rule.Limit
-		fill := fillInterval(lim.Rate)
-		op := redisstore.ShareOp{Key: b.key, Rate: lim.Rate, Burst: lim.Burst, Fill: fill,
-			Pool:      uint64(math.Floor(poolFraction * lim.Rate * float64(fill))),
-			BurstPool: uint64(max(math.Floor(burstFraction*lim.Burst), 1)),
-			Holder:    holder, Demand: float64(count) / float64(max(elapsed, 1)),
-			TTL: ttl, Grace: s.opt.Grace.Seconds(), Now: nowArg}
+		// A report claims at most what its interval can hold: the burst
+		// plus reportSlack times the rate over the interval.
+		count, allowed, denied := uint64(0), u.GetNumRequestsAllowed(), u.GetNumRequestsDenied()
+		limit := lim.Burst + reportSlack*lim.Rate*float64(max(elapsed, 1))
+		if float64(allowed) > limit || float64(denied) > limit || float64(allowed+denied) > limit {
+			count = uint64(limit)
+			met.clamped.Inc()
+		} else {
+			count = allowed + denied
+		}
 		if b.reports > 1 && count == 0 && elapsed >= 1 {
-			// Idle for a whole interval: abandoned, its share released.
+			b.idle += elapsed
+			b.idleN++
+		} else if count > 0 {
+			b.idle, b.idleN = 0, 0
+		}
+		copy(b.recent[1:], b.recent[:])
+		b.recent[0] = float64(count) / float64(max(elapsed, 1))
+		op := redisstore.ShareOp{Holder: holder, Demand: slices.Max(b.recent[:]), TTL: ttl}
+		if b.idleN >= idleReports && b.idle >= idleHold {
+			// Idle long enough: abandoned, its share released.
 			op.Release = true
 			b.abandoned = true
 		}
-		ops = append(ops, op)
+		reqs = append(reqs, shareReq{batch: s.batchOf(b.rule, b.key, b.interval, nowArg), op: op})
 		opBuckets = append(opBuckets, b)
 	}
-	if len(ops) == 0 {
+	if len(reqs) == 0 {
 		return resp
 	}
-	s.Ops.Add(uint64(len(ops)))
-	met.shares.Add(float64(len(ops)))
-	for i, r := range s.store.Share(ctx, ops) {
-		b := opBuckets[i]
+	s.Ops.Add(uint64(len(reqs)))
+	met.shares.Add(float64(len(reqs)))
+	s.queue.run(reqs)
+	for i := range reqs {
+		r, b, op, ttl := reqs[i].res, opBuckets[i], reqs[i].op, int64(reqs[i].op.TTL)
 		switch {
 		case r.Err != nil:
 			// Nothing new: the Envoy keeps its assignment until its TTL,
 			// which its share in Redis outlives.
 			s.Errors.Add(1)
 			met.errors.Inc()
-		case ops[i].Release:
+		case op.Release:
 			resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id,
 				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
 			met.abandons.Inc()
 			s.unassign(b)
 			delete(buckets, bucketMapKey(b.id))
 		case r.Units == 0:
-			resp.BucketAction = append(resp.BucketAction, blanket(b.id, typev3.RateLimitStrategy_DENY_ALL, int64(ops[i].TTL)))
+			resp.BucketAction = append(resp.BucketAction, blanket(b.id, typev3.RateLimitStrategy_DENY_ALL, ttl))
 			met.assignments[actDenyAll].Inc()
 			s.assign(b)
 		default:
-			resp.BucketAction = append(resp.BucketAction, tokenBucket(b.id, r.MaxTokens, r.Units, ops[i].Fill, int64(ops[i].TTL)))
+			resp.BucketAction = append(resp.BucketAction, tokenBucket(b.id, r.MaxTokens, r.Units, reqs[i].batch.Fill, ttl))
 			met.assignments[actTokenBucket].Inc()
 			s.assign(b)
 		}
 	}
 	return resp
+}
+
+// nowArg is the time passed to Redis: "" (Redis TIME) unless Options.Now
+// is set.
+func (s *Server) nowArg() string {
+	if s.opt.Now == nil {
+		return ""
+	}
+	return strconv.FormatFloat(float64(s.now().UnixMicro())/1e6, 'f', 6, 64)
+}
+
+// batchOf returns the batch parameters of a bucket of rule r (no ops).
+func (s *Server) batchOf(r *config.Rule, key string, interval int64, nowArg string) redisstore.ShareBatch {
+	lim := r.Limit
+	fill := fillInterval(lim.Rate)
+	return redisstore.ShareBatch{Key: key, Rate: lim.Rate, Burst: lim.Burst, Fill: fill,
+		Pool:      uint64(max(math.Floor(poolFraction*lim.Rate*float64(fill)), 1)),
+		BurstPool: uint64(max(math.Floor(burstFraction*lim.Burst), 1)),
+		Grace:     s.opt.Grace.Seconds(), Turn: float64(max(turnReports*interval, turnReports)), Now: nowArg}
+}
+
+// shareReq is one bucket's share request of a report and, once run, its
+// result.
+type shareReq struct {
+	batch redisstore.ShareBatch // the bucket's parameters, no ops
+	op    redisstore.ShareOp
+	res   redisstore.ShareResult
+}
+
+// shareQueue coalesces the share requests of all streams: while one
+// flush runs in Redis, the reports that arrive wait, and the next flush
+// decides them all, one script call per bucket whatever the number of
+// holders reporting it (a fleet subscribing at once is one call per
+// bucket, not one per Envoy). One flush runs at a time.
+type shareQueue struct {
+	s       *Server
+	mu      sync.Mutex
+	waiting []*shareTicket
+	running bool
+}
+
+type shareTicket struct {
+	reqs []shareReq
+	done chan struct{}
+}
+
+// run decides reqs with whatever else is waiting, and returns when their
+// results are set.
+func (q *shareQueue) run(reqs []shareReq) {
+	t := &shareTicket{reqs: reqs, done: make(chan struct{})}
+	q.mu.Lock()
+	q.waiting = append(q.waiting, t)
+	if !q.running {
+		q.running = true
+		go q.flush()
+	}
+	q.mu.Unlock()
+	<-t.done
+}
+
+func (q *shareQueue) flush() {
+	for {
+		q.mu.Lock()
+		ts := q.waiting
+		q.waiting = nil
+		if len(ts) == 0 {
+			q.running = false
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		var batches []redisstore.ShareBatch
+		type at struct{ t, r int }
+		var where [][]at
+		index := map[string]int{}
+		for ti, t := range ts {
+			for ri := range t.reqs {
+				r := &t.reqs[ri]
+				bi, ok := index[r.batch.Key]
+				if !ok {
+					bi = len(batches)
+					index[r.batch.Key] = bi
+					batches = append(batches, r.batch)
+					where = append(where, nil)
+				} else {
+					// The newest parameters (a reload between reports).
+					ops := batches[bi].Ops
+					batches[bi] = r.batch
+					batches[bi].Ops = ops
+				}
+				batches[bi].Ops = append(batches[bi].Ops, r.op)
+				where[bi] = append(where[bi], at{ti, ri})
+			}
+		}
+		q.s.opt.Metrics.calls.Add(float64(len(batches)))
+		res := q.s.store.Share(context.Background(), batches)
+		// The batches that failed (a pipeline over the timeout on a busy
+		// Redis) run once more: a share op is safe to repeat, as a second
+		// run finds the share the first granted and renews it.
+		var again []redisstore.ShareBatch
+		var againAt []int
+		for bi := range batches {
+			if slices.ContainsFunc(res[bi], func(r redisstore.ShareResult) bool { return r.Err != nil }) {
+				again = append(again, batches[bi])
+				againAt = append(againAt, bi)
+			}
+		}
+		if len(again) > 0 {
+			q.s.opt.Metrics.calls.Add(float64(len(again)))
+			for i, r := range q.s.store.Share(context.Background(), again) {
+				res[againAt[i]] = r
+			}
+		}
+		for bi, ws := range where {
+			for k, w := range ws {
+				ts[w.t].reqs[w.r].res = res[bi][k]
+			}
+		}
+		for _, t := range ts {
+			close(t.done)
+		}
+	}
 }
 
 // assign marks b assigned, counting it in tokengate_rls_rlqs_buckets_assigned
@@ -329,28 +512,21 @@ func (s *Server) unassign(b *bucketState) {
 // the stream.
 func (s *Server) expireAll(stream rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer, holder string, buckets map[string]*bucketState) error {
 	resp := &rlqsv3.RateLimitQuotaResponse{}
-	var ops []redisstore.ShareOp
-	now := s.now()
-	nowArg := ""
-	if s.opt.Now != nil {
-		nowArg = strconv.FormatFloat(float64(now.UnixMicro())/1e6, 'f', 6, 64)
-	}
+	var reqs []shareReq
+	nowArg := s.nowArg()
 	for _, b := range buckets {
 		resp.BucketAction = append(resp.BucketAction, blanket(b.id, typev3.RateLimitStrategy_DENY_ALL, 0))
 		s.opt.Metrics.assignments[actExpire].Inc()
 		if b.rule != nil && b.assigned {
-			ops = append(ops, redisstore.ShareOp{Key: b.key, Rate: b.rule.Limit.Rate, Burst: b.rule.Limit.Burst, Fill: fillInterval(b.rule.Limit.Rate),
-				Holder: holder, Release: true, Grace: s.opt.Grace.Seconds(), Now: nowArg})
+			reqs = append(reqs, shareReq{batch: s.batchOf(b.rule, b.key, b.interval, nowArg), op: redisstore.ShareOp{Holder: holder, Release: true}})
 		}
 	}
 	var err error
 	if len(resp.BucketAction) > 0 {
 		err = stream.Send(resp)
 	}
-	if len(ops) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		s.store.Share(ctx, ops)
+	if len(reqs) > 0 {
+		s.queue.run(reqs)
 	}
 	return err
 }
@@ -359,11 +535,17 @@ func blanket(id *rlqsv3.BucketId, rule typev3.RateLimitStrategy_BlanketRule, ttl
 	return assignment(id, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: rule}}, ttl)
 }
 
+// tokenBucket is a share's assignment. Its fill_interval is fill seconds
+// and fill nanoseconds: Envoy computes the rate from whole seconds but
+// compares strategies by max_tokens, tokens_per_fill and the nanoseconds
+// of fill_interval only, so a share whose fill interval changed (a reload
+// that changed the rule's rate) must differ in the nanoseconds to replace
+// the Envoy's bucket.
 func tokenBucket(id *rlqsv3.BucketId, maxTokens, units uint64, fill, ttl int64) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	return assignment(id, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
 		MaxTokens:     uint32(min(maxTokens, math.MaxUint32)),
 		TokensPerFill: wrapperspb.UInt32(uint32(min(units, math.MaxUint32))),
-		FillInterval:  durationpb.New(time.Duration(fill) * time.Second),
+		FillInterval:  &durationpb.Duration{Seconds: fill, Nanos: int32(fill)},
 	}}}, ttl)
 }
 

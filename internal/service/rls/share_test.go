@@ -23,8 +23,8 @@ func TestShareDebits(t *testing.T) {
 	// Rate 10/s, burst 100, fill 1 s: pool 9 units, burst pool 50.
 	share := func(holder string, demand float64, now string) redisstore.ShareResult {
 		t.Helper()
-		res := store.Share(context.Background(), []redisstore.ShareOp{{Key: key, Rate: 10, Burst: 100, Fill: 1, Pool: 9, BurstPool: 50,
-			Holder: holder, Demand: demand, TTL: 11, Grace: 1, Now: now}})[0]
+		res := store.Share(context.Background(), []redisstore.ShareBatch{{Key: key, Rate: 10, Burst: 100, Fill: 1, Pool: 9, BurstPool: 50,
+			Grace: 1, Turn: 10, Now: now, Ops: []redisstore.ShareOp{{Holder: holder, Demand: demand, TTL: 11}}}})[0][0]
 		if res.Err != nil {
 			t.Fatal(res.Err)
 		}
@@ -47,16 +47,18 @@ func TestShareDebits(t *testing.T) {
 		t.Fatalf("b beside a full pool: %+v, want no share and 50 free tokens", b)
 	}
 	// a reports again with b's demand known: its share is above its target
-	// (half the pool) and is retired, held for the 1 s grace, so that no new
-	// one fits yet.
-	if a3 := share("a", 10, "1002.000000"); a3.Units != 0 || math.Abs(a3.Tokens-50) > 1e-6 {
-		t.Fatalf("a above its target: %+v, want its share retired and 50 free tokens", a3)
+	// (half the pool, 4 units) and is replaced at once by one of 4 units and
+	// 22 max_tokens (not retired to nothing), the 22 taken from the free
+	// tokens; the old share keeps only its rate above the new one (5 units)
+	// and its max_tokens for the 1 s grace.
+	if a3 := share("a", 10, "1002.000000"); a3.Units != 4 || a3.MaxTokens != 22 || !a3.Changed || math.Abs(a3.Tokens-28) > 1e-6 {
+		t.Fatalf("a above its target: %+v, want 4 units, 22 max_tokens, changed, 28 free tokens", a3)
 	}
-	// After the grace, b gets half the pools, its max_tokens taken from the
-	// free tokens: 50 while a's share is held (to 1003), then +10/s for
-	// 0.5 s = 55, less 25.
+	// After the grace b gets its half too: the free tokens stayed at 28
+	// (capped: 100 less the 50 + 22 held) until 1003, then refilled at 10/s
+	// less a's 4/s for 0.5 s = 31, less b's 22.
 	b := share("b", 10, "1003.500000")
-	if b.Units != 4 || b.MaxTokens != 25 || !b.Changed || math.Abs(b.Tokens-30) > 1e-6 {
-		t.Fatalf("b after the grace: %+v, want 4 units, 25 max_tokens, 30 free tokens", b)
+	if b.Units != 4 || b.MaxTokens != 22 || !b.Changed || math.Abs(b.Tokens-9) > 1e-6 {
+		t.Fatalf("b after the grace: %+v, want 4 units, 22 max_tokens, 9 free tokens", b)
 	}
 }
