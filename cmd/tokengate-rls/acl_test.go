@@ -95,7 +95,7 @@ func TestReadyNeedsACL(t *testing.T) {
 			t.Fatal(err)
 		}
 		id := &rlqsv3.BucketId{Bucket: map[string]string{rlscontract.RuleKey: "api", "x-tenant": "acme"}}
-		if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "tokengate", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
 			{BucketId: id, NumRequestsAllowed: 5, TimeElapsed: durationpb.New(time.Second)}}}); err != nil {
 			t.Fatal(err)
 		}
