@@ -178,19 +178,25 @@ func TestResponseCost(t *testing.T) {
 						t.Fatalf("status %d: %s", r.status, r.body)
 					}
 					// A streamed body may reach the client before the host's
-					// last proxy_on_response_body: wait for the settlement.
+					// last proxy_on_response_body: wait for the settlement,
+					// its tokens and its count (the module writes the
+					// bucket, then counts, within one callback that may still
+					// be running when the client has the body).
+					wantSettled := map[bool]uint64{true: 0, false: 1}[100-tt.want == float64(tt.pre)]
 					var got float64
+					var settled uint64
 					for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-						if got = tokensOf(t, ms, "llm"); got == tt.want {
+						got = tokensOf(t, ms, "llm")
+						settled = metric(t, h, "llm", "settle_charged") + metric(t, h, "llm", "settle_refunded")
+						if got == tt.want && settled == wantSettled {
 							break
 						}
 					}
 					if got != tt.want {
 						t.Errorf("tokens: got %v, want %v", got, tt.want)
 					}
-					settled := metric(t, h, "llm", "settle_charged") + metric(t, h, "llm", "settle_refunded")
-					if want := map[bool]uint64{true: 0, false: 1}[100-tt.want == float64(tt.pre)]; settled != want {
-						t.Errorf("settlements: got %d, want %d", settled, want)
+					if settled != wantSettled {
+						t.Errorf("settlements: got %d, want %d", settled, wantSettled)
 					}
 				})
 			}
