@@ -14,12 +14,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -384,6 +386,61 @@ counter tokengate.rls_errors
 				t.Errorf("rls_errors %d, want one per failed call (>= 2)", n)
 			}
 		})
+	}
+}
+
+// TestCompletionBehindWait: a callout's completion that reaches the worker
+// while it is busy, queued right behind the script's "wait" for the same
+// stream, still resumes the stream during that wait. The host once took its
+// queue as a batch, so the wait's own loop could not see the completion
+// behind it: the stream stayed paused until the wait timed out
+// (TestFailOpen failed 1 run in 4 under load). The service here holds the
+// call 100 ms and closes it unanswered (on_error: allow goes on); the
+// worker is busy for 1 s meanwhile. On a machine so loaded that the
+// completion comes after that second, the order is the ordinary one and the
+// test passes either way: it never fails for slowness.
+func TestCompletionBehindWait(t *testing.T) {
+	need(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			calls.Add(1)
+			time.Sleep(100 * time.Millisecond)
+			c.Close()
+		}
+	}()
+	defer func() { ln.Close(); <-served }()
+	port := ln.Addr().(*net.TCPAddr).Port
+	cfg := `{"rules":[{"name":"c","scope":"cluster","limit_keys":["header:x-key"],"algorithm_config":{"rps":1,"burst":5}}],` +
+		`"settings":{"rls":{"cluster":"rls","protocol":"json","timeout_ms":5000,"on_error":"allow"}}}`
+	lines := run(t, "workers 1\ncluster rls "+strconv.Itoa(port)+"\nconfig "+cfg+`
+req a x-key:k
+busy 1000
+wait a 5000
+counter tokengate.rls_errors
+`)
+	m := replies(lines)
+	if r := m["req a"]; r == nil || r.verdict != "paused" {
+		t.Fatalf("req a: %+v, want paused for the service", r)
+	}
+	if r := m["wait a"]; r == nil || r.verdict != "continued" {
+		t.Fatalf("wait a: %+v, want continued once the failed call came back (on_error allow)", r)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("the service got %d calls, want 1", n)
+	}
+	if n := counter(t, lines, "tokengate.rls_errors"); n != 1 {
+		t.Errorf("rls_errors %d, want 1", n)
 	}
 }
 

@@ -247,9 +247,14 @@ static void push(worker_t* w, event_t* e) {
 }
 
 // dispatch runs the worker's queued events, waiting up to wait_s for the
-// first; it returns the number run.
+// first; it returns the number run. Events are taken off the queue one at
+// a time, never as a batch: a command that runs the loop itself (wait,
+// pump, a load's request) dispatches from inside this one, and must see
+// the events queued behind it. Had this call detached them, a callout's
+// completion that arrived just after a "wait" command, before the worker
+// took either, would sit in this call's batch until the wait timed out
+// (the stream's continue then came too late for it).
 static int dispatch(worker_t* w, double wait_s) {
-	int n = 0;
 	pthread_mutex_lock(&w->mu);
 	if (!w->head && wait_s > 0) {
 		struct timespec ts;
@@ -259,11 +264,21 @@ static int dispatch(worker_t* w, double wait_s) {
 		ts.tv_nsec = ns % 1000000000L;
 		pthread_cond_timedwait(&w->cv, &w->mu, &ts);
 	}
-	event_t* e = w->head;
-	w->head = w->tail = NULL;
+	// At most the events queued now: those pushed while they run wait for
+	// the next call.
+	int queued = 0;
+	for (event_t* q = w->head; q; q = q->next) queued++;
 	pthread_mutex_unlock(&w->mu);
-	while (e) {
-		event_t* next = e->next;
+	int n = 0;
+	while (n < queued) {
+		pthread_mutex_lock(&w->mu);
+		event_t* e = w->head;
+		if (e) {
+			w->head = e->next;
+			if (!w->head) w->tail = NULL;
+		}
+		pthread_mutex_unlock(&w->mu);
+		if (!e) break; // a nested dispatch ran the rest
 		if (e->kind == 3) {
 			e->fn(e->arg);
 			pthread_mutex_lock(&cmd_mu);
@@ -290,7 +305,6 @@ static int dispatch(worker_t* w, double wait_s) {
 		hmap_clear(&e->hdrs);
 		free(e->body);
 		free(e);
-		e = next;
 		n++;
 	}
 	return n;
@@ -898,6 +912,21 @@ static void stream_cmd(void* arg) {
 	fflush(stdout);
 }
 
+// busy_cmd keeps its worker busy for b->ms, as a long hook of another
+// stream would, first saying it started.
+typedef struct {
+	int ms, started, done;
+} busy_t;
+
+static void busy_cmd(void* arg) {
+	busy_t* b = arg;
+	pthread_mutex_lock(&cmd_mu);
+	b->started = 1;
+	pthread_cond_broadcast(&cmd_cv);
+	pthread_mutex_unlock(&cmd_mu);
+	usleep((useconds_t)(b->ms * 1000));
+}
+
 static int split(char* line, char** argv, int max) {
 	int n = 0;
 	for (char* tok = strtok(line, " \t\n"); tok && n < max; tok = strtok(NULL, " \t\n")) argv[n++] = tok;
@@ -941,6 +970,18 @@ static void run_script(FILE* in) {
 			// Envoy runs a stream's hooks on the worker that owns it.
 			cmd_t c = {argv, argc};
 			run_on(cur_worker, stream_cmd, &c);
+		} else if (!strcmp(cmd, "busy")) {
+			// busy MS: the current worker is busy for MS; the script goes
+			// on as soon as the worker started it, so that what reaches the
+			// worker meanwhile (the next commands, callout completions)
+			// queues up behind it. The record stays allocated: the worker
+			// writes its done flag last.
+			busy_t* b = calloc(1, sizeof *b);
+			b->ms = atoi(argv[1]);
+			post(cur_worker, busy_cmd, b, &b->done);
+			pthread_mutex_lock(&cmd_mu);
+			while (!b->started) pthread_cond_wait(&cmd_cv, &cmd_mu);
+			pthread_mutex_unlock(&cmd_mu);
 		} else if (!strcmp(cmd, "sleep")) {
 			usleep((useconds_t)(atof(argv[1]) * 1000));
 		} else if (!strcmp(cmd, "counter")) {
