@@ -124,7 +124,7 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	fs.StringVar(&o.credentialFile, "credential-file", "", "`file` of the proxies' credentials, one per line: a settlement or lease call must carry one (authorization: Bearer <credential>; the filter's settings.rls.credential)")
 	fs.BoolVar(&o.openWrites, "allow-unauthenticated-writes", false, "accept settlements and lease calls from any caller (unsafe: any client that reaches the port can refund, reset or charge any key); "+
 		"without it, and without -credential-file or -tls-client-ca, they are refused")
-	fs.DurationVar(&o.watch, "watch-interval", 2*time.Second, "how often the -config file and the TLS files are checked for changes (0: only SIGHUP reloads)")
+	fs.DurationVar(&o.watch, "watch-interval", 2*time.Second, "how often the -config file, the TLS files and the -credential-file are checked for changes (0: only SIGHUP reloads)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "least `level` logged: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text (logfmt) or json")
 	if err := fs.Parse(args); err != nil {
@@ -244,6 +244,7 @@ func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Se
 		s.TLS = &rls.TLSFiles{Cert: o.tlsCert, Key: o.tlsKey, ClientCA: o.tlsClientCA, ClientOptional: o.tlsClientOptional}
 	}
 	s.Writes = rls.WriteAuth{Open: o.openWrites, Certs: o.tlsClientCA != "", URIPrefix: o.tlsWriterURI}
+	s.CredentialFile = o.credentialFile
 	if o.credentialFile != "" {
 		creds, err := rls.ReadCredentialFile(o.credentialFile)
 		if err != nil {

@@ -69,6 +69,12 @@ type Settings struct {
 	// Writes say who may settle and lease (rls.WriteAuth,
 	// docs/rls.md#trust-model); the zero value refuses every write.
 	Writes rls.WriteAuth
+	// CredentialFile, when not empty, is the file of the proxies'
+	// credentials Writes was built with (rls.ReadCredentialFile): read
+	// again on Hup and, polled, when its contents change, so that a
+	// credential is rotated without a restart. A file that does not read
+	// keeps the credentials in force, and says why once.
+	CredentialFile string
 	// HealthNames are the service names the health service answers for
 	// besides "" and rls.RLSService.
 	HealthNames []string
@@ -225,6 +231,9 @@ func Run(ctx context.Context, s Settings) error {
 	}
 
 	w := &watcher{log: s.Log, rules: s.Rules, apply: apply, tls: serverTLS}
+	if s.CredentialFile != "" {
+		w.creds = newCredentials(s.CredentialFile, s.Writes, srv.SetWriteAuth)
+	}
 	if err := w.serve(ctx, s.Hup, s.Poll, errc); err != nil {
 		gs.Stop()
 		for _, hs := range https {

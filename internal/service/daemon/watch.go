@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
 	"log/slog"
 	"os"
 	"time"
@@ -20,6 +21,8 @@ type watcher struct {
 	// again (a file missing for the whole of a rotation) is not logged
 	// again until a reload succeeds or the error changes.
 	tlsErr string
+	// creds, when not nil, reloads the proxies' credentials.
+	creds *credentials
 }
 
 // serve reloads on hup and, every interval (0: never), when the sources
@@ -48,6 +51,9 @@ func (w *watcher) serve(ctx context.Context, hup <-chan os.Signal, interval time
 // poll reloads what changed since the last look.
 func (w *watcher) poll() {
 	w.rules.Poll(w.apply)
+	if w.creds != nil {
+		w.creds.reload(w.log, "file changed", false)
+	}
 	if w.tls == nil {
 		return
 	}
@@ -67,6 +73,9 @@ func (w *watcher) poll() {
 // reload loads the rules and the TLS files again.
 func (w *watcher) reload(why string) {
 	w.rules.Reload(why, w.apply)
+	if w.creds != nil {
+		w.creds.reload(w.log, why, true)
+	}
 	if w.tls == nil {
 		return
 	}
@@ -76,4 +85,47 @@ func (w *watcher) reload(why string) {
 	}
 	w.tlsErr = ""
 	w.log.Info("TLS files reloaded", "trigger", why)
+}
+
+// credentials reloads the proxies' credentials from their file
+// (Settings.CredentialFile) into the server's write rule.
+type credentials struct {
+	file string
+	base rls.WriteAuth       // the rule, with the file's credentials as read at start
+	set  func(rls.WriteAuth) // the server's SetWriteAuth
+	last [sha256.Size]byte   // the digest of the contents in force
+	err  string              // the last error logged, not logged again
+}
+
+func newCredentials(file string, base rls.WriteAuth, set func(rls.WriteAuth)) *credentials {
+	c := &credentials{file: file, base: base, set: set}
+	if b, err := os.ReadFile(file); err == nil {
+		c.last = sha256.Sum256(b)
+	}
+	return c
+}
+
+// reload reads the file again and, when it reads and (unless force) its
+// contents changed, puts its credentials in force; when it does not read,
+// the credentials in force stay and the error is logged once.
+func (c *credentials) reload(log *slog.Logger, why string, force bool) {
+	b, err := os.ReadFile(c.file)
+	if err == nil && !force && sha256.Sum256(b) == c.last {
+		return
+	}
+	var secrets []string
+	if err == nil {
+		secrets, err = rls.ParseCredentials(c.file, b)
+	}
+	if err != nil {
+		if err.Error() != c.err {
+			c.err = err.Error()
+			log.Error("credentials not reloaded: the ones in force stay", "trigger", why, "error", err)
+		}
+		return
+	}
+	c.err = ""
+	c.last = sha256.Sum256(b)
+	c.set(c.base.WithCredentials(secrets))
+	log.Info("credentials reloaded", "trigger", why, "credentials", len(secrets))
 }

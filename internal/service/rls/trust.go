@@ -75,6 +75,22 @@ func (a *WriteAuth) AddCredential(secret string) {
 	a.digests = append(a.digests, sha256.Sum256([]byte(secret)))
 }
 
+// WithCredentials returns a copy of a that accepts secrets, and no
+// other credential (a credential file read again).
+func (a WriteAuth) WithCredentials(secrets []string) WriteAuth {
+	a.digests = nil
+	for _, c := range secrets {
+		a.AddCredential(c)
+	}
+	return a
+}
+
+// AcceptsCredential reports whether secret is one of the accepted
+// credentials (what a call carries after "Bearer ").
+func (a *WriteAuth) AcceptsCredential(secret string) bool {
+	return a.credentialOK([]string{"Bearer " + secret})
+}
+
 // Configured reports whether some authentication is configured.
 func (a *WriteAuth) Configured() bool { return len(a.digests) > 0 || a.Certs }
 
@@ -88,6 +104,12 @@ func ReadCredentialFile(path string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ParseCredentials(path, b)
+}
+
+// ParseCredentials is ReadCredentialFile over the contents b of the file
+// path.
+func ParseCredentials(path string, b []byte) ([]string, error) {
 	var out []string
 	for i, line := range strings.Split(string(b), "\n") {
 		line = strings.TrimSpace(line)
