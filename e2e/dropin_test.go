@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tokengate/tokengate/internal/testsupport/configmap"
 	"github.com/tokengate/tokengate/internal/testsupport/envoyrl"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
 )
@@ -520,42 +521,6 @@ func TestDropinParityBadFile(t *testing.T) {
 	}
 }
 
-// configMapLayout lays out files in dir as the kubelet mounts a
-// ConfigMap: the files in ..<stamp>/, the symlink ..data to it, and each
-// name a symlink to ..data/name; called again with another stamp, it
-// swaps ..data as the kubelet does on an update (a new symlink renamed
-// over the old one) and removes the old directory.
-func configMapLayout(t *testing.T, dir, stamp string, files map[string]string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Join(dir, ".."+stamp), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, ".."+stamp, name), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	old, _ := os.Readlink(filepath.Join(dir, "..data"))
-	if err := os.Symlink(".."+stamp, filepath.Join(dir, "..data_tmp")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	for name := range files {
-		if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
-			if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if old != "" && old != ".."+stamp {
-		if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // TestDropinConfigMapDir: tokengate-rls started as ratelimit on a runtime
 // directory mounted from a ConfigMap, without RUNTIME_IGNOREDOTFILES (its
 // default is false), loads each file once and starts; a ConfigMap update
@@ -569,7 +534,7 @@ func TestDropinConfigMapDir(t *testing.T) {
 	var config string
 	p := startDropinLayout(t, redis.Addr, func(dir string) {
 		config = dir
-		configMapLayout(t, dir, "2026_11_28_17_00_00.000000001", map[string]string{"parity.yaml": parityYAML})
+		configmap.Lay(t, dir, "2026_11_28_17_00_00.000000001", map[string]string{"parity.yaml": parityYAML})
 	}, "TOKENGATE_ALGORITHM=fixed_window", "RUNTIME_IGNOREDOTFILES=false", "RUNTIME_WATCH_ROOT=true")
 	c := rlsClient(t, p.grpc)
 	limit := func() string {
@@ -582,7 +547,7 @@ func TestDropinConfigMapDir(t *testing.T) {
 	if got := limit(); !strings.Contains(got, "limit=3/MINUTE") {
 		t.Fatalf("from the ConfigMap: %s, want parity.yaml's 3 a minute", got)
 	}
-	configMapLayout(t, config, "2026_11_28_17_05_00.000000002",
+	configmap.Lay(t, config, "2026_11_28_17_05_00.000000002",
 		map[string]string{"parity.yaml": strings.Replace(parityYAML, "rate_limit: {unit: minute, requests_per_unit: 3}", "rate_limit: {unit: minute, requests_per_unit: 30}", 1)})
 	deadline := time.Now().Add(15 * time.Second)
 	for got := limit(); !strings.Contains(got, "limit=30/MINUTE"); got = limit() {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tokengate/tokengate/internal/service/dropin/rlsyaml"
 	"github.com/tokengate/tokengate/internal/service/rls"
+	"github.com/tokengate/tokengate/internal/testsupport/configmap"
 )
 
 func TestParse(t *testing.T) {
@@ -272,43 +273,6 @@ descriptors:
 	}
 }
 
-// configMapDir lays out files in dir as the kubelet mounts a ConfigMap:
-// the files in ..<stamp>/, the symlink ..data to it, and each name a
-// symlink to ..data/name. Called again with another stamp, it swaps
-// ..data as the kubelet does on an update (a new symlink renamed over the
-// old one) and removes the old directory.
-func configMapDir(t *testing.T, dir, stamp string, files map[string]string) {
-	t.Helper()
-	ts := filepath.Join(dir, ".."+stamp)
-	if err := os.MkdirAll(ts, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(ts, name), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	old, _ := os.Readlink(filepath.Join(dir, "..data"))
-	if err := os.Symlink(".."+stamp, filepath.Join(dir, "..data_tmp")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	for name := range files {
-		if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
-			if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if old != "" && old != ".."+stamp {
-		if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // TestLoadDirConfigMap: a directory mounted from a Kubernetes ConfigMap
 // loads each file once, with RUNTIME_IGNOREDOTFILES or without; before,
 // without it, each domain was read twice (as edge.yaml and as
@@ -317,7 +281,7 @@ func configMapDir(t *testing.T, dir, stamp string, files map[string]string) {
 // ordinary dot file.
 func TestLoadDirConfigMap(t *testing.T) {
 	dir := t.TempDir()
-	configMapDir(t, dir, "2026_11_28_17_00_00.000000001", map[string]string{"edge.yaml": "domain: edge\n", "api.yaml": "domain: api\n"})
+	configmap.Lay(t, dir, "2026_11_28_17_00_00.000000001", map[string]string{"edge.yaml": "domain: edge\n", "api.yaml": "domain: api\n"})
 	for _, ignoreDot := range []bool{false, true} {
 		ds, err := rlsyaml.LoadDir(dir, ignoreDot)
 		if err != nil {
@@ -332,7 +296,7 @@ func TestLoadDirConfigMap(t *testing.T) {
 		}
 	}
 	// An update: the new files are read.
-	configMapDir(t, dir, "2026_11_28_17_05_00.000000002", map[string]string{"edge.yaml": "domain: edge2\n", "api.yaml": "domain: api\n"})
+	configmap.Lay(t, dir, "2026_11_28_17_05_00.000000002", map[string]string{"edge.yaml": "domain: edge2\n", "api.yaml": "domain: api\n"})
 	ds, err := rlsyaml.LoadDir(dir, false)
 	if err != nil || len(ds) != 2 || ds[1].Name != "edge2" {
 		t.Fatalf("after the update: %v %v", ds, err)
