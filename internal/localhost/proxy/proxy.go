@@ -25,7 +25,6 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
-	"net/url"
 	"os"
 	"sort"
 	"strconv"
@@ -537,33 +536,10 @@ func isHopByHop(name string) bool {
 // forward sends the request, as the filter left it, to the upstream and
 // returns the response as a header map (":status" first) and body.
 func (p *Proxy) forward(st *wasmhost.Stream, r *http.Request) ([]wasmhost.Header, []byte, []wasmhost.Header) {
-	reqHeaders, reqBody := st.Request()
-	req := wasmhost.NewHeaderMap(reqHeaders)
-	method, _ := req.Get(":method")
-	path, _ := req.Get(":path")
-	authority, _ := req.Get(":authority")
-	u, err := url.ParseRequestURI(path)
-	if err != nil {
-		hs, b := errorResponse(http.StatusBadRequest, "tokengate-local: bad :path "+strconv.Quote(path)+"\n")
-		return hs, b, nil
-	}
-	out, err := http.NewRequestWithContext(r.Context(), method, u.String(), bytes.NewReader(reqBody))
+	out, err := upstreamRequest(r.Context(), st, r)
 	if err != nil {
 		hs, b := errorResponse(http.StatusBadRequest, "tokengate-local: "+err.Error()+"\n")
 		return hs, b, nil
-	}
-	out.URL = u
-	out.Host = authority
-	out.RequestURI = path
-	out.RemoteAddr = r.RemoteAddr
-	out.Proto, out.ProtoMajor, out.ProtoMinor = r.Proto, r.ProtoMajor, r.ProtoMinor
-	out.ContentLength = int64(len(reqBody))
-	for _, hd := range reqHeaders {
-		if strings.HasPrefix(hd.Name, ":") {
-			continue
-		}
-		k := textproto.CanonicalMIMEHeaderKey(hd.Name)
-		out.Header[k] = append(out.Header[k], hd.Value)
 	}
 	rec := &recorder{header: make(http.Header)}
 	func() {
