@@ -81,9 +81,9 @@ type ShareResult struct {
 // round trips, one after the other, each under the timeout; never one
 // round trip per bucket).
 const (
-	shareCallOps    = 128
+	shareCallOps    = 64
 	shareChunkCalls = 32
-	shareChunkOps   = 256
+	shareChunkOps   = 64
 )
 
 // Share runs batches, one script call per batch (per shareCallOps of its
