@@ -438,7 +438,17 @@ end
 local spread = 0
 if level == nil and left > 0 and T.nh > 0 then spread = left / T.nh end
 local function targetOf(h, want, holding)
-  if level ~= nil then return math.min(want, level) end
+  if level ~= nil then
+    -- A share of max_tokens 1 below its holder's demand is worth little
+    -- to it (a bucket of one token refilled slower than the requests
+    -- come admits one in two): when the pool cannot cover every demand
+    -- and the burst gives each share a single token, a share covers its
+    -- holder's demand if the pool has it (the next ones get what is
+    -- left, or wait their turn).
+    local floor = math.min(want, math.ceil(want / 1.5 * 1.05))
+    if level < floor and bpool * level / pool < 2 then return floor end
+    return math.min(want, level)
+  end
   if holding then return want + spread end
   return want
 end
@@ -482,8 +492,11 @@ for _, o in ipairs(ops) do
     if cur ~= nil then slack = math.max(1, math.floor(cur[1] / 5)) end
     local waiting = T.nw
     if d[3] > 0 then waiting = waiting - 1 end
-    if cur ~= nil and waiting > 0 and (tokens < 1 or T.nh >= cap) and now - cur[6] >= turn then
-      -- Its turn is over and others wait with no room: yield.
+    if cur ~= nil and waiting > 0 and T.nh >= cap and now - cur[6] >= turn then
+      -- Its turn is over and others wait with no place free: yield, one
+      -- place at a time and only when the free tokens can start the
+      -- next share (shares granted together end their turns together;
+      -- yielding them all at once left places empty for seconds).
       retire(0)
       unhold(d)
       if o.demand > 0 then enqueue(h, d) end
@@ -511,7 +524,10 @@ for _, o in ipairs(ops) do
       if cur ~= nil then
         mayTake = waiting == 0 or u < cur[1] or math.floor(tokens - m) >= 1
       elseif d[3] > 0 then
-        mayTake = d[3] - T.hq < math.min(cap - T.nh, math.floor(tokens))
+        -- (and only for at least half its target: a share of a little
+        -- rate, left by one still in its grace, would take a place and a
+        -- token to admit little, and change again at once)
+        mayTake = d[3] - T.hq < math.min(cap - T.nh, math.floor(tokens)) and (T.nh == 0 or 2 * u >= want)
       else
         mayTake = waiting == 0 and T.nh < cap
       end

@@ -158,8 +158,13 @@ func maxOf(xs []int) int {
 }
 
 // TestRLQSRotation: 10 Envoys on a rule of 4/s and burst 6, each offering
-// 1/s: at most 6 can hold a token bucket at once, so shares rotate; over
-// 30 s every Envoy admits, and the fleet stays within B + R×W.
+// 1/s: at most 4 can hold a token bucket at once (each needs a token of
+// the burst pool), so shares rotate; over 30 s every Envoy admits, the
+// fleet stays within B + R×W and uses at least 55 % of it (it used 45 %
+// when the rate was split among all ten though only four could hold a
+// share, 1 request in 2 admitted on a one-token bucket refilled at
+// 0.95/s, and turns all ended together; docs/rlqs.md#limits says why the
+// issue's 80 % is out of reach at this burst).
 func TestRLQSRotation(t *testing.T) {
 	const rate, burst, secs, n = 4.0, 6.0, 30.0, 10
 	f := startFleetConfig(t, n, ruleConfig(rate, burst))
@@ -172,6 +177,9 @@ func TestRLQSRotation(t *testing.T) {
 		if got == 0 {
 			t.Errorf("envoy %d admitted nothing in %.0f s: shares never rotated to it", i, secs)
 		}
+	}
+	if bound := burst + rate*secs; float64(all) < 0.55*bound {
+		t.Errorf("fleet admitted %d, below 55 %% of burst + rate×T = %.0f", all, bound)
 	}
 }
 
