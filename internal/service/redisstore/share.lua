@@ -89,8 +89,33 @@ local function hmget(fields)
   return out
 end
 
-local head = redis.call('HMGET', key, 'b', 't', 'w')
+-- The batch, and one read of all a call usually needs: the totals, the
+-- batch's records and the expiry slots its shares will be listed at.
+local ops = {}
+for i = 9, #ARGV - 3, 4 do
+  ops[#ops + 1] = {op = ARGV[i], holder = ARGV[i + 1], demand = tonumber(ARGV[i + 2]) or 0, ttl = tonumber(ARGV[i + 3])}
+end
+local first, firstAt = {'b', 't', 'w'}, {}
+for _, o in ipairs(ops) do
+  if not firstAt[o.holder] then
+    firstAt[o.holder] = #first + 1
+    first[#first + 1] = 'g:' .. o.holder
+    first[#first + 1] = 'd:' .. o.holder
+  end
+end
+local xcount, xAt = {}, {}
+local function candidate(e)
+  local k = slotUp(e)
+  if not xAt[k] then
+    xAt[k] = #first + 1
+    first[#first + 1] = 'x:' .. k
+  end
+end
+candidate(now + grace)
+for _, o in ipairs(ops) do candidate(now + (o.ttl or 0) + grace) end
+local head = hmget(first)
 local bval, tval, wval = head[1], head[2], head[3]
+for k, i in pairs(xAt) do xcount[k] = tonumber(head[i]) or 0 end
 
 -- Totals.
 local T = {srate = 0, held = 0, ne = 0, nh = 0, nw = 0, sw = 0, tq = 1, hq = 1, ps = nowslot, ms = nowslot}
@@ -139,6 +164,9 @@ local function load(hs)
   for i = 1, #fields, 2 do
     R[string.sub(fields[i], 3)] = {list = parseList(vals[i]), d = parseDemand(vals[i + 1])}
   end
+end
+for h, i in pairs(firstAt) do
+  R[h] = {list = parseList(head[i]), d = parseDemand(head[i + 1])}
 end
 local function current(rec)
   local s = rec.list[1]
@@ -246,7 +274,13 @@ local function dequeue(d)
   if d[3] > 0 then
     T.nw = T.nw - 1
     T.sw = T.sw - d[4]
-    qdel[d[3]] = true
+    if qset[d[3]] and d[3] == T.tq - 1 then
+      -- the last ticket, given in this call: not given after all
+      T.tq = T.tq - 1
+      if T.hq > T.tq then T.hq = T.tq end
+    else
+      qdel[d[3]] = true
+    end
     qset[d[3]] = nil
     d[3] = 0
   end
@@ -342,13 +376,6 @@ else
 end
 
 -- The batch: demands first, so that every holder's target sees them all.
-local ops, hs = {}, {}
-for i = 9, #ARGV - 3, 4 do
-  local o = {op = ARGV[i], holder = ARGV[i + 1], demand = tonumber(ARGV[i + 2]) or 0, ttl = tonumber(ARGV[i + 3])}
-  ops[#ops + 1] = o
-  hs[#hs + 1] = o.holder
-end
-load(hs)
 for _, o in ipairs(ops) do
   local h = o.holder
   local rec = R[h]
@@ -596,16 +623,19 @@ for n, h in pairs(qset) do
   set[#set + 1] = h
 end
 local ks, kf = {}, {}
-for k in pairs(appendTo) do ks[#ks + 1] = k; kf[#kf + 1] = 'x:' .. k end
+for k in pairs(appendTo) do
+  if xcount[k] == nil then ks[#ks + 1] = k; kf[#kf + 1] = 'x:' .. k end
+end
 if #kf > 0 then
   local counts = hmget(kf)
-  for i, k in ipairs(ks) do
-    local c = (tonumber(counts[i]) or 0) + 1
-    set[#set + 1] = kf[i]
-    set[#set + 1] = c
-    set[#set + 1] = kf[i] .. ':' .. c
-    set[#set + 1] = table.concat(appendTo[k], ' ')
-  end
+  for i, k in ipairs(ks) do xcount[k] = tonumber(counts[i]) or 0 end
+end
+for k, l in pairs(appendTo) do
+  local c = xcount[k] + 1
+  set[#set + 1] = 'x:' .. k
+  set[#set + 1] = c
+  set[#set + 1] = 'x:' .. k .. ':' .. c
+  set[#set + 1] = table.concat(l, ' ')
 end
 local hp = {}
 for b, e in pairs(hist) do hp[#hp + 1] = b .. ':' .. e[1] .. ':' .. e[2] end
