@@ -178,6 +178,8 @@ end
 local appendTo = {}
 local function listAt(h, e)
   local k = slotUp(e)
+  -- (a slot already processed, after a clock that went back: the next one)
+  if k <= T.ps then k = T.ps + 1 end
   if k > T.ms then T.ms = k end
   local l = appendTo[k]
   if not l then l = {seen = {}}; appendTo[k] = l end

@@ -205,3 +205,30 @@ func TestShareRebuild(t *testing.T) {
 		t.Fatalf("rebuilt totals %v; want a's 9/s and 50 max_tokens, one holder, b waiting", st.totals)
 	}
 }
+
+// TestShareClockBack: a share granted after the clock went back (Redis
+// TIME after a failover to a node whose clock is behind) expires at an
+// instant whose slot was already processed; it is listed at the next slot
+// instead (held a little longer), so it still leaves the totals, and
+// once every share has expired the bucket holds none.
+func TestShareClockBack(t *testing.T) {
+	srv, store := shareStore(t)
+	key := redisstore.ShareKey("r", "back")
+	at := func(now string, holder string) {
+		t.Helper()
+		b := redisstore.ShareBatch{Key: key, Rate: 10, Burst: 100, Fill: 1, Pool: 9, BurstPool: 50, Grace: 1, Turn: 10, Now: now}
+		if holder != "" {
+			b.Ops = []redisstore.ShareOp{{Holder: holder, Demand: 1, TTL: 3}}
+		}
+		if r := store.Share(context.Background(), []redisstore.ShareBatch{b})[0]; len(r) > 0 && (r[0].Err != nil || r[0].Units == 0) {
+			t.Fatalf("%s at %s: %+v, want a share", holder, now, r[0])
+		}
+	}
+	at("1000.000000", "a")
+	at("995.000000", "b") // b's share expires at 999, before 1000
+	at("1001.000000", "")
+	at("1010.000000", "")
+	if st := readShare(t, srv, key); st.entries != 0 || st.totals[2] != 0 || st.totals[3] != 0 {
+		t.Fatalf("every share expired: %d entries left, totals %v; want none", st.entries, st.totals)
+	}
+}
