@@ -2,6 +2,10 @@ package daemon
 
 import (
 	"context"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,5 +79,60 @@ func TestMaxConnectionsDefault(t *testing.T) {
 	defer ls[0].Close()
 	if got := cap(ls[0].(*limitListener).slots); got != DefaultMaxConnections {
 		t.Errorf("slots %d, want %d", got, DefaultMaxConnections)
+	}
+}
+
+// TestLimitListenerHammer: 20 goroutines × 5 connections opened and
+// closed against a listener of 3: never more than 3 open on the server's
+// side at once, and every one accepted in the end.
+func TestLimitListenerHammer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ll := limitConnections(l, 3)
+	defer ll.Close()
+	const clients, each = 20, 5
+	var open, most, accepted atomic.Int64
+	go func() {
+		for {
+			c, err := ll.Accept()
+			if err != nil {
+				return
+			}
+			n := open.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			accepted.Add(1)
+			go func() {
+				_, _ = io.Copy(io.Discard, c) // until the client closes
+				open.Add(-1)
+				c.Close()
+			}()
+		}
+	}()
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				c, err := net.Dial("tcp", ll.Addr().String())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_, _ = c.Write([]byte{1})
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for accepted.Load() < clients*each && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, m := accepted.Load(), most.Load(); got != clients*each || m > 3 {
+		t.Errorf("accepted %d of %d, at most %d open at once; want all, at most 3", got, clients*each, m)
 	}
 }
