@@ -34,10 +34,10 @@ func TestChartLimits(t *testing.T) {
 
 	_, c = rlsContainer(t, mustRender(t, `
 limits: {maxDescriptors: 16, maxEntries: 8, maxEntryBytes: 512, maxMessageBytes: 65536,
-  maxStreamsPerConnection: 100, maxInflightDescriptors: 1000, maxRLQSBuckets: 5000}
+  maxStreamsPerConnection: 100, maxInflightDescriptors: 1000, maxRLQSBuckets: 5000, maxConnections: 300}
 `))
 	for _, want := range []string{"-max-descriptors=16", "-max-entries=8", "-max-entry-bytes=512", "-max-message-bytes=65536",
-		"-max-streams-per-connection=100", "-max-inflight-descriptors=1000", "-max-rlqs-buckets=5000"} {
+		"-max-streams-per-connection=100", "-max-inflight-descriptors=1000", "-max-rlqs-buckets=5000", "-max-connections=300"} {
 		if !hasArg(c, want) {
 			t.Errorf("args %q lack %s", c.Args, want)
 		}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/tokengate/tokengate/internal/service/daemon"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
@@ -13,6 +14,8 @@ import (
 // flight's (rls.Limits, docs/rls.md#limits).
 type limitFlags struct {
 	descriptors, entries, entryBytes, msgBytes, streams, inflight, rlqsBuckets uint
+	// conns is -max-connections (daemon.Settings.MaxConnections).
+	conns uint
 }
 
 func (l *limitFlags) flags(fs *flag.FlagSet) {
@@ -22,6 +25,7 @@ func (l *limitFlags) flags(fs *flag.FlagSet) {
 	fs.UintVar(&l.msgBytes, "max-message-bytes", rls.DefaultMaxMessageBytes, "largest gRPC message received, in bytes; larger: RESOURCE_EXHAUSTED, not decoded")
 	fs.UintVar(&l.streams, "max-streams-per-connection", rls.DefaultMaxStreamsPerConn, "most concurrent gRPC calls and streams on one HTTP/2 connection")
 	fs.UintVar(&l.inflight, "max-inflight-descriptors", rls.DefaultMaxInFlight, "most descriptors of all RLS calls in flight together; past it a call is refused RESOURCE_EXHAUSTED at once")
+	fs.UintVar(&l.conns, "max-connections", daemon.DefaultMaxConnections, "most gRPC connections open at once; the next waits (unanswered) until one closes")
 	fs.UintVar(&l.rlqsBuckets, "max-rlqs-buckets", rls.DefaultMaxRLQSBuckets, "most buckets one RLQS stream may report (ids naming no rule are not kept); past it the stream ends RESOURCE_EXHAUSTED")
 }
 
@@ -31,7 +35,8 @@ func (l *limitFlags) check() error {
 		name string
 		v    uint
 	}{{"max-descriptors", l.descriptors}, {"max-entries", l.entries}, {"max-entry-bytes", l.entryBytes}, {"max-message-bytes", l.msgBytes},
-		{"max-streams-per-connection", l.streams}, {"max-inflight-descriptors", l.inflight}, {"max-rlqs-buckets", l.rlqsBuckets}} {
+		{"max-streams-per-connection", l.streams}, {"max-inflight-descriptors", l.inflight}, {"max-rlqs-buckets", l.rlqsBuckets},
+		{"max-connections", l.conns}} {
 		if f.v == 0 || f.v > math.MaxInt32 {
 			return fmt.Errorf("-%s %d: want 1 to %d", f.name, f.v, math.MaxInt32)
 		}

@@ -2,9 +2,11 @@ package main
 
 import (
 	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
+	"github.com/tokengate/tokengate/internal/service/daemon"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
 
@@ -70,5 +72,29 @@ func TestSoftMemoryLimit(t *testing.T) {
 				t.Errorf("got %d %v %v, want %d %v", got, ok, err, tc.want, tc.wantOK)
 			}
 		})
+	}
+}
+
+// TestMaxConnectionsFlag: -max-connections reaches daemon.Settings
+// (daemon.DefaultMaxConnections by default) and refuses 0.
+func TestMaxConnectionsFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{{nil, daemon.DefaultMaxConnections}, {[]string{"-max-connections", "300"}, 300}} {
+		o, err := parseOptions(append([]string{"-config", "x"}, tc.args...), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := o.settings(slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.MaxConnections != tc.want {
+			t.Errorf("%q: MaxConnections %d, want %d", tc.args, s.MaxConnections, tc.want)
+		}
+	}
+	if _, err := parseOptions([]string{"-config", "x", "-max-connections", "0"}, io.Discard); err == nil || !strings.Contains(err.Error(), "-max-connections 0: want 1 to 2147483647") {
+		t.Errorf("-max-connections 0: got %v", err)
 	}
 }

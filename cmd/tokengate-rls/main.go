@@ -237,6 +237,7 @@ func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Se
 		DrainDelay:    o.drainDelay,
 		Drain:         o.drain,
 	}
+	s.MaxConnections = int(o.limits.conns)
 	if !o.cluster {
 		s.RedisNode = o.redisAddrs
 	}

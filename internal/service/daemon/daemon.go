@@ -59,6 +59,10 @@ type Settings struct {
 	// Workers are the goroutines kept to run calls (0: a new goroutine
 	// per call).
 	Workers uint32
+	// MaxConnections bounds the gRPC connections open at once (<= 0:
+	// DefaultMaxConnections); the next one waits until one closes
+	// (connlimit.go).
+	MaxConnections int
 	// Limits bound each caller's calls and the calls in flight (fields
 	// <= 0: rls.DefaultLimits; docs/rls.md#limits).
 	Limits rls.Limits
@@ -250,8 +254,8 @@ func HoldFor(ready *rls.Readiness, whileEmpty bool, c *rls.Config) {
 	ready.Hold(whileEmpty && len(c.Domains()) == 0)
 }
 
-// listen opens the gRPC listener, then the HTTP ones; on failure none
-// stays open.
+// listen opens the gRPC listener (at most s.MaxConnections connections
+// open at once), then the HTTP ones; on failure none stays open.
 func listen(s Settings) ([]net.Listener, error) {
 	addrs := []string{s.GRPC}
 	for _, h := range s.HTTP {
@@ -265,6 +269,9 @@ func listen(s Settings) ([]net.Listener, error) {
 				l.Close()
 			}
 			return nil, err
+		}
+		if len(ls) == 0 {
+			l = limitConnections(l, s.MaxConnections)
 		}
 		ls = append(ls, l)
 	}

@@ -70,6 +70,7 @@ func (e *Settings) Daemon(logger *slog.Logger, hup <-chan os.Signal) (daemon.Set
 		GRPC:           net.JoinHostPort(e.grpcHost, strconv.Itoa(e.grpcPort)),
 		Workers:        rls.DefaultStreamWorkers,
 		Limits:         e.limits,
+		MaxConnections: e.maxConns,
 		HealthNames:    []string{"ratelimit"},
 		HoldWhileEmpty: e.healthyWithConfig,
 		// The runtime directory and the TLS files are checked every

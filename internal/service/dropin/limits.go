@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/tokengate/tokengate/internal/service/daemon"
 	"github.com/tokengate/tokengate/internal/service/dropin/rlsyaml"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
@@ -24,6 +25,7 @@ var limitVars = []struct {
 	{"TOKENGATE_RLS_MAX_STREAMS_PER_CONNECTION", rls.DefaultMaxStreamsPerConn, func(e *Settings, n int) { e.limits.StreamsPerConn = uint32(n) }},
 	{"TOKENGATE_RLS_MAX_INFLIGHT_DESCRIPTORS", rls.DefaultMaxInFlight, func(e *Settings, n int) { e.limits.InFlight = n }},
 	{"TOKENGATE_RLS_MAX_RLQS_BUCKETS", rls.DefaultMaxRLQSBuckets, func(e *Settings, n int) { e.limits.RLQSBuckets = n }},
+	{"TOKENGATE_RLS_MAX_CONNECTIONS", daemon.DefaultMaxConnections, func(e *Settings, n int) { e.maxConns = n }},
 	{"TOKENGATE_RUNTIME_MAX_BYTES", rlsyaml.DefaultMaxBytes, func(e *Settings, n int) { e.runtimeLimits.Bytes = int64(n) }},
 	{"TOKENGATE_RUNTIME_MAX_DESCRIPTORS", rlsyaml.DefaultMaxDescriptors, func(e *Settings, n int) { e.runtimeLimits.Descriptors = n }},
 }

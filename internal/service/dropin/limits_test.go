@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tokengate/tokengate/internal/service/daemon"
 	"github.com/tokengate/tokengate/internal/service/dropin/rlsyaml"
 	"github.com/tokengate/tokengate/internal/service/rls"
 )
@@ -40,6 +41,32 @@ func TestRatelimitEnvLimits(t *testing.T) {
 	} {
 		if _, err := ParseSettings(envOf(tc.kv...)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: got %v, want %q", tc.kv, err, tc.want)
+		}
+	}
+}
+
+// TestRatelimitEnvMaxConnections: TOKENGATE_RLS_MAX_CONNECTIONS sets the
+// daemon's MaxConnections (daemon.DefaultMaxConnections when unset) and
+// refuses what is not a positive number.
+func TestRatelimitEnvMaxConnections(t *testing.T) {
+	for _, tc := range []struct {
+		kv   []string
+		want int
+		err  string
+	}{
+		{nil, daemon.DefaultMaxConnections, ""},
+		{[]string{"TOKENGATE_RLS_MAX_CONNECTIONS", "300"}, 300, ""},
+		{[]string{"TOKENGATE_RLS_MAX_CONNECTIONS", "0"}, 0, `TOKENGATE_RLS_MAX_CONNECTIONS="0": want a positive whole number (default 2048)`},
+	} {
+		e, err := ParseSettings(envOf(tc.kv...))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: got %v, want %q", tc.kv, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || e.maxConns != tc.want {
+			t.Errorf("%q: got %d, %v; want %d", tc.kv, e.maxConns, err, tc.want)
 		}
 	}
 }

@@ -67,6 +67,7 @@ type Settings struct {
 	// limits are TOKENGATE_RLS_MAX_*, runtimeLimits
 	// TOKENGATE_RUNTIME_MAX_* (limits.go).
 	limits              rls.Limits
+	maxConns            int // TOKENGATE_RLS_MAX_CONNECTIONS
 	runtimeLimits       rlsyaml.Limits
 	logLevel, logFormat string
 	notes               []string // settings read but not implemented, for the startup log

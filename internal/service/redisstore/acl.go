@@ -55,8 +55,12 @@ func scriptNeeds(sc *script, k string) [][]string {
 		return [][]string{{"TIME"}, {"GET", k}, {"SET", k, "0", "PX", "1"}}
 	case settleScript:
 		return [][]string{{"TIME"}, {"GET", k}, {"SET", k, "0", "PX", "1"}, {"DEL", k}}
-	case leaseScript, shareScript:
+	case leaseScript:
 		return [][]string{{"TIME"}, {"HGETALL", k}, {"HSET", k, "f", "v"}, {"HDEL", k, "f"}, {"PEXPIRE", k, "1"}}
+	case shareScript:
+		// HMGET: share.lua reads only the fields a call needs (running
+		// totals); HGETALL once, to rebuild a bucket written without them.
+		return [][]string{{"TIME"}, {"HMGET", k, "f"}, {"HGETALL", k}, {"HSET", k, "f", "v"}, {"HDEL", k, "f"}, {"PEXPIRE", k, "1"}}
 	case fixedWindowScript:
 		return [][]string{{"INCRBY", k, "1"}, {"EXPIRE", k, "1"}}
 	}

@@ -13,7 +13,8 @@ import (
 // processes that report it, each holding a share of the rule's rate and
 // burst, in a Redis hash "tq:{<rule>:<composite>}"; share.lua grants,
 // renews, rotates and releases them, for every holder of a batch in one
-// call.
+// call, reading only that batch's records and the bucket's running totals
+// (docs/rlqs.md#running-totals).
 
 //go:embed share.lua
 var shareLua string
@@ -38,7 +39,7 @@ type ShareBatch struct {
 	// Pool bounds the units all live shares hold together (at most
 	// Rate*Fill); BurstPool is the max_tokens shared out, each share
 	// getting its part of the pool's (at least 1; the free tokens bound
-	// them all).
+	// them all), and so also the most shares held at once.
 	Pool, BurstPool uint64
 	// Grace is how long a replaced or released share stays held, Turn how
 	// long a share is held before it yields to a holder waiting for one
@@ -81,9 +82,9 @@ type ShareResult struct {
 // round trips, one after the other, each under the timeout; never one
 // round trip per bucket).
 const (
-	shareCallOps    = 128
+	shareCallOps    = 64
 	shareChunkCalls = 32
-	shareChunkOps   = 256
+	shareChunkOps   = 64
 )
 
 // Share runs batches, one script call per batch (per shareCallOps of its

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/service/redisstore"
@@ -57,12 +58,32 @@ type shareQueue struct {
 type shareTicket struct {
 	reqs []shareReq
 	done chan struct{}
+	// pending are the indexes of reqs still to run; tries how many flushes
+	// failed some of them.
+	pending []int
+	tries   int
 }
+
+// Retries of share requests Redis failed (a pipeline over the timeout):
+// a failed batch runs once more in the same flush, and what still fails
+// waits for a later flush, up to shareRetries times, retryBackoff × 2^try
+// after the failure (0.1 + 0.2 + 0.4 + 0.8 s = 1.5 s in all), so that a
+// burst (a fleet subscribing at once: thousands of streams decoded on the
+// same cores as the Redis client) or a Redis that stalled for an instant
+// delays the answers instead of losing them. A share request is safe to
+// repeat: a second run finds the share the first granted and renews it.
+const (
+	shareRetries = 4
+	retryBackoff = 100 * time.Millisecond
+)
 
 // run decides reqs with whatever else is waiting, and returns when their
 // results are set.
 func (q *shareQueue) run(reqs []shareReq) {
 	t := &shareTicket{reqs: reqs, done: make(chan struct{})}
+	for i := range reqs {
+		t.pending = append(t.pending, i)
+	}
 	q.mu.Lock()
 	q.waiting = append(q.waiting, t)
 	if !q.running {
@@ -89,7 +110,7 @@ func (q *shareQueue) flush() {
 		var where [][]at
 		index := map[string]int{}
 		for ti, t := range ts {
-			for ri := range t.reqs {
+			for _, ri := range t.pending {
 				r := &t.reqs[ri]
 				bi, ok := index[r.batch.Key]
 				if !ok {
@@ -131,8 +152,31 @@ func (q *shareQueue) flush() {
 				ts[w.t].reqs[w.r].res = res[bi][k]
 			}
 		}
+		var later []*shareTicket
 		for _, t := range ts {
+			failed := t.pending[:0]
+			for _, ri := range t.pending {
+				if t.reqs[ri].res.Err != nil {
+					failed = append(failed, ri)
+				}
+			}
+			t.pending = failed
+			if len(failed) > 0 && t.tries < shareRetries {
+				t.tries++
+				later = append(later, t)
+				continue
+			}
 			close(t.done)
+		}
+		if len(later) > 0 {
+			wait := retryBackoff << (later[0].tries - 1)
+			select {
+			case <-time.After(wait):
+			case <-q.s.stop.Done():
+			}
+			q.mu.Lock()
+			q.waiting = append(later, q.waiting...)
+			q.mu.Unlock()
 		}
 	}
 }

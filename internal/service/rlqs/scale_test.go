@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tokengate/tokengate/internal/service/daemon"
 	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rlqs"
 	"github.com/tokengate/tokengate/internal/service/rls"
@@ -157,8 +158,13 @@ func maxOf(xs []int) int {
 }
 
 // TestRLQSRotation: 10 Envoys on a rule of 4/s and burst 6, each offering
-// 1/s: at most 6 can hold a token bucket at once, so shares rotate; over
-// 30 s every Envoy admits, and the fleet stays within B + R×W.
+// 1/s: at most 4 can hold a token bucket at once (each needs a token of
+// the burst pool), so shares rotate; over 30 s every Envoy admits, the
+// fleet stays within B + R×W and uses at least 55 % of it (it used 45 %
+// when the rate was split among all ten though only four could hold a
+// share, 1 request in 2 admitted on a one-token bucket refilled at
+// 0.95/s, and turns all ended together; docs/rlqs.md#limits says why the
+// issue's 80 % is out of reach at this burst).
 func TestRLQSRotation(t *testing.T) {
 	const rate, burst, secs, n = 4.0, 6.0, 30.0, 10
 	f := startFleetConfig(t, n, ruleConfig(rate, burst))
@@ -171,6 +177,9 @@ func TestRLQSRotation(t *testing.T) {
 		if got == 0 {
 			t.Errorf("envoy %d admitted nothing in %.0f s: shares never rotated to it", i, secs)
 		}
+	}
+	if bound := burst + rate*secs; float64(all) < 0.55*bound {
+		t.Errorf("fleet admitted %d, below 55 %% of burst + rate×T = %.0f", all, bound)
 	}
 }
 
@@ -406,19 +415,21 @@ func TestRLQSLargeReport(t *testing.T) {
 }
 
 // TestRLQSSubscribeStorm: 2,000 streams (20 connections) subscribe to one
-// bucket at once: every one is answered, with no debit error, and the
-// share requests were coalesced: at most one script call per 10 streams
-// (before, each stream ran its own script over every holder of the bucket:
-// 300 streams got 1 of 69 answered). The Redis timeout is 250 ms (10 × the
-// default, so that a loaded machine does not decide); the wall time is
-// logged, not asserted.
+// bucket at once, at the default Redis timeout (25 ms): every one is
+// answered to its first report (so within one report interval), with no
+// debit error, and the share requests were coalesced: at most one script
+// call per 10 streams. Before, each stream ran its own script over every
+// holder of the bucket (300 streams got 1 of 69 answered); then, coalesced
+// but with each call still reading every holder, 56-1,374 of 2,000 were
+// answered at 25 ms. A call now costs O(its holders), whatever the fleet
+// (share.lua's running totals). The wall time is logged, not asserted.
 func TestRLQSSubscribeStorm(t *testing.T) {
 	cfg, err := rls.ParseConfig([]byte(ruleConfig(1000, 3000)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	st := newRealStore(t, 250*time.Millisecond)
+	st := newRealStore(t, daemon.DefaultRedisTimeout)
 	es := &errStore{Store: st}
 	stream, stop := serve(t, rlqs.New(context.Background(), cfg.Rules(), es, rlqs.Options{Domain: "edge", Metrics: rlqs.NewMetrics(reg)}))
 	defer stop()
