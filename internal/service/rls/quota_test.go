@@ -434,3 +434,44 @@ func TestQuotaRedisRestart(t *testing.T) {
 		t.Errorf("after the restart: %s, want %s", got, want)
 	}
 }
+
+// TestQuotaUsage: Usage reads a key's consumption, the limit that applies
+// and the period without changing them; an override shows as its source.
+func TestQuotaUsage(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	e, _ := startQuota(t, store, "5", noon)
+	for range 3 {
+		ask(t, e.client, "tokengate", ours("daily", "u", 1))
+	}
+	ctx := context.Background()
+	for range 2 { // reading twice changes nothing
+		u, err := e.srv.Usage(ctx, "daily", "u")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := rls.Usage{Rule: "daily", Key: "u", Period: "day", Used: 3, Limit: 5, Remaining: 2,
+			PeriodStart: time.Date(2026, 5, 3, 22, 0, 0, 0, time.UTC), Reset: time.Date(2026, 5, 4, 22, 0, 0, 0, time.UTC), Source: rls.SourceRule}
+		if !u.PeriodStart.Equal(want.PeriodStart) || !u.Reset.Equal(want.Reset) {
+			t.Errorf("period: got [%v, %v), want [%v, %v)", u.PeriodStart, u.Reset, want.PeriodStart, want.Reset)
+		}
+		u.PeriodStart, u.Reset, want.PeriodStart, want.Reset = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		if u != want {
+			t.Errorf("usage: got %+v, want %+v", u, want)
+		}
+	}
+	srv.MustDo("HSET", "ov:{daily:u}", "limit", "2")
+	u, err := e.srv.Usage(ctx, "daily", "u")
+	if err != nil || u.Limit != 2 || u.Remaining != 0 || u.Source != rls.SourceOverride || u.Source.String() != "override" {
+		t.Errorf("under an override of 2: %+v %v, want limit 2, remaining 0, source override", u, err)
+	}
+	if u, err := e.srv.Usage(ctx, "daily", "never-seen"); err != nil || u.Used != 0 || u.Limit != 5 {
+		t.Errorf("a key never seen: %+v %v, want used 0 of 5", u, err)
+	}
+	if _, err := e.srv.Usage(ctx, "bucket", "u"); err != rls.ErrNotQuota {
+		t.Errorf("a token bucket rule: %v, want ErrNotQuota", err)
+	}
+	if got := hget(t, srv, dayKey("u"), "u"); got != "3" {
+		t.Errorf("after reads: consumption %q, want 3", got)
+	}
+}
