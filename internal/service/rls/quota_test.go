@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -473,5 +475,55 @@ func TestQuotaUsage(t *testing.T) {
 	}
 	if got := hget(t, srv, dayKey("u"), "u"); got != "3" {
 		t.Errorf("after reads: consumption %q, want 3", got)
+	}
+}
+
+// TestQuotaHammer: 32 callers on two service replicas sharing one Redis
+// ask for one key at once: exactly the limit is admitted, and exactly
+// that is counted.
+func TestQuotaHammer(t *testing.T) {
+	srv := redistest.Start(t)
+	e1, _ := startQuota(t, newStore(t, []string{srv.Addr}, false, 2*time.Second), "100", noon)
+	e2, _ := startQuota(t, newStore(t, []string{srv.Addr}, false, 2*time.Second), "100", noon)
+	const callers, each = 32, 8
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := e1.client
+			if c%2 == 1 {
+				client = e2.client
+			}
+			for range each {
+				if r := askGo(t, client, "tokengate", ours("daily", "hammer", 1)); r != nil && r.OverallCode == rlsv3.RateLimitResponse_OK {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != 100 {
+		t.Errorf("admitted %d of %d, want exactly the limit, 100", got, callers*each)
+	}
+	if got := hget(t, srv, dayKey("hammer"), "u"); got != "100" {
+		t.Errorf("consumption %q, want 100", got)
+	}
+}
+
+// TestQuotaUnknownZone: the service refuses a configuration whose quota
+// names a zone its database does not know, naming the rule and the field.
+func TestQuotaUnknownZone(t *testing.T) {
+	for _, zone := range []string{"Mars/Olympus", "Local", "europe/paris"} {
+		cfg := strings.Replace(quotaConfig("5"), `"Europe/Paris"`, strconv.Quote(zone), 1)
+		_, err := rls.ParseConfig([]byte(cfg))
+		want := `rule "daily": algorithm_config.time_zone: unknown time zone ` + strconv.Quote(zone) + `, want an IANA name such as "Europe/Paris" or "UTC"`
+		if err == nil || err.Error() != want {
+			t.Errorf("zone %q: got %v, want %q", zone, err, want)
+		}
+	}
+	if _, err := rls.ParseConfig([]byte(quotaConfig("5"))); err != nil {
+		t.Errorf("Europe/Paris: %v", err)
 	}
 }
