@@ -1,6 +1,7 @@
 // Package rls is tokengate-rls: Envoy's rate-limit service API (RLS v3,
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) deciding
-// continuous token buckets whose state lives in Redis or a Redis Cluster.
+// continuous token buckets and calendar quotas whose state lives in Redis
+// or a Redis Cluster.
 //
 // It reads the filter's JSON configuration (config.Parse): the rules
 // with "scope": "cluster", which the filter asks about with one descriptor
@@ -52,6 +53,8 @@ type jsonRules struct {
 	limitArgs map[*config.Rule]*[2]string
 	// plans are each rule's RateLimit header plan, formatted once.
 	plans map[*config.Rule]*ratelimitheader.Plan
+	// quotas are the quota rules' zones and thresholds (quota.go).
+	quotas map[*config.Rule]*quotaRule
 }
 
 // Unloaded returns the configuration of a drop-in whose runtime directory
@@ -69,12 +72,20 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{File: f, jsonRules: jsonRules{cluster: map[string]*config.Rule{}, domains: map[string][]*config.RLSDescriptor{}}}
+	c := &Config{File: f, jsonRules: jsonRules{cluster: map[string]*config.Rule{}, domains: map[string][]*config.RLSDescriptor{},
+		quotas: map[*config.Rule]*quotaRule{}}}
 	c.kind = tokengateKind{c}
 	for _, r := range f.Rules() {
 		if r.Cluster {
 			c.cluster[r.Name] = r
 			c.rules = append(c.rules, r)
+		}
+		if r.Quota != nil {
+			q, err := loadQuota(r)
+			if err != nil {
+				return nil, err
+			}
+			c.quotas[r] = q
 		}
 	}
 	for _, d := range f.RLSDescriptors {
@@ -126,7 +137,7 @@ const maxComposite = 8 * (sharedstate.MaxValueLen + 1)
 //   - Any other descriptor walks the domain's rls_descriptors tree; its
 //     bucket is the composite key of all its entries' values.
 func (c *Config) Resolve(domain string, entries []Entry) (*config.Rule, string) {
-	if rule, comp, ok := rlscontract.ParseCluster(entries); ok {
+	if rule, comp, _, ok := rlscontract.ParseCluster(entries); ok {
 		r := c.clusterRule(domain, rule)
 		if r == nil {
 			return nil, ""
