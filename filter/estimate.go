@@ -93,6 +93,7 @@ func (s *Stream) reserveEstimate() Action {
 		s.readEstimates(st)
 	}
 	enforce, shadow := &p.est, &p.estShadow
+	var ask estimateCall
 	enforce.reset()
 	shadow.reset()
 	for i := range st.charges {
@@ -109,6 +110,14 @@ func (s *Stream) reserveEstimate() Action {
 			// Nothing more to take: admitted (counted by observe, reject,
 			// undecided or below for the others).
 			c.r.metrics.allowed.inc(p.host, 1)
+			continue
+		}
+		if c.cluster != nil {
+			// Asked of the service once the local rules have admitted
+			// it (askEstimate).
+			c.ask = math.Ceil(min(e, c.r.Limit.Burst) - c.pre)
+			ask.ds = append(ask.ds, clusterDescriptor(c.r, c.cluster.comp, uint64(c.ask)))
+			ask.rules = append(ask.rules, c.r)
 			continue
 		}
 		g := enforce
@@ -129,17 +138,17 @@ func (s *Stream) reserveEstimate() Action {
 		s.raise(shadow)
 	}
 	if len(enforce.reqs) == 0 {
-		return Continue
+		return s.askEstimate(&ask, now)
 	}
 	req := p.newRequest()
 	out, _, _ := p.take(enforce, now)
 	switch {
 	case out.Err != nil:
-		act := s.undecided(&req, enforce, now, out.Err)
-		if act != Continue {
+		if act := s.undecided(&req, enforce, now, out.Err); act != Continue {
 			s.refundCharges()
+			return act
 		}
-		return act
+		return s.askEstimate(&ask, now)
 	case !out.Allowed:
 		s.refundCharges()
 		return s.reject(&req, enforce)
@@ -153,7 +162,7 @@ func (s *Stream) reserveEstimate() Action {
 			}
 		}
 	}
-	return Continue
+	return s.askEstimate(&ask, now)
 }
 
 // deferCount reports whether r, admitted at the headers of a request

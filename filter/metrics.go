@@ -137,7 +137,7 @@ func define(h Host, name string) counter {
 }
 
 func (r *rule) defineMetrics(h Host) {
-	n := func(c string) counter { return define(h, RuleMetricName(r.Name, c)) }
+	n := func(c string) counter { return r.define(h, c) }
 	r.metrics = ruleMetrics{
 		allowed:           n(CounterAllowed),
 		rejected:          n(CounterRejected),
@@ -160,3 +160,9 @@ func (r *rule) defineMetrics(h Host) {
 		r.metrics.delayCancelled = n(CounterDelayCancelled)
 	}
 }
+
+// define defines r's counter c. Not inlined: defineMetrics calls it for
+// every counter, and one copy of it keeps the module small.
+//
+//go:noinline
+func (r *rule) define(h Host, c string) counter { return define(h, RuleMetricName(r.Name, c)) }
