@@ -89,6 +89,7 @@ func (s *Stream) reserveEstimate() Action {
 	p := s.p
 	st := s.st.settle
 	st.estimating = false
+	s.st.hasBody = false // read: what decides now counts (deferCount)
 	if !st.encoded {
 		s.readEstimates(st)
 	}
