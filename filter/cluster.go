@@ -71,7 +71,7 @@ func (s *Stream) askCluster(st *reqState) Action {
 		vals := st.vals[g.vals[i][0]:g.vals[i][1]]
 		comp, hits := string(sharedstate.AppendComposite(nil, vals)), uint64(math.Ceil(g.reqs[i].Cost))
 		if r.Lease == nil {
-			ds[i] = clusterDescriptor(r, comp, hits)
+			ds[i] = s.clusterDescriptor(r, comp, hits)
 		} else {
 			// A cold lease rule: an exact take from its lease bucket.
 			ds[i] = rlscontract.LeaseDescriptor(rlscontract.Lease{Rule: r.Name, Composite: comp, Want: hits})
@@ -100,11 +100,18 @@ func (s *Stream) sendCall(pc *pendingCall, ds []rlscontract.Descriptor) Action {
 }
 
 // clusterDescriptor is the descriptor of cluster rule r for composite key
-// comp and hits (rlscontract.ClusterDescriptor), built in one place.
-//
-//go:noinline
-func clusterDescriptor(r *rule, comp string, hits uint64) rlscontract.Descriptor {
-	return rlscontract.ClusterDescriptor(r.Name, comp, hits)
+// comp and hits, built in one place: rlscontract.ClusterDescriptor, and
+// for a quota whose identity carries its limit ("limit_source": a header
+// or a verified JWT claim, read as limit keys are read) the limit as the
+// third entry (rlscontract.QuotaDescriptor). The value is sent as the
+// request states it; the service ignores one that is not a number > 0
+// and bounds the others by max_limit.
+func (s *Stream) clusterDescriptor(r *rule, comp string, hits uint64) rlscontract.Descriptor {
+	limit := ""
+	if q := r.Quota; q != nil && q.LimitSource != nil {
+		limit, _ = s.st.req.value(*q.LimitSource)
+	}
+	return rlscontract.QuotaDescriptor(r.Name, comp, limit, hits)
 }
 
 // callRLS sends a RateLimitRequest with descriptors ds to the service, in
@@ -330,8 +337,11 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 	var enforce, shadow []sharedstate.Request
 	var rules, shadows []*rule
 	for i, r := range pc.rules {
-		if i >= len(pc.buckets) {
-			r.metrics.failOpen.inc(p.host, 1) // nothing to decide it with here
+		if i >= len(pc.buckets) || r.Quota != nil {
+			// Nothing to decide it with here: a quota's consumption is
+			// counted in the service only, and a body's estimate has no
+			// shared-data bucket (cluster_estimate.go). Fails open.
+			r.metrics.failOpen.inc(p.host, 1)
 			continue
 		}
 		if r.Shadow {

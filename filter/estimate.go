@@ -117,7 +117,7 @@ func (s *Stream) reserveEstimate() Action {
 			// Asked of the service once the local rules have admitted
 			// it (askEstimate).
 			c.ask = math.Ceil(min(e, c.r.Limit.Burst) - c.pre)
-			ask.ds = append(ask.ds, clusterDescriptor(c.r, c.cluster.comp, uint64(c.ask)))
+			ask.ds = append(ask.ds, s.clusterDescriptor(c.r, c.cluster.comp, uint64(c.ask)))
 			ask.rules = append(ask.rules, c.r)
 			continue
 		}
