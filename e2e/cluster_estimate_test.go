@@ -145,8 +145,9 @@ func TestClusterEstimateParallelBound(t *testing.T) {
 
 // testEstimateParallel runs P clients against rule (clusterEstimateConfig's
 // rule fields) with budget b; key is the Redis key of the bucket whose
-// tokens are b minus the consumption, "" to skip that check.
-func testEstimateParallel(t *testing.T, rule, key string, b, e, u int) {
+// tokens are b minus the consumption, "" to skip that check. It returns
+// the Redis and what the upstream reported in all.
+func testEstimateParallel(t *testing.T, rule, key string, b, e, u int) (*redistest.Server, int) {
 	const P, perClient = 8, 40
 	redis := redistest.Start(t)
 	cfg := fmt.Sprintf(clusterEstimateConfig, rule)
@@ -207,4 +208,5 @@ func testEstimateParallel(t *testing.T, rule, key string, b, e, u int) {
 	if key != "" {
 		waitRedisTokens(t, redis, key, strconv.Itoa(b-billed)+".000000")
 	}
+	return redis, billed
 }

@@ -71,7 +71,7 @@ func (s *Stream) askCluster(st *reqState) Action {
 		vals := st.vals[g.vals[i][0]:g.vals[i][1]]
 		comp, hits := string(sharedstate.AppendComposite(nil, vals)), uint64(math.Ceil(g.reqs[i].Cost))
 		if r.Lease == nil {
-			ds[i] = s.clusterDescriptor(r, comp, hits)
+			ds[i] = clusterDescriptor(req, r, comp, hits)
 		} else {
 			// A cold lease rule: an exact take from its lease bucket.
 			ds[i] = rlscontract.LeaseDescriptor(rlscontract.Lease{Rule: r.Name, Composite: comp, Want: hits})
@@ -100,16 +100,17 @@ func (s *Stream) sendCall(pc *pendingCall, ds []rlscontract.Descriptor) Action {
 }
 
 // clusterDescriptor is the descriptor of cluster rule r for composite key
-// comp and hits, built in one place: rlscontract.ClusterDescriptor, and
+// comp and hits, for request req (read in the current callback), built in
+// one place: rlscontract.ClusterDescriptor, and
 // for a quota whose identity carries its limit ("limit_source": a header
 // or a verified JWT claim, read as limit keys are read) the limit as the
 // third entry (rlscontract.QuotaDescriptor). The value is sent as the
 // request states it; the service ignores one that is not a number > 0
 // and bounds the others by max_limit.
-func (s *Stream) clusterDescriptor(r *rule, comp string, hits uint64) rlscontract.Descriptor {
+func clusterDescriptor(req *request, r *rule, comp string, hits uint64) rlscontract.Descriptor {
 	limit := ""
 	if q := r.Quota; q != nil && q.LimitSource != nil {
-		limit, _ = s.st.req.value(*q.LimitSource)
+		limit, _ = req.value(*q.LimitSource)
 	}
 	return rlscontract.QuotaDescriptor(r.Name, comp, limit, hits)
 }

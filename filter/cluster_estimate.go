@@ -39,6 +39,7 @@ import "github.com/tokengate/tokengate/rlscontract"
 // charges that need more than the headers took (charge.ask) and their
 // rules, in the same order.
 type estimateCall struct {
+	req   request
 	ds    []rlscontract.Descriptor
 	rules []*rule
 }
@@ -53,6 +54,6 @@ func (s *Stream) askEstimate(a *estimateCall, now float64) Action {
 	if len(a.ds) == 0 {
 		return Continue
 	}
-	req := &s.st.req // the headers' request, its values read then
+	req := &a.req
 	return s.sendCall(&pendingCall{s: s, now: now, body: true, idHash: req.identityHash(), grpc: isGRPCRequest(req), rules: a.rules}, a.ds)
 }

@@ -94,7 +94,9 @@ func (s *Stream) reserveEstimate() Action {
 		s.readEstimates(st)
 	}
 	enforce, shadow := &p.est, &p.estShadow
-	var ask estimateCall
+	// The headers' request holds views of what the host returned then:
+	// read it again in this callback.
+	ask := estimateCall{req: p.newRequest()}
 	enforce.reset()
 	shadow.reset()
 	for i := range st.charges {
@@ -117,7 +119,7 @@ func (s *Stream) reserveEstimate() Action {
 			// Asked of the service once the local rules have admitted
 			// it (askEstimate).
 			c.ask = math.Ceil(min(e, c.r.Limit.Burst) - c.pre)
-			ask.ds = append(ask.ds, s.clusterDescriptor(c.r, c.cluster.comp, uint64(c.ask)))
+			ask.ds = append(ask.ds, clusterDescriptor(&ask.req, c.r, c.cluster.comp, uint64(c.ask)))
 			ask.rules = append(ask.rules, c.r)
 			continue
 		}
