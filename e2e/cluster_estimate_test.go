@@ -125,7 +125,7 @@ func TestClusterRequestJSONEstimate(t *testing.T) {
 // tokens in its body and the upstream reporting u. The service reserves
 // each estimate before the upstream runs, so what the upstream reports in
 // all (what the provider bills) is at most B + P*max(0, u-e)
-// (cluster_estimate.go): exactly B when the usage stays within the
+// (filter/cluster_estimate.go): exactly B when the usage stays within the
 // estimate, and at least B - e since demand exceeds the budget. Afterwards
 // Redis holds B minus exactly what the upstream reported: every
 // settlement arrived.
