@@ -235,7 +235,7 @@ func envoyPrometheus(t testing.TB, ms []wasmhost.Metric) string {
 	for _, m := range ms {
 		full := "wasmcustom." + m.Name
 		label := ""
-		if loc := tag.FindStringSubmatchIndex(full); loc != nil && len(loc) >= 6 {
+		if loc := tag.FindStringSubmatchIndex(full); len(loc) >= 6 {
 			label = `{rule="` + full[loc[4]:loc[5]] + `"}`
 			full = full[:loc[2]] + full[loc[3]:]
 		}
