@@ -23,7 +23,9 @@ import (
 // larger. A bucket that cannot pay it rejects the request then, with the
 // rejection any rule sends; everything its settling rules took at the
 // headers is given back. So the reservations admitted never exceed what
-// the bucket holds, as with an estimate in a header.
+// the bucket holds, as with an estimate in a header. A cluster rule's rest
+// is asked of the rate-limit service instead, in one more call once the
+// local buckets have taken theirs (cluster_estimate.go).
 //
 // The scanner reads what lax JSON readers (Python's json, pydantic) read:
 // a number held in a string ("500"), a leading UTF-8 byte order mark, NaN
