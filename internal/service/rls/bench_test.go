@@ -68,7 +68,7 @@ func (allow) Run(_ context.Context, ops []redisstore.Op) []redisstore.Outcome {
 	for i := range out {
 		out[i] = redisstore.Outcome{Allowed: true, Tokens: 5}
 		if q := ops[i].Quota; q != nil {
-			// What quota.lua answers: the units used and the limit.
+			// What internal/service/redisstore/quota.lua answers: the units used and the limit.
 			out[i].Quota = &redisstore.QuotaResult{Used: 5, Limit: q.Limit}
 		}
 	}
