@@ -72,13 +72,14 @@ $(LOCAL): $(LOCAL_SRC)
 	@echo 'building the local host into $(LOCAL): the first build compiles wazero and takes a minute or two on a cold cache (-v names each package as it compiles); later runs reuse it'
 	$(GO) build -v -o $(LOCAL) ./cmd/tokengate-local
 
-## cluster: a fleet sharing one limit per client IP: redis-server, tokengate-rls and three tokengate-local proxies on 127.0.0.1:10000, :10010, :10020 (tools/cluster.sh; Ctrl-C stops them). MODE=lease puts the rule in lease mode.
+## cluster: a fleet sharing one limit per client IP: redis-server, tokengate-rls and three tokengate-local proxies on 127.0.0.1:10000, :10010, :10020 (tools/cluster.sh; Ctrl-C stops them). MODE=lease puts the rule in lease mode; EXAMPLE=ai-api runs examples/ai-api (tokens per minute, a monthly token quota, requests in flight).
 RLS     := build/tokengate-rls
 RLS_SRC := $(shell find cmd/tokengate-rls internal/service internal/guest/lite bucket sharedstate config rlscontract ratelimitheader \( -name '*.go' -o -name '*.lua' \) -not -name '*_test.go' -not -path '*/testdata/*' 2>/dev/null) go.mod go.sum
 
 MODE ?= exact
+EXAMPLE ?= cluster
 cluster: build $(LOCAL) $(RLS)
-	MODE=$(MODE) exec tools/cluster.sh
+	MODE=$(MODE) EXAMPLE=$(EXAMPLE) exec tools/cluster.sh
 
 $(RLS): $(RLS_SRC)
 	@mkdir -p build

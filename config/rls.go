@@ -170,11 +170,6 @@ func checkClusterRules(cfg *Config, single bool) error {
 				`a count in the service would need a release call per request and would leak what a dead proxy held; `+
 				`use "scope": "local" for a concurrency rule (docs/rls.md)`)
 		}
-		if r.Cluster && r.Cost.Estimate == CostRequestJSON {
-			return errAt("", "rule "+strconv.Quote(r.Name)+`: "scope": "cluster" cannot take its estimate from the request body `+
-				`("estimate_source": "request_json:..."): the service decides when the headers arrive; state the estimate in a header `+
-				`("header:<name>") or make the rule local (docs/configuration.md)`)
-		}
 		if r.Lease != nil && r.Settle != nil {
 			return errAt("", "rule "+strconv.Quote(r.Name)+`: "mode": "lease" cannot settle after the response `+
 				`(count_statuses, reset_on_statuses, response_* costs): a refund into an allowance would race with the `+

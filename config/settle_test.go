@@ -77,8 +77,6 @@ func TestParseSettleConfigErrors(t *testing.T) {
 			`algorithm_config.estimate_source: must be "header:<name>", "query:<name>" or "request_json:<JSON pointers>", got "fixed"`},
 		{"bad request_json pointer", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","estimate_source":"request_json:max_tokens"}}`,
 			`algorithm_config.estimate_source: request_json needs JSON pointers such as "/usage/total_tokens" (1 to 8 tokens of at most 64 bytes, joined by '+'), got "max_tokens"`},
-		{"request_json in cluster scope", `{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":30,"cost_source":"response_json:/u","estimate_source":"request_json:/max_tokens"}}]` + rls,
-			`rule "a": "scope": "cluster" cannot take its estimate from the request body ("estimate_source": "request_json:..."): the service decides when the headers arrive; state the estimate in a header ("header:<name>") or make the rule local (docs/configuration.md)`},
 		{"estimate not a string", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_json:/u","estimate_source":5}}`,
 			`algorithm_config.estimate_source: must be "header:<name>", "query:<name>" or "request_json:<JSON pointers>", got 5`},
 		{"strip on a header cost", `{"name":"a","algorithm_config":{"rps":1,"burst":3,"cost_source":"response_header:x-u","strip_accept_encoding":true}}`,
@@ -115,6 +113,25 @@ func TestParseSettleConfigErrors(t *testing.T) {
 // takes the balance into debt, it does not stop requests, so it is
 // accepted. It was refused with "no request can ever pass" (issue 22,
 // item 10).
+// TestClusterRequestJSONEstimate: issue 31 accepts the request body's
+// estimate on a cluster rule (refused before: the filter asks the service
+// for it once the body has been read, filter/cluster_estimate.go); a lease
+// rule still cannot settle, so it cannot have one.
+func TestClusterRequestJSONEstimate(t *testing.T) {
+	const rls = `,"settings":{"rls":{"cluster":"rls"}}}`
+	cfg, err := config.Parse([]byte(`{"rules":[{"name":"a","scope":"cluster","algorithm_config":{"rps":1,"burst":30,"cost_source":"response_json:/u","estimate_source":"request_json:/max_tokens"}}]` + rls))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cfg.Rules()[0]; !r.Cluster || r.Cost.Estimate != config.CostRequestJSON {
+		t.Errorf("got cluster %v estimate %v, want a cluster rule with a request_json estimate", r.Cluster, r.Cost.Estimate)
+	}
+	_, err = config.Parse([]byte(`{"rules":[{"name":"a","scope":"cluster","mode":"lease","algorithm_config":{"rps":1,"burst":30,"cost_source":"response_json:/u","estimate_source":"request_json:/max_tokens"}}]` + rls))
+	if err == nil {
+		t.Error("a lease rule with a request_json estimate: accepted, want the lease settlement refusal")
+	}
+}
+
 func TestResponseDefaultCostAboveBurst(t *testing.T) {
 	for _, src := range []string{"response_json:/usage/total_tokens", "response_sse:/usage/total_tokens", "response_header:x-usage"} {
 		cfg, err := config.Parse([]byte(`{"name":"a","algorithm_config":{"rps":1,"burst":5,"cost_source":"` + src + `","default_cost":6}}`))

@@ -22,18 +22,25 @@ func parseFleetBootstrap(doc []byte) (*bootstrapv3.Bootstrap, *protoregistry.Typ
 	return parseBootstrapOf(doc, append(slices.Clone(envoyTypes), &httpv3.HttpProtocolOptions{})...)
 }
 
-// TestFleetEnvoyYAML: the bootstrap of `make cluster`'s proxies
-// (examples/cluster/envoy.yaml) is a valid Envoy bootstrap, its plugin
-// configuration parses, and settings.rls.cluster is a cluster of the file
-// that speaks HTTP/2, as the filter's gRPC call needs.
+// TestFleetEnvoyYAML: the bootstraps of `make cluster`'s proxies
+// (examples/cluster/envoy.yaml, and examples/ai-api/envoy.yaml for
+// EXAMPLE=ai-api) are valid Envoy bootstraps, their plugin configurations
+// parse, and settings.rls.cluster is a cluster of the file that speaks
+// HTTP/2, as the filter's gRPC call needs.
 func TestFleetEnvoyYAML(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join(repoRoot, "examples", "cluster", "envoy.yaml"))
+	for _, example := range []string{"cluster", "ai-api"} {
+		t.Run(example, func(t *testing.T) { testFleetEnvoyYAML(t, example) })
+	}
+}
+
+func testFleetEnvoyYAML(t *testing.T, example string) {
+	doc, err := os.ReadFile(filepath.Join(repoRoot, "examples", example, "envoy.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	bs, types, err := parseFleetBootstrap(doc)
 	if err != nil {
-		t.Fatalf("examples/cluster/envoy.yaml: %v", err)
+		t.Fatalf("examples/%s/envoy.yaml: %v", example, err)
 	}
 	var cfg *config.Config
 	for _, l := range bs.GetStaticResources().GetListeners() {

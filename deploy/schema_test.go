@@ -81,7 +81,8 @@ func exampleConfigs(t *testing.T) map[string][]byte {
 	}
 	// make cluster's configuration (tokengate-rls reads it; its envoy.yaml
 	// inlines the same, TestFleetEnvoyYAML).
-	files = append(files, filepath.Join(repoRoot, "examples", "cluster", "cluster.json"))
+	files = append(files, filepath.Join(repoRoot, "examples", "cluster", "cluster.json"),
+		filepath.Join(repoRoot, "examples", "ai-api", "ai-api.json")) // make cluster EXAMPLE=ai-api's
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {

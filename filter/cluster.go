@@ -45,6 +45,10 @@ type pendingCall struct {
 	// lease are the allowances lease rules debited: given back with the
 	// local buckets (lease_admit.go).
 	lease []leaseDebit
+	// body: the call asks for the rest of a request body's estimate
+	// (cluster_estimate.go); a refusal gives back what the settling rules
+	// took, and there are no shared-data buckets to fall back to.
+	body bool
 }
 
 // askCluster sends the request's cluster rules, st.cluster, to the
@@ -59,7 +63,6 @@ func (s *Stream) askCluster(st *reqState) Action {
 	pc := &pendingCall{s: s, now: now, idHash: req.identityHash(), grpc: isGRPCRequest(req),
 		local: st.enforce.reqs, lease: st.debits, rules: g.rules, buckets: g.reqs}
 
-	rls := p.cfg.Settings.RLS
 	if p.caller == nil {
 		return s.clusterFailed(pc, "the host has no HTTP callouts", false)
 	}
@@ -68,7 +71,7 @@ func (s *Stream) askCluster(st *reqState) Action {
 		vals := st.vals[g.vals[i][0]:g.vals[i][1]]
 		comp, hits := string(sharedstate.AppendComposite(nil, vals)), uint64(math.Ceil(g.reqs[i].Cost))
 		if r.Lease == nil {
-			ds[i] = rlscontract.ClusterDescriptor(r.Name, comp, hits)
+			ds[i] = clusterDescriptor(req, r, comp, hits)
 		} else {
 			// A cold lease rule: an exact take from its lease bucket.
 			ds[i] = rlscontract.LeaseDescriptor(rlscontract.Lease{Rule: r.Name, Composite: comp, Want: hits})
@@ -79,13 +82,37 @@ func (s *Stream) askCluster(st *reqState) Action {
 		}
 	}
 	s.trackCluster(g, ds)
-	token, err := callRLS(p.caller, rls, ds)
+	return s.sendCall(pc, ds)
+}
+
+// sendCall sends the call of pc, with descriptors ds, and pauses the request
+// until pc.answered has the answer; a call that cannot be sent is a
+// failure of the service (clusterFailed).
+func (s *Stream) sendCall(pc *pendingCall, ds []rlscontract.Descriptor) Action {
+	p := s.p
+	token, err := callRLS(p.caller, p.cfg.Settings.RLS, ds)
 	if err != nil {
 		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
 	}
 	p.callouts.add(token, pc.answered)
 	s.st.cont.call = token
 	return Pause
+}
+
+// clusterDescriptor is the descriptor of cluster rule r for composite key
+// comp and hits, for request req (read in the current callback), built in
+// one place: rlscontract.ClusterDescriptor, and
+// for a quota whose identity carries its limit ("limit_source": a header
+// or a verified JWT claim, read as limit keys are read) the limit as the
+// third entry (rlscontract.QuotaDescriptor). The value is sent as the
+// request states it; the service ignores one that is not a number > 0
+// and bounds the others by max_limit.
+func clusterDescriptor(req *request, r *rule, comp string, hits uint64) rlscontract.Descriptor {
+	limit := ""
+	if q := r.Quota; q != nil && q.LimitSource != nil {
+		limit, _ = req.value(*q.LimitSource)
+	}
+	return rlscontract.QuotaDescriptor(r.Name, comp, limit, hits)
 }
 
 // callRLS sends a RateLimitRequest with descriptors ds to the service, in
@@ -211,7 +238,9 @@ func (s *Stream) clusterAnswer(pc *pendingCall, resp *rlscontract.Response) {
 			r := pc.rules[i]
 			switch {
 			case st.Code != rlscontract.CodeOverLimit:
-				r.metrics.allowed.inc(p.host, 1)
+				if !s.deferCount(r) {
+					r.metrics.allowed.inc(p.host, 1)
+				}
 			case r.Shadow:
 				r.metrics.shadowRejected.inc(p.host, 1)
 			default:
@@ -309,6 +338,13 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 	var enforce, shadow []sharedstate.Request
 	var rules, shadows []*rule
 	for i, r := range pc.rules {
+		if i >= len(pc.buckets) || r.Quota != nil {
+			// Nothing to decide it with here: a quota's consumption is
+			// counted in the service only, and a body's estimate has no
+			// shared-data bucket (cluster_estimate.go). Fails open.
+			r.metrics.failOpen.inc(p.host, 1)
+			continue
+		}
 		if r.Shadow {
 			shadow = append(shadow, pc.buckets[i])
 			shadows = append(shadows, r)
@@ -378,6 +414,9 @@ func (s *Stream) clusterLocally(pc *pendingCall) Action {
 // cluster rules turned down.
 func (s *Stream) refundLocal(pc *pendingCall) {
 	p := s.p
+	if pc.body {
+		s.refundCharges() // what the headers took, the service's included
+	}
 	s.dropHold(false) // refunded below with the rest
 	s.dropCharges()   // refunded whole: nothing is left to settle
 	p.leaseRefund(pc.lease)

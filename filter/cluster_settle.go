@@ -69,6 +69,7 @@ func (s *Stream) trackCluster(g *group, ds []rlscontract.Descriptor) {
 		st := s.settleOf()
 		st.awaiting = append(st.awaiting, charge{r: r, pre: float64(max(ds[i].HitsAddend, 1)),
 			cluster: &clusterCharge{comp: ds[i].Entries[1].Value}})
+		s.awaitBody(&st.awaiting[len(st.awaiting)-1])
 		s.identity(r)
 	}
 }
@@ -79,7 +80,14 @@ func (s *Stream) trackCluster(g *group, ds []rlscontract.Descriptor) {
 // group that fails as a whole, as it does the enforced one).
 func (s *Stream) admitCluster(pc *pendingCall, resp *rlscontract.Response) {
 	st := s.st.settle
-	if st == nil || len(st.awaiting) == 0 {
+	if st == nil {
+		return
+	}
+	for i := range st.charges { // a body's estimate taken (cluster_estimate.go)
+		c := &st.charges[i]
+		c.pre, c.ask = c.pre+c.ask, 0
+	}
+	if len(st.awaiting) == 0 {
 		return
 	}
 	shadowTook := len(resp.Statuses) == len(pc.rules)
@@ -120,6 +128,7 @@ func (s *Stream) settleClusterLocally(rules []*rule, reqs []sharedstate.Request)
 		}
 		st := s.settleOf()
 		st.charges = append(st.charges, charge{r: r, req: req, pre: pre})
+		s.awaitBody(&st.charges[len(st.charges)-1])
 	}
 }
 

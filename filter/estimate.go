@@ -23,7 +23,9 @@ import (
 // larger. A bucket that cannot pay it rejects the request then, with the
 // rejection any rule sends; everything its settling rules took at the
 // headers is given back. So the reservations admitted never exceed what
-// the bucket holds, as with an estimate in a header.
+// the bucket holds, as with an estimate in a header. A cluster rule's rest
+// is asked of the rate-limit service instead, in one more call once the
+// local buckets have taken theirs (cluster_estimate.go).
 //
 // The scanner reads what lax JSON readers (Python's json, pydantic) read:
 // a number held in a string ("500"), a leading UTF-8 byte order mark, NaN
@@ -89,10 +91,14 @@ func (s *Stream) reserveEstimate() Action {
 	p := s.p
 	st := s.st.settle
 	st.estimating = false
+	s.st.hasBody = false // read: what decides now counts (deferCount)
 	if !st.encoded {
 		s.readEstimates(st)
 	}
 	enforce, shadow := &p.est, &p.estShadow
+	// The headers' request holds views of what the host returned then:
+	// read it again in this callback.
+	ask := estimateCall{req: p.newRequest()}
 	enforce.reset()
 	shadow.reset()
 	for i := range st.charges {
@@ -109,6 +115,14 @@ func (s *Stream) reserveEstimate() Action {
 			// Nothing more to take: admitted (counted by observe, reject,
 			// undecided or below for the others).
 			c.r.metrics.allowed.inc(p.host, 1)
+			continue
+		}
+		if c.cluster != nil {
+			// Asked of the service once the local rules have admitted
+			// it (askEstimate).
+			c.ask = math.Ceil(min(e, c.r.Limit.Burst) - c.pre)
+			ask.ds = append(ask.ds, clusterDescriptor(&ask.req, c.r, c.cluster.comp, uint64(c.ask)))
+			ask.rules = append(ask.rules, c.r)
 			continue
 		}
 		g := enforce
@@ -129,17 +143,17 @@ func (s *Stream) reserveEstimate() Action {
 		s.raise(shadow)
 	}
 	if len(enforce.reqs) == 0 {
-		return Continue
+		return s.askEstimate(&ask, now)
 	}
 	req := p.newRequest()
 	out, _, _ := p.take(enforce, now)
 	switch {
 	case out.Err != nil:
-		act := s.undecided(&req, enforce, now, out.Err)
-		if act != Continue {
+		if act := s.undecided(&req, enforce, now, out.Err); act != Continue {
 			s.refundCharges()
+			return act
 		}
-		return act
+		return s.askEstimate(&ask, now)
 	case !out.Allowed:
 		s.refundCharges()
 		return s.reject(&req, enforce)
@@ -153,7 +167,7 @@ func (s *Stream) reserveEstimate() Action {
 			}
 		}
 	}
-	return Continue
+	return s.askEstimate(&ask, now)
 }
 
 // deferCount reports whether r, admitted at the headers of a request

@@ -81,8 +81,10 @@ type charge struct {
 	// done: settled already.
 	done bool
 	// estimate: the charge awaits its estimate from the request body
-	// (estimate.go); its scans read the body until then.
+	// (estimate.go); its scans read the body until then. ask: the rest of
+	// it a cluster charge asks of the service (cluster_estimate.go).
 	estimate bool
+	ask      float64
 	// body: the cost is read from the body; scanning: still reading it.
 	body, scanning bool
 	scans          []ljson.PointerScanner
@@ -118,12 +120,19 @@ func (s *Stream) track(g *group) {
 		if pre == admitPositive {
 			pre = 0 // pre_charge 0: admission took nothing a balance shows
 		}
-		est := s.st.hasBody && awaitsEstimate(r)
-		st.charges = append(st.charges, charge{r: r, req: req, pre: pre, estimate: est})
-		st.estimating = st.estimating || est
-		st.encoded = st.encoded || est && requestEncoded(s.p.host)
+		st.charges = append(st.charges, charge{r: r, req: req, pre: pre})
+		s.awaitBody(&st.charges[len(st.charges)-1])
 		s.identity(r)
 	}
+}
+
+// awaitBody marks c as awaiting its estimate from the request body when
+// its rule takes it there and a body follows.
+func (s *Stream) awaitBody(c *charge) {
+	st := s.st.settle
+	c.estimate = s.st.hasBody && awaitsEstimate(c.r)
+	st.estimating = st.estimating || c.estimate
+	st.encoded = st.encoded || c.estimate && requestEncoded(s.p.host)
 }
 
 // identity asks the upstream for an uncompressed body when r reads its cost

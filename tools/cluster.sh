@@ -19,6 +19,12 @@
 #   MODE=exact   or MODE=lease: the same fleet with the rule in lease mode
 #                (docs/lease.md): "mode": "lease", "lease_max": 2 are added
 #                to the rule of both configurations
+#   EXAMPLE=cluster  or EXAMPLE=ai-api: examples/ai-api/ai-api.json and
+#                its envoy.yaml, an AI API's budgets per API key (tokens per
+#                minute, tokens per month as a quota, requests in flight);
+#                MODE=exact only (a quota is never leased)
+#   UPSTREAM=URL the proxies' upstream (tokengate-local -upstream), e.g. an
+#                OpenAI-compatible API; default: the local host's echo
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,10 +36,11 @@ DIR=${CLUSTER_DIR:-build/cluster}
 LOCAL=${LOCAL:-build/tokengate-local}
 RLS=${RLS:-build/tokengate-rls}
 WASM=${WASM:-build/tokengate.wasm}
-CONFIG=examples/cluster/cluster.json
-ENVOY=examples/cluster/envoy.yaml
+EXAMPLE=${EXAMPLE:-cluster}
 MODE=${MODE:-exact}
 rls_auth=()
+upstream=()
+[[ -n ${UPSTREAM:-} ]] && upstream=(-upstream "$UPSTREAM")
 
 log() { printf 'make cluster: %s\n' "$*" >&2; }
 
@@ -47,6 +54,25 @@ if ! command -v redis-server >/dev/null 2>&1; then
 		exit 1
 	fi
 fi
+
+case $EXAMPLE in
+cluster)
+	CONFIG=examples/cluster/cluster.json
+	ENVOY=examples/cluster/envoy.yaml
+	;;
+ai-api)
+	CONFIG=examples/ai-api/ai-api.json
+	ENVOY=examples/ai-api/envoy.yaml
+	if [[ $MODE != exact ]]; then
+		log "EXAMPLE=ai-api runs in MODE=exact only: its quota is counted in the service, never leased (docs/configuration.md)"
+		exit 1
+	fi
+	;;
+*)
+	log "EXAMPLE must be cluster or ai-api, got $EXAMPLE"
+	exit 1
+	;;
+esac
 
 mkdir -p "$DIR"
 case $MODE in
@@ -143,7 +169,7 @@ if [[ $RLS_PORT != 8081 ]]; then
 fi
 for p in "${PORTS[@]}"; do
 	setsid "$LOCAL" -wasm "$WASM" -envoy "$bootstrap" -listen "127.0.0.1:$p" -admin "127.0.0.1:$((p + 1))" -workers 2 \
-		>"$DIR/proxy-$p.log" 2>&1 &
+		"${upstream[@]+"${upstream[@]}"}" >"$DIR/proxy-$p.log" 2>&1 &
 	pids+=($!)
 done
 # Started together: each compiles the module when it starts.
@@ -152,6 +178,28 @@ for i in "${!PORTS[@]}"; do
 	wait_http "http://127.0.0.1:$((p + 1))/ready" "tokengate-local on :$p" "$DIR/proxy-$p.log" "${pids[i + 2]}"
 done
 
+if [[ $EXAMPLE == ai-api ]]; then
+	cat <<-MSG
+	An AI API on a fleet of ${#PORTS[@]} proxies (examples/ai-api), per API key (x-api-key):
+	  ai-tokens-per-minute  6000 tokens a minute (a cluster token bucket, 100 a second)
+	  ai-tokens-per-month   20000 tokens a calendar month (a quota; warnings at 80 % and 95 %)
+	  ai-in-flight          2 requests in flight per proxy
+	The body's max_tokens is reserved before the upstream runs, and the usage the
+	response reports (usage.total_tokens) charged after it. The upstream is
+	$( [[ -n ${UPSTREAM:-} ]] && printf '%s' "$UPSTREAM" || printf "the local host's echo, which reports no usage: each request costs its max_tokens\n\t(UPSTREAM=<url> to use an OpenAI-compatible API)" ).
+	  proxies        $(for p in "${PORTS[@]}"; do printf 'http://127.0.0.1:%s  ' "$p"; done)
+	  tokengate-rls  127.0.0.1:$RLS_PORT (gRPC), metrics http://127.0.0.1:$RLS_ADMIN_PORT/metrics
+	  redis-server   127.0.0.1:$REDIS_PORT
+	  logs           $DIR/
+	Try, in another terminal (the minute's 6000 tokens pass as 4 requests of 1500, whichever proxy):
+	  for i in \$(seq 2); do for p in ${PORTS[*]}; do curl -s -o /dev/null -w "\$p:%{http_code} " -H 'x-api-key: demo' -d '{"max_tokens":1500}' 127.0.0.1:\$p/v1/chat/completions; done; done; echo
+	  curl -i -H 'x-api-key: demo' -d '{"max_tokens":10}' 127.0.0.1:${PORTS[0]}/v1/chat/completions
+	  redis-cli -p $REDIS_PORT --scan --pattern '*demo*'
+	  curl -s 127.0.0.1:$RLS_ADMIN_PORT/metrics | grep -e decisions -e quota
+	  pids: redis-server ${pids[0]}, tokengate-rls ${pids[1]}, proxies ${pids[*]:2}
+	Ctrl-C to stop everything.
+	MSG
+else
 cat <<-MSG
 	A fleet of ${#PORTS[@]} proxies sharing one limit per client IP (rule fleet-per-ip:
 	bursts of 6, 2 a second, across all of them), decided by tokengate-rls on Redis
@@ -170,6 +218,7 @@ cat <<-MSG
 	  pids: redis-server ${pids[0]}, tokengate-rls ${pids[1]}, proxies ${pids[*]:2}
 	Ctrl-C to stop everything.
 MSG
+fi
 
 # Until Ctrl-C, or until a proxy exits (tokengate-rls and Redis may be
 # stopped on purpose, to watch on_error).

@@ -260,6 +260,14 @@ func (p *Proxy) run(st *wasmhost.Stream, rw http.ResponseWriter, r *http.Request
 			if paused, err = st.OnRequestBody(body); err != nil {
 				return abandon(err)
 			}
+			if paused && !st.Replied() && !st.Closed() && !st.Continued() {
+				// Held until a later callback continues the body or
+				// answers (a rate-limit call made for the body's estimate).
+				if status, hs, b, done := p.hold(st, r); done {
+					return status, hs, b
+				}
+				paused = !st.Continued()
+			}
 		}
 	}
 	st.Unlock()

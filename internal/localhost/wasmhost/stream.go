@@ -170,6 +170,10 @@ func (st *Stream) OnRequestHeaders(endOfStream bool) (paused bool, err error) {
 func (st *Stream) OnRequestBody(body []byte) (paused bool, err error) {
 	w, s := st.w, st.s
 	s.reqBody = body
+	// The body is a new chance to pause: Envoy's decodeData may return
+	// StopIterationAndBuffer after decodeHeaders went on, and a later
+	// callback (a callout's answer) continues it with proxy_continue_stream.
+	s.continued = false
 	action, err := w.callStream(s, phaseRequestBody, "proxy_on_request_body", uint64(s.id), uint64(len(s.reqBody)), 1)
 	if err != nil {
 		return false, st.fail(err)
