@@ -88,6 +88,10 @@ type options struct {
 	tlsClientOptional bool
 	tlsWriterURI      string
 	credentialFile    string
+	// The admin API (docs/rls.md#admin-api).
+	adminCredFile string
+	usageCredFile string
+	tlsAdminURI   string
 	openWrites        bool
 	watch             time.Duration
 	logLevel          string
@@ -122,6 +126,11 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	fs.BoolVar(&o.tlsClientOptional, "tls-client-optional", false, "with -tls-client-ca: clients without a certificate may connect and get decisions, but not settle or lease")
 	fs.StringVar(&o.tlsWriterURI, "tls-writer-uri-prefix", "", "with -tls-client-ca: a client certificate authenticates a proxy's settlements and lease calls only when it has a URI SAN with this `prefix` (e.g. spiffe://cluster.local/ns/edge/)")
 	fs.StringVar(&o.credentialFile, "credential-file", "", "`file` of the proxies' credentials, one per line: a settlement or lease call must carry one (authorization: Bearer <credential>; the filter's settings.rls.credential)")
+	fs.StringVar(&o.adminCredFile, "admin-credential-file", "", "`file` of the admin API's credentials, one per line: PUT/GET/DELETE /v1/overrides and GET /v1/usage on -admin need one "+
+		"(authorization: Bearer <credential>); without it or -tls-admin-uri-prefix the admin API answers 403")
+	fs.StringVar(&o.usageCredFile, "usage-credential-file", "", "`file` of credentials that may only read GET /v1/usage (a customer portal's backend); the admin's credentials read it too")
+	fs.StringVar(&o.tlsAdminURI, "tls-admin-uri-prefix", "", "with -tls-client-ca: serve -admin over TLS, and accept admin API calls with a client certificate that has a URI SAN with this `prefix` "+
+		"(e.g. spiffe://cluster.local/ns/ops/)")
 	fs.BoolVar(&o.openWrites, "allow-unauthenticated-writes", false, "accept settlements and lease calls from any caller (unsafe: any client that reaches the port can refund, reset or charge any key); "+
 		"without it, and without -credential-file or -tls-client-ca, they are refused")
 	fs.DurationVar(&o.watch, "watch-interval", 2*time.Second, "how often the -config file, the TLS files and the -credential-file are checked for changes (0: only SIGHUP reloads)")
@@ -153,6 +162,9 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	}
 	if o.openWrites && (o.credentialFile != "" || o.tlsClientCA != "") {
 		return nil, errors.New("-allow-unauthenticated-writes contradicts -credential-file and -tls-client-ca: choose one")
+	}
+	if err := o.checkAdmin(); err != nil {
+		return nil, err
 	}
 	if err := o.limits.check(); err != nil {
 		return nil, err
@@ -254,10 +266,14 @@ func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Se
 			s.Writes.AddCredential(c)
 		}
 	}
+	if err := o.adminSettings(&s); err != nil {
+		return daemon.Settings{}, err
+	}
 	if o.admin != "" {
 		pprofOn := o.pprofOn
-		s.HTTP = []daemon.HTTP{{Addr: o.admin, Handler: func(p daemon.Parts) http.Handler {
+		s.HTTP = []daemon.HTTP{{Addr: o.admin, TLS: o.tlsAdminURI != "", Handler: func(p daemon.Parts) http.Handler {
 			h := rls.AdminHandler(p.Server, p.Metrics, p.Ready)
+			h = rls.NewAdminAPI(p.Server, p.Store, p.Gate, p.Metrics).Handler(h)
 			if pprofOn {
 				h = daemon.WithPprof(h)
 			}
