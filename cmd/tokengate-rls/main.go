@@ -92,12 +92,12 @@ type options struct {
 	adminCredFile string
 	usageCredFile string
 	tlsAdminURI   string
-	openWrites        bool
-	watch             time.Duration
-	logLevel          string
-	logFormat         string
-	redisSec          redisSecurity
-	limits            limitFlags
+	openWrites    bool
+	watch         time.Duration
+	logLevel      string
+	logFormat     string
+	redisSec      redisSecurity
+	limits        limitFlags
 }
 
 // parseOptions reads the flags, then the environment for those the command
