@@ -88,16 +88,15 @@ type options struct {
 	tlsClientOptional bool
 	tlsWriterURI      string
 	credentialFile    string
+	openWrites        bool
+	watch             time.Duration
+	logLevel          string
+	logFormat         string
+	redisSec          redisSecurity
+	limits            limitFlags
+
 	// The admin API (docs/rls.md#admin-api).
-	adminCredFile string
-	usageCredFile string
-	tlsAdminURI   string
-	openWrites    bool
-	watch         time.Duration
-	logLevel      string
-	logFormat     string
-	redisSec      redisSecurity
-	limits        limitFlags
+	adminCredFile, usageCredFile, tlsAdminURI string
 }
 
 // parseOptions reads the flags, then the environment for those the command
