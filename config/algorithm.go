@@ -29,13 +29,7 @@ const (
 // window of window_seconds, a rollover capacity (default limit) and where
 // windows start.
 func windowConfig(path string, v ljson.Result, r *Rule) error {
-	if !v.Exists() {
-		return errAt(path, "is required")
-	}
-	if !v.IsObject() {
-		return errAt(path, "must be an object, got "+typeName(v))
-	}
-	if err := onlyFields(path, v, "limit", "window_seconds", "capacity", "window_start", "cost_source", "fixed_cost", "default_cost", "count_statuses", "reset_on_statuses"); err != nil {
+	if err := object(path, v, "limit", "window_seconds", "capacity", "window_start", "cost_source", "fixed_cost", "default_cost", "count_statuses", "reset_on_statuses"); err != nil {
 		return err
 	}
 	need := func(field string, max float64) (float64, error) {
@@ -68,27 +62,15 @@ func windowConfig(path string, v ljson.Result, r *Rule) error {
 				"unused tokens may roll over up to, and below the limit a window would admit only capacity, got "+num(capacity))
 		}
 	}
-	switch ws := v.Get("window_start"); {
-	case !ws.Exists(), ws.Type == ljson.String && ws.Str == "aligned":
-	case ws.Type == ljson.String && ws.Str == "hash":
-		r.WindowStart = WindowHash
-	case ws.Type == ljson.String && ws.Str == "random":
-		r.WindowStart = WindowRandom
-	default:
-		return errAt(path+".window_start", `must be "aligned", "hash" or "random", got `+short(ws.Raw))
+	if r.WindowStart, err = choice(path+".window_start", v.Get("window_start"), "aligned", "hash", "random"); err != nil {
+		return err
 	}
 	r.Limit = bucket.Limit{Rate: limit, Burst: capacity, Window: window}
 	return costConfig(path, v, r)
 }
 
 func algorithmConfig(path string, v ljson.Result, r *Rule) error {
-	if !v.Exists() {
-		return errAt(path, "is required")
-	}
-	if !v.IsObject() {
-		return errAt(path, "must be an object, got "+typeName(v))
-	}
-	if err := onlyFields(path, v, append([]string{"tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost",
+	if err := object(path, v, append([]string{"tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost",
 		"count_statuses", "reset_on_statuses", "pre_charge", "max_debt", "estimate_source", "strip_accept_encoding"}, delayFields...)...); err != nil {
 		return err
 	}
@@ -206,6 +188,9 @@ func admissible(path string, v ljson.Result, r *Rule) error {
 		if !v.Get("capacity").Exists() {
 			cap = "limit"
 		}
+	}
+	if r.Quota != nil {
+		cap = "limit"
 	}
 	if r.Cost.Kind == CostFixed && r.Cost.Fixed > burst {
 		if !v.Get("fixed_cost").Exists() {

@@ -155,6 +155,11 @@ type Rule struct {
 	// InFlight makes the rule a limit on requests in flight ("algorithm":
 	// "concurrency") instead of a token bucket; nil for a bucket.
 	InFlight *InFlightSpec
+	// Quota makes the rule a calendar quota ("algorithm": "quota", scope
+	// "cluster"); nil for other algorithms. Limit is then {Rate: the
+	// quota's limit over its period's nominal seconds, Burst: the limit},
+	// so that checks of a cost against the burst hold.
+	Quota *Quota
 }
 
 // Rule.OnMissingKey values.

@@ -170,7 +170,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"name type", `{"name":5,` + rule + `}`, `name: must be a string, got a number`},
 		{"bad name", `{"name":"a b",` + rule + `}`, `name: must be 1 to 64 characters from [A-Za-z0-9_-], got "a b"`},
 		{"unknown algorithm", `{"name":"a","algorithm":"leaky_bucket","algorithm_config":{"rps":5,"burst":10}}`,
-			`algorithm: unknown algorithm "leaky_bucket", want "token_bucket", "fixed_window" or "concurrency"`},
+			`algorithm: unknown algorithm "leaky_bucket", want "token_bucket", "fixed_window", "concurrency" or "quota"`},
 		{"fixed window without limit", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"window_seconds":10}}`,
 			`algorithm_config.limit: is required`},
 		{"fixed window with token bucket fields", `{"name":"a","algorithm":"fixed_window","algorithm_config":{"limit":1,"window_seconds":10,"rps":1}}`,

@@ -156,10 +156,7 @@ func (p *parser) bundle(cfg *Config, root ljson.Result) error {
 }
 
 func (p *parser) policy(path string, v ljson.Result) (*Policy, error) {
-	if !v.IsObject() {
-		return nil, errAt(path, "must be an object, got "+typeName(v))
-	}
-	if err := onlyFields(path, v, "id", "spec"); err != nil {
+	if err := fields(path, v, "id", "spec"); err != nil {
 		return nil, err
 	}
 	id, err := requiredName(path+".id", v.Get("id"))
@@ -215,10 +212,7 @@ func selector(path string, v ljson.Result) (Selector, error) {
 	if !v.Exists() {
 		return s, nil
 	}
-	if !v.IsObject() {
-		return s, errAt(path, "must be an object, got "+typeName(v))
-	}
-	if err := onlyFields(path, v, "pathPrefix", "methods", "hosts"); err != nil {
+	if err := fields(path, v, "pathPrefix", "methods", "hosts"); err != nil {
 		return s, err
 	}
 	if pp := v.Get("pathPrefix"); pp.Exists() {
@@ -287,14 +281,11 @@ func (p *parser) ruleList(path string, v ljson.Result) ([]*Rule, error) {
 
 // rule parses one rule. A fallback limit may omit its name and has no match.
 func (p *parser) rule(path string, v ljson.Result, fallback bool) (*Rule, error) {
-	if !v.IsObject() {
-		return nil, errAt(path, "must be an object, got "+typeName(v))
-	}
-	fields := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error", "on_missing_key", "max_keys", "scope", "mode", "lease_max", "lease_ttl_ms"}
+	names := []string{"name", "limit_keys", "algorithm", "algorithm_config", "on_store_error", "on_missing_key", "max_keys", "scope", "mode", "lease_max", "lease_ttl_ms"}
 	if !fallback {
-		fields = append(fields, "match")
+		names = append(names, "match")
 	}
-	if err := onlyFields(path, v, fields...); err != nil {
+	if err := fields(path, v, names...); err != nil {
 		return nil, err
 	}
 	r := &Rule{}
@@ -337,8 +328,10 @@ func algorithm(path string, a ljson.Result) (func(string, ljson.Result, *Rule) e
 		return windowConfig, nil
 	case a.Type == ljson.String && a.Str == "concurrency":
 		return concurrencyConfig, nil
+	case a.Type == ljson.String && a.Str == "quota":
+		return quotaConfig, nil
 	}
-	return nil, errAt(join(path, "algorithm"), `unknown algorithm `+short(a.Raw)+`, want "token_bucket", "fixed_window" or "concurrency"`)
+	return nil, errAt(join(path, "algorithm"), `unknown algorithm `+short(a.Raw)+`, want "token_bucket", "fixed_window", "concurrency" or "quota"`)
 }
 
 // limitKeys reads a rule's "limit_keys" (v, when it exists) into r.Keys.
@@ -417,34 +410,23 @@ func (p *parser) ruleOptions(path string, v ljson.Result, r *Rule) error {
 		}
 		r.MaxKeys, p.maxKeysSet = n, append(p.maxKeysSet, r)
 	}
-	switch sc := v.Get("scope"); {
-	case !sc.Exists():
-	case sc.Type == ljson.String && sc.Str == "local":
-	case sc.Type == ljson.String && sc.Str == "cluster":
-		r.Cluster = true
-	default:
-		return errAt(join(path, "scope"), `must be "local" or "cluster", got `+short(sc.Raw))
+	scope, err := choice(join(path, "scope"), v.Get("scope"), "local", "cluster")
+	if err != nil {
+		return err
 	}
+	r.Cluster = scope == 1
 	if err := leaseFields(path, v, r); err != nil {
 		return err
 	}
-	switch ose := v.Get("on_store_error"); {
-	case !ose.Exists():
-	case ose.Type == ljson.String && ose.Str == "allow":
-	case ose.Type == ljson.String && ose.Str == "deny":
-		r.DenyOnStoreError = true
-	default:
-		return errAt(join(path, "on_store_error"), `must be "allow" or "deny", got `+short(ose.Raw))
+	if err := quotaScope(path, r); err != nil {
+		return err
 	}
-	switch omk := v.Get("on_missing_key"); {
-	case !omk.Exists():
-	case omk.Type == ljson.String && omk.Str == "skip":
-	case omk.Type == ljson.String && omk.Str == "shared":
-		r.OnMissingKey = MissingKeyShared
-	case omk.Type == ljson.String && omk.Str == "deny":
-		r.OnMissingKey = MissingKeyDeny
-	default:
-		return errAt(join(path, "on_missing_key"), `must be "skip", "shared" or "deny", got `+short(omk.Raw))
+	deny, err := choice(join(path, "on_store_error"), v.Get("on_store_error"), "allow", "deny")
+	if err != nil {
+		return err
 	}
-	return nil
+	r.DenyOnStoreError = deny == 1
+	// MissingKeySkip, MissingKeyShared, MissingKeyDeny in order.
+	r.OnMissingKey, err = choice(join(path, "on_missing_key"), v.Get("on_missing_key"), "skip", "shared", "deny")
+	return err
 }

@@ -80,10 +80,7 @@ const (
 )
 
 func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
-	if !v.IsObject() {
-		return nil, errAt(path, "must be an object, got "+typeName(v))
-	}
-	if err := onlyFields(path, v, "cluster", "authority", "domain", "timeout_ms", "on_error", "protocol", "lease_tick_ms", "lease_fallback_ms", "credential"); err != nil {
+	if err := fields(path, v, "cluster", "authority", "domain", "timeout_ms", "on_error", "protocol", "lease_tick_ms", "lease_fallback_ms", "credential"); err != nil {
 		return nil, err
 	}
 	s := &RLSSettings{Domain: "tokengate", TimeoutMs: defaultRLSTimeoutMs, LeaseTickMs: defaultLeaseTickMs}
@@ -140,15 +137,12 @@ func rlsSettings(path string, v ljson.Result) (*RLSSettings, error) {
 	if err := str("credential", &s.Credential, false); err != nil {
 		return nil, err
 	}
-	switch oe := v.Get("on_error"); {
-	case !oe.Exists(), oe.Type == ljson.String && oe.Str == "allow":
-	case oe.Type == ljson.String && oe.Str == "deny":
-		s.OnError = OnErrorDeny
-	case oe.Type == ljson.String && oe.Str == "local":
-		s.OnError = OnErrorLocal
-	default:
-		return nil, errAt(join(path, "on_error"), `must be "allow", "deny" or "local", got `+short(oe.Raw))
+	// OnErrorAllow, OnErrorDeny, OnErrorLocal in order.
+	oe, err := choice(join(path, "on_error"), v.Get("on_error"), "allow", "deny", "local")
+	if err != nil {
+		return nil, err
 	}
+	s.OnError = RLSOnError(oe)
 	switch p := v.Get("protocol"); {
 	case !p.Exists(), p.Type == ljson.String && p.Str == "grpc":
 	case p.Type == ljson.String && p.Str == "json":
@@ -231,15 +225,13 @@ const (
 // checks that need the rule's limit and settings.rls, and lease_max's
 // default, are in LeaseConfig.check.
 func leaseFields(path string, v ljson.Result, r *Rule) error {
-	switch m := v.Get("mode"); {
-	case !m.Exists(), m.Type == ljson.String && m.Str == "exact":
-	case m.Type == ljson.String && m.Str == "lease":
-		if !r.Cluster {
-			return errAt(join(path, "mode"), `"lease" needs "scope": "cluster"`)
-		}
+	switch m, err := choice(join(path, "mode"), v.Get("mode"), "exact", "lease"); {
+	case err != nil:
+		return err
+	case m == 1 && !r.Cluster:
+		return errAt(join(path, "mode"), `"lease" needs "scope": "cluster"`)
+	case m == 1:
 		r.Lease = &LeaseConfig{TTL: defaultLeaseTTLMs / 1000.0}
-	default:
-		return errAt(join(path, "mode"), `must be "exact" or "lease", got `+short(m.Raw))
 	}
 	for _, f := range []string{"lease_max", "lease_ttl_ms"} {
 		if v.Get(f).Exists() && r.Lease == nil {

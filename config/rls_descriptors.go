@@ -125,10 +125,7 @@ func (p *parser) rlsNodes(path string, v ljson.Result, depth int) ([]*RLSDescrip
 }
 
 func (p *parser) rlsNode(path string, v ljson.Result, depth int) (*RLSDescriptor, error) {
-	if !v.IsObject() {
-		return nil, errAt(path, "must be an object, got "+typeName(v))
-	}
-	if err := onlyFields(path, v, "key", "value", "rule", "shadow", "descriptors"); err != nil {
+	if err := fields(path, v, "key", "value", "rule", "shadow", "descriptors"); err != nil {
 		return nil, err
 	}
 	n := &RLSDescriptor{}

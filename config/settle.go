@@ -340,13 +340,7 @@ func bucketForInFlight(spec *InFlightSpec) bucket.Limit {
 
 // concurrencyConfig reads a concurrency rule's algorithm_config.
 func concurrencyConfig(path string, v ljson.Result, r *Rule) error {
-	if !v.Exists() {
-		return errAt(path, "is required")
-	}
-	if !v.IsObject() {
-		return errAt(path, "must be an object, got "+typeName(v))
-	}
-	if err := onlyFields(path, v, "max_in_flight", "lease_seconds"); err != nil {
+	if err := object(path, v, "max_in_flight", "lease_seconds"); err != nil {
 		return err
 	}
 	m := v.Get("max_in_flight")

@@ -96,6 +96,53 @@ func integer(v ljson.Result) (int64, bool) {
 	return n, err == nil
 }
 
+// object refuses v unless it exists and is an object whose keys are all in
+// allowed.
+func object(path string, v ljson.Result, allowed ...string) error {
+	if !v.Exists() {
+		return errAt(path, "is required")
+	}
+	return fields(path, v, allowed...)
+}
+
+// fields refuses v unless it is an object whose keys are all in allowed.
+// (One function for what every object's reader checks first: each copy
+// of it inline costs the wasm module about a kilobyte.)
+func fields(path string, v ljson.Result, allowed ...string) error {
+	if !v.IsObject() {
+		return errAt(path, "must be an object, got "+typeName(v))
+	}
+	return onlyFields(path, v, allowed...)
+}
+
+// choice returns the index in names of v, a string field at path; 0 when
+// v does not exist. Any other value is refused with the list of names.
+// (One function for every such field: a switch with its own message
+// costs the wasm module hundreds of bytes.)
+func choice(path string, v ljson.Result, names ...string) (int, error) {
+	list := ""
+	for i, n := range names {
+		if !v.Exists() || v.Type == ljson.String && v.Str == n {
+			return i * btoi(v.Exists()), nil
+		}
+		switch {
+		case i == len(names)-1:
+			list += " or "
+		case i > 0:
+			list += ", "
+		}
+		list += `"` + n + `"`
+	}
+	return 0, errAt(path, "must be "+list+", got "+short(v.Raw))
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // onlyFields rejects any key of obj not in allowed.
 func onlyFields(path string, obj ljson.Result, allowed ...string) error {
 	var err error

@@ -17,6 +17,11 @@ const (
 	// (sharedstate.AppendComposite of the rule's limit key values).
 	RuleKey      = "tokengate_rule"
 	CompositeKey = "key"
+	// LimitKey, third after RuleKey and CompositeKey, holds the limit a
+	// verified identity carries for a quota rule (its limit_source), as a
+	// decimal; tokengate-rls applies min(it, max_limit) and ignores a
+	// value that is not a number > 0 (QuotaDescriptor).
+	LimitKey = "tokengate_limit"
 	// ModeKey, with the value ModeLease, marks a lease-mode descriptor.
 	ModeKey = "tokengate_mode"
 	// HolderKey, GrantKey, UnspentKey, WantKey and ReleaseKey are a lease
@@ -66,13 +71,31 @@ func ClusterDescriptor(rule, composite string, hits uint64) Descriptor {
 	return Descriptor{Entries: []Entry{{RuleKey, rule}, {CompositeKey, validUTF8(composite)}}, HitsAddend: hits}
 }
 
-// ParseCluster reports whether entries are exactly ClusterDescriptor's and
-// returns the rule and composite key they name.
-func ParseCluster(entries []Entry) (rule, composite string, ok bool) {
-	if len(entries) != 2 || entries[0].Key != RuleKey || entries[1].Key != CompositeKey {
-		return "", "", false
+// QuotaDescriptor returns the descriptor of a quota rule's request whose
+// identity carries a limit: ClusterDescriptor's entries followed by
+// (LimitKey, limit); without a limit ("") it is ClusterDescriptor's.
+func QuotaDescriptor(rule, composite, limit string, hits uint64) Descriptor {
+	d := ClusterDescriptor(rule, composite, hits)
+	if limit != "" {
+		d.Entries = append(d.Entries, Entry{LimitKey, validUTF8(limit)})
 	}
-	return entries[0].Value, entries[1].Value, true
+	return d
+}
+
+// ParseCluster reports whether entries are exactly ClusterDescriptor's or
+// QuotaDescriptor's and returns the rule and composite key they name, and
+// the identity's limit ("" when absent; not checked: a number > 0 or
+// nothing is the service's decision).
+func ParseCluster(entries []Entry) (rule, composite, limit string, ok bool) {
+	switch {
+	case len(entries) < 2 || len(entries) > 3 || entries[0].Key != RuleKey || entries[1].Key != CompositeKey:
+		return "", "", "", false
+	case len(entries) == 3 && entries[2].Key != LimitKey:
+		return "", "", "", false
+	case len(entries) == 3:
+		limit = entries[2].Value
+	}
+	return entries[0].Value, entries[1].Value, limit, true
 }
 
 // Lease is a lease-mode descriptor (docs/lease.md, "Wire protocol"): a

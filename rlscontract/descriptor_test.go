@@ -32,9 +32,9 @@ func TestClusterDescriptor(t *testing.T) {
 			if !reflect.DeepEqual(d, tc.expected) {
 				t.Fatalf("ClusterDescriptor: got %+v, want %+v", d, tc.expected)
 			}
-			rule, comp, ok := rlscontract.ParseCluster(d.Entries)
-			if !ok || rule != tc.rule || comp != tc.expectedComp {
-				t.Errorf("ParseCluster: got %q %q %v, want %q %q true", rule, comp, ok, tc.rule, tc.expectedComp)
+			rule, comp, limit, ok := rlscontract.ParseCluster(d.Entries)
+			if !ok || rule != tc.rule || comp != tc.expectedComp || limit != "" {
+				t.Errorf("ParseCluster: got %q %q %q %v, want %q %q \"\" true", rule, comp, limit, ok, tc.rule, tc.expectedComp)
 			}
 		})
 	}
@@ -44,10 +44,41 @@ func TestClusterDescriptor(t *testing.T) {
 		{{Key: "key", Value: "k"}, {Key: "tokengate_rule", Value: "api"}},
 		{{Key: "tokengate_rule", Value: "api"}, {Key: "key", Value: "k"}, {Key: "tokengate_mode", Value: "lease"}},
 		{{Key: "remote_address", Value: "192.0.2.1"}, {Key: "key", Value: "k"}},
+		{{Key: "tokengate_rule", Value: "api"}, {Key: "key", Value: "k"}, {Key: "tokengate_limit", Value: "5"}, {Key: "x", Value: "y"}},
+		{{Key: "tokengate_rule", Value: "api"}, {Key: "tokengate_limit", Value: "5"}, {Key: "key", Value: "k"}},
 	} {
-		if rule, comp, ok := rlscontract.ParseCluster(es); ok {
-			t.Errorf("ParseCluster(%v) = %q %q, want not a cluster descriptor", es, rule, comp)
+		if rule, comp, limit, ok := rlscontract.ParseCluster(es); ok {
+			t.Errorf("ParseCluster(%v) = %q %q %q, want not a cluster descriptor", es, rule, comp, limit)
 		}
+	}
+}
+
+// TestQuotaDescriptor: an identity's limit travels as a third entry that
+// ParseCluster returns; without one the descriptor is ClusterDescriptor's.
+func TestQuotaDescriptor(t *testing.T) {
+	for _, tc := range []struct {
+		name, limit   string
+		expected      rlscontract.Descriptor
+		expectedLimit string
+	}{
+		{"with a limit", "2500", rlscontract.Descriptor{Entries: entries{{Key: "tokengate_rule", Value: "q"}, {Key: "key", Value: "k"},
+			{Key: "tokengate_limit", Value: "2500"}}, HitsAddend: 3}, "2500"},
+		{"not a number is sent as is", "lots", rlscontract.Descriptor{Entries: entries{{Key: "tokengate_rule", Value: "q"}, {Key: "key", Value: "k"},
+			{Key: "tokengate_limit", Value: "lots"}}, HitsAddend: 3}, "lots"},
+		{"invalid UTF-8", "1\xff", rlscontract.Descriptor{Entries: entries{{Key: "tokengate_rule", Value: "q"}, {Key: "key", Value: "k"},
+			{Key: "tokengate_limit", Value: "1\uFFFD"}}, HitsAddend: 3}, "1\uFFFD"},
+		{"without a limit", "", rlscontract.ClusterDescriptor("q", "k", 3), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := rlscontract.QuotaDescriptor("q", "k", tc.limit, 3)
+			if !reflect.DeepEqual(d, tc.expected) {
+				t.Fatalf("QuotaDescriptor: got %+v, want %+v", d, tc.expected)
+			}
+			rule, comp, limit, ok := rlscontract.ParseCluster(d.Entries)
+			if !ok || rule != "q" || comp != "k" || limit != tc.expectedLimit {
+				t.Errorf("ParseCluster: got %q %q %q %v, want \"q\" \"k\" %q true", rule, comp, limit, ok, tc.expectedLimit)
+			}
+		})
 	}
 }
 

@@ -126,7 +126,7 @@ const maxComposite = 8 * (sharedstate.MaxValueLen + 1)
 //   - Any other descriptor walks the domain's rls_descriptors tree; its
 //     bucket is the composite key of all its entries' values.
 func (c *Config) Resolve(domain string, entries []Entry) (*config.Rule, string) {
-	if rule, comp, ok := rlscontract.ParseCluster(entries); ok {
+	if rule, comp, _, ok := rlscontract.ParseCluster(entries); ok {
 		r := c.clusterRule(domain, rule)
 		if r == nil {
 			return nil, ""
