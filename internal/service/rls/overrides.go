@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -91,7 +92,9 @@ type AdminAPI struct {
 	store AdminStore
 	gate  *AdminGate
 	now   func() time.Time
-	calls [numAdminAPIs][numAdminOutcomes]prometheus.Counter
+	// periods computes a quota's periods (usage.go).
+	periods QuotaPeriods
+	calls   [numAdminAPIs][numAdminOutcomes]prometheus.Counter
 }
 
 // NewAdminAPI returns the admin API of srv's configuration, writing to
@@ -174,7 +177,7 @@ const (
 // overrideKind says what an override of r sets, or why r takes none.
 func overrideKind(r *config.Rule) (int, string) {
 	switch {
-	case isQuotaRule(r):
+	case r.Quota != nil:
 		return kindQuota, ""
 	case r.Lease != nil:
 		return kindNone, "runs in lease mode: its proxies spend leased tokens without asking per request, so an override could not apply at once"
@@ -197,7 +200,7 @@ type target struct {
 
 // resolveTarget reads the rule of path (after prefix) and the key of q,
 // for the configuration in force.
-func (a *AdminAPI) resolveTarget(path, prefix string, q url.Values) (target, *refusal) {
+func (a *AdminAPI) resolveTarget(path, prefix string, q url.Values, extra ...string) (target, *refusal) {
 	name := strings.TrimPrefix(path, prefix)
 	if name == "" || strings.Contains(name, "/") {
 		return target{}, badRequest("the path is " + prefix + "<rule>, got " + strconv.Quote(path))
@@ -214,7 +217,7 @@ func (a *AdminAPI) resolveTarget(path, prefix string, q url.Values) (target, *re
 	if kind == kindNone {
 		return target{}, badRequest("rule " + strconv.Quote(name) + " " + why)
 	}
-	comp, ref := compositeOf(q, r)
+	comp, ref := compositeOf(q, r, extra)
 	if ref != nil {
 		return target{}, ref
 	}
@@ -224,10 +227,10 @@ func (a *AdminAPI) resolveTarget(path, prefix string, q url.Values) (target, *re
 // compositeOf reads the composite key of q: key=<composite>, as the filter
 // builds it, or one value= per limit key of r, in order, composed as the
 // filter composes them (sharedstate.AppendComposite).
-func compositeOf(q url.Values, r *config.Rule) (string, *refusal) {
+func compositeOf(q url.Values, r *config.Rule, extra []string) (string, *refusal) {
 	keys, values := q["key"], q["value"]
 	for p := range q {
-		if p != "key" && p != "value" {
+		if p != "key" && p != "value" && !slices.Contains(extra, p) {
 			return "", badRequest("unknown query parameter " + strconv.Quote(p) + ": give key=<composite> or value=<v> per limit key")
 		}
 	}
@@ -469,6 +472,3 @@ func parseFields(h map[string]string) map[string]float64 {
 }
 
 func adminNum(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
-
-// isQuotaRule reports whether r is a calendar quota ("algorithm": "quota").
-func isQuotaRule(r *config.Rule) bool { return false }

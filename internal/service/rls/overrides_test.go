@@ -15,7 +15,8 @@ import (
 )
 
 // adminConfig has the rules the admin API tests name: token buckets with
-// one and two limit keys, one without, a lease-mode rule and a fixed window.
+// one and two limit keys, one without, a lease-mode rule and a monthly
+// quota in Paris time with an identity-carried limit.
 const adminConfig = `{
   "bundle_version": 1,
   "settings": {"rls": {"cluster": "rls", "domain": "tokengate"}},
@@ -23,7 +24,10 @@ const adminConfig = `{
     {"name": "per-key", "scope": "cluster", "limit_keys": ["header:x-api-key"], "algorithm_config": {"tokens_per_second": 1, "burst": 10}},
     {"name": "two", "scope": "cluster", "limit_keys": ["header:x-tenant", "header:x-user"], "algorithm_config": {"tokens_per_second": 1, "burst": 10}},
     {"name": "global", "scope": "cluster", "algorithm_config": {"tokens_per_second": 5, "burst": 50}},
-    {"name": "leased", "scope": "cluster", "mode": "lease", "limit_keys": ["header:x-api-key"], "algorithm_config": {"tokens_per_second": 10, "burst": 100}}
+    {"name": "leased", "scope": "cluster", "mode": "lease", "limit_keys": ["header:x-api-key"], "algorithm_config": {"tokens_per_second": 10, "burst": 100}},
+    {"name": "monthly", "scope": "cluster", "algorithm": "quota", "limit_keys": ["header:x-api-key"],
+     "algorithm_config": {"limit": 1000, "period": "month", "time_zone": "Europe/Paris", "billing_day": 31,
+       "limit_source": "header:x-plan-limit", "max_limit": 5000}}
   ]}}]
 }`
 
@@ -193,6 +197,10 @@ func TestAdminRefusals(t *testing.T) {
 		{"key and value", "PUT", "/v1/overrides/per-key?key=alice&value=alice", adminCred, `{"rate": 3}`, 400, "bad_request", "not both"},
 		{"no key", "PUT", "/v1/overrides/per-key", adminCred, `{"rate": 3}`, 400, "bad_request", "name the key"},
 		{"an unknown parameter", "PUT", "/v1/overrides/per-key?key=alice&tll=5", adminCred, `{"rate": 3}`, 400, "bad_request", `unknown query parameter "tll"`},
+		{"a bucket's fields on a quota", "PUT", "/v1/overrides/monthly?key=alice", adminCred, `{"rate": 3, "burst": 30}`, 400, "bad_request", "is a quota: its override sets limit"},
+		{"a quota without limit", "PUT", "/v1/overrides/monthly?key=alice", adminCred, `{"ttl_seconds": 60}`, 400, "bad_request", "limit: required"},
+		{"a quota's limit above the bound", "PUT", "/v1/overrides/monthly?key=alice", adminCred, `{"limit": 1.5e12}`, 400, "bad_request", "limit: must be > 0 and <= 1e+12"},
+		{"a quota's zero limit", "PUT", "/v1/overrides/monthly?key=alice", adminCred, `{"limit": 0}`, 400, "bad_request", "limit: must be > 0"},
 		{"a lease rule", "PUT", "/v1/overrides/leased?key=alice", adminCred, `{"rate": 3}`, 400, "bad_request", "lease mode"},
 		{"POST", "POST", "/v1/overrides/per-key?key=alice", adminCred, `{"rate": 3}`, 405, "bad_request", "use GET, PUT or DELETE"},
 		{"no rule in the path", "PUT", "/v1/overrides/?key=alice", adminCred, `{"rate": 3}`, 400, "bad_request", "the path is /v1/overrides/<rule>"},
@@ -278,6 +286,10 @@ func TestAdminRoundTrip(t *testing.T) {
 			map[string]string{"rate": "3"}, map[string]any{"rate": 3.0}},
 		{"PUT", "/v1/overrides/global", `{"rate": 50, "burst": 500}`, 200, "ov:{global:}",
 			map[string]string{"rate": "50", "burst": "500"}, nil},
+		{"PUT", "/v1/overrides/monthly?key=alice", `{"limit": 250000}`, 200, "ov:{monthly:alice}",
+			map[string]string{"limit": "250000"}, map[string]any{"limit": 250000.0}},
+		{"GET", "/v1/overrides/monthly?value=alice", "", 200, "ov:{monthly:alice}",
+			map[string]string{"limit": "250000"}, map[string]any{"limit": 250000.0}},
 		{"DELETE", "/v1/overrides/per-key?key=alice", "", 200, "ov:{per-key:alice}", map[string]string{}, nil},
 		{"DELETE", "/v1/overrides/per-key?key=alice", "", 404, "ov:{per-key:alice}", map[string]string{}, nil},
 		{"GET", "/v1/overrides/per-key?key=alice", "", 404, "ov:{per-key:alice}", map[string]string{}, nil},
@@ -299,8 +311,8 @@ func TestAdminRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	if got := e.calls("overrides", "ok"); got != 7 {
-		t.Errorf("ok calls counted: %v, want 7", got)
+	if got := e.calls("overrides", "ok"); got != 9 {
+		t.Errorf("ok calls counted: %v, want 9", got)
 	}
 	if got := e.calls("overrides", "not_found"); got != 3 {
 		t.Errorf("not_found calls counted: %v, want 3", got)

@@ -1,12 +1,14 @@
 package rls
 
 import (
+	"errors"
 	"math"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/tokengate/tokengate/bucket"
+	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -30,12 +32,16 @@ func (a *AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	t, ref := a.resolveTarget(r.URL.Path, "/v1/usage/", q)
+	t, ref := a.resolveTarget(r.URL.Path, "/v1/usage/", q, "identity_limit")
 	if ref != nil {
 		a.fail(w, apiUsage, ref)
 		return
 	}
 	var answer map[string]any
+	if t.kind != kindQuota && q.Has("identity_limit") {
+		a.fail(w, apiUsage, badRequest("identity_limit: rule "+strconv.Quote(t.rule.Name)+" is not a quota"))
+		return
+	}
 	if t.kind == kindQuota {
 		answer, ref = a.usageQuota(r, t)
 	} else {
@@ -93,9 +99,61 @@ func (a *AdminAPI) usageBucket(r *http.Request, t target) (map[string]any, *refu
 // roundMicro rounds f to the microtoken, as the store keeps tokens.
 func roundMicro(f float64) float64 { return math.Round(f*1e6) / 1e6 }
 
+// QuotaPeriods returns the period of quota rule r that holds now: its
+// start and its end, in the rule's zone. The usage endpoint takes the
+// decision's own computation, so that it reads the very key the decision
+// writes.
+type QuotaPeriods func(r *config.Rule, now time.Time) (start, end time.Time)
+
+// SetQuotaPeriods replaces the period computation (the decision's by
+// default).
+func (a *AdminAPI) SetQuotaPeriods(p QuotaPeriods) { a.periods = p }
+
 // usageQuota answers the usage of a quota rule in the period the clock is
-// in.
+// in: the consumption stored for the key in that period, the limit in
+// force (the override's, else the identity's, else the rule's), what is
+// left and when the period ends.
 func (a *AdminAPI) usageQuota(r *http.Request, t target) (map[string]any, *refusal) {
-	_ = strconv.Itoa
-	return nil, &refusal{http.StatusNotImplemented, adminBadRequest, "quota usage is not available yet"}
+	q := t.rule.Quota
+	limit, source := q.Limit, "rule"
+	if v := r.URL.Query()["identity_limit"]; len(v) > 0 {
+		f, err := strconv.ParseFloat(v[0], 64)
+		switch {
+		case q.LimitSource == nil:
+			return nil, badRequest("identity_limit: rule " + strconv.Quote(t.rule.Name) + " has no limit_source")
+		case len(v) > 1 || err != nil || !(f > 0) || math.IsInf(f, 1):
+			return nil, badRequest("identity_limit: one positive number, the limit the identity carries (bounded by max_limit)")
+		}
+		limit, source = math.Min(f, q.MaxLimit), "identity"
+	}
+	now := a.now()
+	start, end := a.periods(t.rule, now)
+	qkey := quotaUsageKey(t.rule.Name, t.composite, start)
+	hs, err := a.store.ReadHashes(r.Context(), t.key, qkey)
+	if err != nil {
+		return nil, redisFailed(err)
+	}
+	if v, ok := parseFields(hs[0].Fields)["limit"]; ok && v > 0 {
+		limit, source = v, "override"
+	}
+	used := 0.0
+	if u, ok := hs[1].Fields["u"]; ok {
+		if used, err = strconv.ParseFloat(u, 64); err != nil {
+			return nil, redisFailed(errors.New(qkey + ": u is " + strconv.Quote(u) + ", not a number"))
+		}
+	}
+	reset := end.Sub(now).Seconds()
+	return map[string]any{
+		"rule": t.rule.Name, "key": t.composite, "kind": "quota", "period": config.QuotaPeriodNames[q.Period],
+		"used": used, "limit": limit, "remaining": math.Max(0, limit-used), "source": source,
+		"period_start": start.Format(time.RFC3339), "reset": end.Format(time.RFC3339),
+		"reset_seconds": int64(math.Ceil(math.Max(0, reset))),
+	}, nil
+}
+
+// quotaUsageKey is the Redis key of one key's consumption in the period
+// that starts at start: "qt:{<rule>:<composite>}:<start, Unix seconds>"
+// (docs/rls.md, "Quotas").
+func quotaUsageKey(rule, composite string, start time.Time) string {
+	return "qt:{" + rule + ":" + composite + "}:" + strconv.FormatInt(start.Unix(), 10)
 }
