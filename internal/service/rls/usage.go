@@ -126,6 +126,9 @@ func (a *AdminAPI) usageQuota(r *http.Request, t target) (map[string]any, *refus
 		}
 		limit, source = math.Min(f, q.MaxLimit), "identity"
 	}
+	if a.periods == nil {
+		return nil, &refusal{http.StatusServiceUnavailable, adminRedisError, "quota periods are not computed by this build"}
+	}
 	now := a.now()
 	start, end := a.periods(t.rule, now)
 	qkey := quotaUsageKey(t.rule.Name, t.composite, start)
