@@ -22,7 +22,8 @@ import (
 // and every command the scripts run on a key of each kind the service
 // always uses (token buckets "tb:", RLQS shares "tq:"), and on the key of
 // any call that failed for lack of permission since (a lease "tl:", a
-// drop-in fixed window). The check runs on every master, answers nothing
+// drop-in fixed window, a quota "qt:" or a bucket with its override
+// "ov:"). The check runs on every master, answers nothing
 // about the data and writes nothing.
 
 // ErrPermission is wrapped by Ping's error when Redis's user lacks a
@@ -59,8 +60,34 @@ func scriptNeeds(sc *script, k string) [][]string {
 		return [][]string{{"TIME"}, {"HGETALL", k}, {"HSET", k, "f", "v"}, {"HDEL", k, "f"}, {"PEXPIRE", k, "1"}}
 	case fixedWindowScript:
 		return [][]string{{"INCRBY", k, "1"}, {"EXPIRE", k, "1"}}
+	case tokenBucketOverrideScript:
+		return [][]string{{"HMGET", secondKey(sc, k), "rate", "burst"}, {"TIME"}, {"GET", k}, {"SET", k, "0", "PX", "1"}}
+	case quotaScript:
+		return [][]string{{"HGET", secondKey(sc, k), "limit"}, {"HMGET", k, "u", "t"}, {"HSET", k, "u", "0"}, {"EXPIREAT", k, "1"}, {"DEL", k}}
 	}
 	return nil
+}
+
+// secondKey is the second key a script of two keys runs with, when its
+// first is k: the override hash of k's hash tag ("ov:{...}").
+func secondKey(sc *script, k string) string {
+	if sc.keys != 2 {
+		return ""
+	}
+	i, j := strings.IndexByte(k, '{'), strings.LastIndexByte(k, '}')
+	if i < 0 || j < i {
+		return ""
+	}
+	return "ov:" + k[i:j+1]
+}
+
+// evalKeys are the EVALSHA arguments after the digest that run sc on k:
+// the key count and the keys.
+func evalKeys(sc *script, k string) []string {
+	if sc.keys == 2 {
+		return []string{"2", k, secondKey(sc, k)}
+	}
+	return []string{"1", k}
 }
 
 // scriptName names a script in the check's messages.
@@ -76,6 +103,10 @@ func scriptName(sc *script) string {
 		return "RLQS share"
 	case fixedWindowScript:
 		return "fixed window"
+	case tokenBucketOverrideScript:
+		return "token bucket with its override"
+	case quotaScript:
+		return "quota"
 	}
 	return "script"
 }
@@ -190,7 +221,8 @@ func (s *Store) checkPerms(ctx context.Context, nodes map[string]rueidis.Client)
 	}
 	for _, u := range uses {
 		group := "on key " + strconv.Quote(u.key) + " (" + scriptName(u.sc) + ")"
-		cmds := append([][]string{{"EVALSHA", u.sc.sha, "1", u.key}, {"EVAL", "return 1", "1", u.key}}, scriptNeeds(u.sc, u.key)...)
+		ks := evalKeys(u.sc, u.key)
+		cmds := append([][]string{append([]string{"EVALSHA", u.sc.sha}, ks...), append([]string{"EVAL", "return 1"}, ks...)}, scriptNeeds(u.sc, u.key)...)
 		for _, c := range cmds {
 			argv = append(argv, strconv.Itoa(len(c)))
 			argv = append(argv, c...)

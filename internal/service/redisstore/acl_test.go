@@ -106,6 +106,17 @@ func TestDocumentedACL(t *testing.T) {
 		{"fixed window", func() error {
 			return store.Run(ctx, []redisstore.Op{{Key: "rl_a_k_v_0", Cost: 1, Window: 60, Count: 10}})[0].Err
 		}},
+		{"token bucket with its override", func() error {
+			return store.Run(ctx, []redisstore.Op{{Key: tb, Rate: 1, Burst: 5, Cost: 1, Override: true}})[0].Err
+		}},
+		{"quota", func() error {
+			return store.Run(ctx, []redisstore.Op{{Key: redisstore.QuotaKey("api", "acme", 0), Cost: 1,
+				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, ExpireAt: 4e9, Thresholds: []float64{0.5}}}})[0].Err
+		}},
+		{"quota reset", func() error {
+			return store.Run(ctx, []redisstore.Op{{Key: redisstore.QuotaKey("api", "acme", 0), Cost: 1,
+				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, ExpireAt: 4e9, Mode: redisstore.QuotaReset}}})[0].Err
+		}},
 	}
 	for _, c := range calls {
 		if err := eventually(c.call); err != nil {
@@ -146,6 +157,21 @@ func TestDocumentedACL(t *testing.T) {
 	srv.MustDo("ACL", "SETUSER", "tokengate", "+incrby")
 	if err := store.Ping(ctx); err != nil {
 		t.Errorf("+incrby given back: Ping: %v, want nil", err)
+	}
+
+	// The ACL before quotas (no qt: or ov: keys): a quota's NOPERM makes
+	// Ping fail, naming its key, until the keys are given.
+	srv.MustDo("ACL", "SETUSER", "tokengate", "resetkeys", "~tb:*", "~tl:*", "~tq:*", "~rl_*")
+	if err := calls[8].call(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("without ~qt:* ~ov:*: a quota: %v, want NOPERM", err)
+	}
+	err = store.Ping(ctx)
+	if !errors.Is(err, redisstore.ErrPermission) || !strings.Contains(err.Error(), `"qt:{api:acme}:0" (quota)`) {
+		t.Errorf("without ~qt:*: Ping: %v, want ErrPermission naming the quota's key", err)
+	}
+	srv.MustDo("ACL", "SETUSER", "tokengate", "~qt:*", "~ov:*")
+	if err := store.Ping(ctx); err != nil {
+		t.Errorf("~qt:* ~ov:* given back: Ping: %v, want nil", err)
 	}
 }
 

@@ -32,11 +32,23 @@ var (
 // script is a Lua script as the store runs it: EVALSHA by its digest, and
 // EVAL with its text when a node answers NOSCRIPT (a restarted or new node),
 // which loads it.
-type script struct{ text, sha string }
+type script struct {
+	text, sha string
+	// keys is 2 for a script of two keys, whose second key is the first
+	// of the arguments its caller names (runEach); else 1.
+	keys int
+}
 
 func newScript(text string) *script {
 	sum := sha1.Sum([]byte(text))
-	return &script{text: text, sha: hex.EncodeToString(sum[:])}
+	return &script{text: text, sha: hex.EncodeToString(sum[:]), keys: 1}
+}
+
+// withKeys returns sc taking n keys.
+func withKeys(sc *script, n int) *script {
+	c := *sc
+	c.keys = n
+	return &c
 }
 
 // withParts puts the parts tokenbucket.lua and settle.lua share in place
@@ -54,6 +66,10 @@ func withParts(text string) string {
 }
 
 var tokenBucketScript = newScript(withParts(tokenBucketLua))
+
+// tokenBucketOverrideScript is tokenBucketScript given the key's override
+// hash as KEYS[2] (Op.Override): its rate and burst replace the rule's.
+var tokenBucketOverrideScript = withKeys(tokenBucketScript, 2)
 
 //go:embed fixedwindow.lua
 var fixedWindowLua string
@@ -90,6 +106,13 @@ type Op struct {
 	// outcome's Tokens are then the count after the call.
 	Window int64
 	Count  uint32
+	// Override makes a token bucket's script read the key's override
+	// (OverrideKey of the bucket's key, "tb:{...}" for "ov:{...}") in the
+	// same call: its rate and burst, when set, replace Rate and Burst.
+	Override bool
+	// Quota, when not nil, makes the op a calendar quota's decision
+	// (quota.go, quota.lua) on the consumption at Key.
+	Quota *QuotaOp
 }
 
 // Outcome is what the script decided for one Op.
@@ -101,6 +124,9 @@ type Outcome struct {
 	// Err is a Redis failure (connection, timeout, error reply): nothing is
 	// known about the bucket.
 	Err error
+	// Quota is a quota op's answer (Tokens are then the units left under
+	// its limit); nil for other ops.
+	Quota *QuotaResult
 }
 
 // observe reports one round trip (or a failure to make one) to
@@ -203,15 +229,31 @@ func New(opt Options) (*Store, error) {
 // answer (a restarted or new node) is retried once with EVAL, which loads
 // the script. The whole Run is bounded by the store's timeout.
 func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
-	return s.runScripts(ctx, len(ops), func(i int) (*script, string, []string) {
-		if ops[i].Lease {
-			return leaseScript, ops[i].Key, ops[i].leaseArgs()
-		}
-		if ops[i].Window > 0 {
-			return fixedWindowScript, ops[i].Key, []string{Num(ops[i].Cost), strconv.FormatInt(ops[i].Window, 10), strconv.FormatUint(uint64(ops[i].Count), 10)}
+	out := make([]Outcome, len(ops))
+	s.runEach(ctx, len(ops), func(i int) (*script, string, []string) {
+		switch op := &ops[i]; {
+		case op.Quota != nil:
+			return quotaScript, op.Key, op.quotaArgs()
+		case op.Lease:
+			return leaseScript, op.Key, op.leaseArgs()
+		case op.Window > 0:
+			return fixedWindowScript, op.Key, []string{Num(op.Cost), strconv.FormatInt(op.Window, 10), strconv.FormatUint(uint64(op.Count), 10)}
+		case op.Override && overrideOf(op.Key) != "":
+			return tokenBucketOverrideScript, op.Key, append([]string{overrideOf(op.Key)}, op.args()...)
 		}
 		return tokenBucketScript, ops[i].Key, ops[i].args()
+	}, func(i int, r rueidis.RedisResult, err error) error {
+		switch {
+		case err != nil:
+			out[i] = Outcome{Err: err}
+		case ops[i].Quota != nil:
+			out[i] = quotaOutcome(r)
+		default:
+			out[i] = outcome(r)
+		}
+		return out[i].Err
 	})
+	return out
 }
 
 // runScripts runs n scripts, call(i) naming the i-th with its key and
@@ -271,6 +313,12 @@ func (s *Store) runEach(ctx context.Context, n int, call func(i int) (*script, s
 	}
 	build := func(i int) rueidis.Completed {
 		sc, key, args := call(i)
+		if sc.keys == 2 {
+			if eval[i] {
+				return c.B().Eval().Script(sc.text).Numkeys(2).Key(key, args[0]).Arg(args[1:]...).Build()
+			}
+			return c.B().Evalsha().Sha1(sc.sha).Numkeys(2).Key(key, args[0]).Arg(args[1:]...).Build()
+		}
 		if eval[i] {
 			return c.B().Eval().Script(sc.text).Numkeys(1).Key(key).Arg(args...).Build()
 		}

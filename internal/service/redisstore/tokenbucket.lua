@@ -25,6 +25,17 @@ local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 
+-- KEYS[2], when given (store.go, Op.Override): the key's override hash
+-- "ov:{<rule>:<composite key>}", read in this call so that every replica
+-- applies an override on the next request; its rate and burst, when
+-- numbers > 0, replace ARGV[1] and ARGV[2].
+if KEYS[2] then
+  local o = redis.call('HMGET', KEYS[2], 'rate', 'burst')
+  local r, b = tonumber(o[1]), tonumber(o[2])
+  if r and r > 0 then rate = r end
+  if b and b > 0 then burst = b end
+end
+
 local maxdebt = tonumber(ARGV[5]) or 0
 
 local nowstr = ARGV[4]

@@ -1,0 +1,160 @@
+package redisstore
+
+import (
+	_ "embed"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+
+	"github.com/redis/rueidis"
+)
+
+// Calendar quotas (docs/rls.md, "Quotas"): the consumption of one key in
+// one period lives in a hash "qt:{<rule>:<composite>}:<period start>" (u:
+// units used, t: thresholds crossed), and a key's runtime override in a
+// hash "ov:{<rule>:<composite>}" (limit for a quota, rate and burst for a
+// token bucket). The hash tag is the token bucket's, so that a key's
+// bucket, quota and override are in one Redis Cluster slot and one script
+// reads two of them. quota.lua decides.
+
+//go:embed quota.lua
+var quotaLua string
+
+var quotaScript = withKeys(newScript(quotaLua), 2)
+
+// QuotaKey returns the Redis key of a quota's consumption for the
+// composite key in the period starting at start (unix seconds):
+// "qt:{<rule>:<composite>}:<start>".
+func QuotaKey(rule, composite string, start int64) string {
+	return "qt:{" + rule + ":" + composite + "}:" + strconv.FormatInt(start, 10)
+}
+
+// OverrideKey returns the Redis key of the runtime override of rule's
+// limit for the composite key: "ov:{<rule>:<composite>}", a hash with
+// optional fields OverrideLimit, OverrideRate and OverrideBurst.
+func OverrideKey(rule, composite string) string {
+	return "ov:{" + rule + ":" + composite + "}"
+}
+
+// The fields of an override hash (OverrideKey).
+const (
+	// OverrideLimit replaces a quota's limit (units per period).
+	OverrideLimit = "limit"
+	// OverrideRate and OverrideBurst replace a token bucket's rate
+	// (tokens per second) and burst (tokens).
+	OverrideRate  = "rate"
+	OverrideBurst = "burst"
+)
+
+// overrideOf returns the override key of a token bucket's key
+// "tb:{<rule>:<composite>}": "ov:{<rule>:<composite>}".
+func overrideOf(bucket string) string {
+	if !strings.HasPrefix(bucket, "tb:") {
+		return ""
+	}
+	return "ov:" + bucket[3:]
+}
+
+// QuotaMode is what a quota op does with its units.
+type QuotaMode string
+
+// Quota modes (quota.lua's ARGV[2]).
+const (
+	// QuotaTake admits the units if they fit under the limit, else
+	// changes nothing (a denied request is not counted).
+	QuotaTake QuotaMode = "take"
+	// QuotaCharge adds the units whatever the limit: a cost the response
+	// reported after admission.
+	QuotaCharge QuotaMode = "charge"
+	// QuotaRefund gives the units back, never below zero consumption.
+	QuotaRefund QuotaMode = "refund"
+	// QuotaReset deletes the period's consumption.
+	QuotaReset QuotaMode = "reset"
+	// QuotaRead changes nothing.
+	QuotaRead QuotaMode = "read"
+)
+
+// QuotaOp makes an Op a quota decision (quota.lua) on the consumption at
+// Op.Key: Op.Cost units (a negative cost with QuotaTake is a refund of
+// -Cost, as the service's all-or-nothing refunds send it).
+type QuotaOp struct {
+	// Override is the key's override hash (OverrideKey).
+	Override string
+	// Limit is the limit without an override: the rule's, or the
+	// identity's bounded by the rule's max_limit.
+	Limit float64
+	// Mode is QuotaTake unless set.
+	Mode QuotaMode
+	// ExpireAt is when the consumption expires, unix seconds (QuotaExpiry).
+	ExpireAt int64
+	// Thresholds are the rule's thresholds (ascending shares of the limit).
+	Thresholds []float64
+}
+
+// QuotaExpiry returns when the consumption at key of a period ending at
+// end (unix seconds) expires: an hour after the end, plus up to ten
+// minutes that the key's hash chooses, so that the keys of one period do
+// not all expire in the same second.
+func QuotaExpiry(key string, end int64) int64 {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return end + 3600 + int64(h.Sum32()%600)
+}
+
+// QuotaResult is quota.lua's answer, in an Outcome.
+type QuotaResult struct {
+	// Used is the units consumed in the period after the call.
+	Used float64
+	// Limit is the limit applied: the override's when Override.
+	Limit    float64
+	Override bool
+	// Crossed is the bitmask of the thresholds (bit i: Thresholds[i])
+	// this call crossed first in the period.
+	Crossed uint8
+}
+
+func (op Op) quotaArgs() []string {
+	q := op.Quota
+	mode, units := q.Mode, op.Cost
+	if mode == "" {
+		mode = QuotaTake
+		if units < 0 {
+			mode, units = QuotaRefund, -units
+		}
+	}
+	a := make([]string, 0, 5+len(q.Thresholds))
+	a = append(a, q.Override, Num(q.Limit), string(mode), Num(units), strconv.FormatInt(q.ExpireAt, 10))
+	for _, t := range q.Thresholds {
+		a = append(a, Num(t))
+	}
+	return a
+}
+
+// quotaOutcome reads quota.lua's answer.
+func quotaOutcome(r rueidis.RedisResult) Outcome {
+	arr, err := r.ToArray()
+	if err != nil {
+		return Outcome{Err: err}
+	}
+	if len(arr) != 5 {
+		return Outcome{Err: fmt.Errorf("redis: quota script returned %d values, want 5", len(arr))}
+	}
+	var n [5]float64
+	for i, v := range arr {
+		s, err := v.ToString()
+		if err != nil {
+			var i64 int64
+			if i64, err = v.AsInt64(); err != nil {
+				return Outcome{Err: fmt.Errorf("redis: quota script: %w", err)}
+			}
+			n[i] = float64(i64)
+			continue
+		}
+		if n[i], err = strconv.ParseFloat(s, 64); err != nil {
+			return Outcome{Err: fmt.Errorf("redis: quota script returned %q", s)}
+		}
+	}
+	q := &QuotaResult{Used: n[1], Limit: n[2], Crossed: uint8(n[3]), Override: n[4] == 1}
+	return Outcome{Allowed: n[0] == 1, Tokens: max(q.Limit-q.Used, 0), Quota: q}
+}
