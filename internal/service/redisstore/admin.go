@@ -11,18 +11,10 @@ import (
 )
 
 // The admin API's Redis calls (docs/rls.md, "Admin API"): a key's
-// override, a hash of a few numeric fields read by the decision scripts
-// in the same script call as the bucket or the quota they override, and
-// the reads of the usage endpoint. Each is one round trip bounded by the
+// override (OverrideKey), a hash of a few numeric fields read by the
+// decision scripts in the same script call as the bucket or the quota
+// they override, and the reads of the usage endpoint. Each is one round trip bounded by the
 // store's timeout, like a decision's.
-
-// AdminOverrideKey returns the Redis key of the override of rule's key
-// composite: "ov:{<rule>:<composite>}", the hash tag of the key's bucket
-// (BucketKey), so that a key's bucket, quota and override are in one
-// Redis Cluster slot.
-func AdminOverrideKey(rule, composite string) string {
-	return "ov:{" + rule + ":" + composite + "}"
-}
 
 // setOverrideLua replaces the hash KEYS[1] with the field/value pairs
 // ARGV[2..] and gives it an expiry of ARGV[1] milliseconds (0: none), in

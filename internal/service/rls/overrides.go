@@ -29,7 +29,7 @@ import (
 //	GET    /v1/usage/<rule>?key=<composite>      what the key used and has left (usage.go)
 //
 // An override is the Redis hash "ov:{<rule>:<composite>}"
-// (redisstore.AdminOverrideKey), read by the decision in the same script
+// (redisstore.OverrideKey), read by the decision in the same script
 // call as the key's bucket or quota: every replica applies it from the
 // next request on. A call that is not authenticated (AdminGate), names no
 // rule the configuration in force decides, or carries a key or a body out
@@ -195,7 +195,7 @@ type target struct {
 	rule      *config.Rule
 	kind      int
 	composite string
-	key       string // redisstore.AdminOverrideKey
+	key       string // redisstore.OverrideKey
 }
 
 // resolveTarget reads the rule of path (after prefix) and the key of q,
@@ -221,7 +221,7 @@ func (a *AdminAPI) resolveTarget(path, prefix string, q url.Values, extra ...str
 	if ref != nil {
 		return target{}, ref
 	}
-	return target{rule: r, kind: kind, composite: comp, key: redisstore.AdminOverrideKey(r.Name, comp)}, nil
+	return target{rule: r, kind: kind, composite: comp, key: redisstore.OverrideKey(r.Name, comp)}, nil
 }
 
 // compositeOf reads the composite key of q: key=<composite>, as the filter
@@ -372,7 +372,7 @@ func readOverride(body io.Reader, t target) ([]redisstore.Field, time.Duration, 
 		if err := inBounds("limit", *b.Limit, maxOverrideBurst); err != nil {
 			return nil, 0, err
 		}
-		return []redisstore.Field{{Name: "limit", Value: *b.Limit}}, ttl, nil
+		return []redisstore.Field{{Name: redisstore.OverrideLimit, Value: *b.Limit}}, ttl, nil
 	}
 	if b.Limit != nil {
 		return nil, 0, badRequest("rule " + name + " is a token bucket: its override sets rate and burst, not limit")
@@ -387,14 +387,14 @@ func readOverride(body io.Reader, t target) ([]redisstore.Field, time.Duration, 
 			return nil, 0, err
 		}
 		rate = *b.Rate
-		fields = append(fields, redisstore.Field{Name: "rate", Value: rate})
+		fields = append(fields, redisstore.Field{Name: redisstore.OverrideRate, Value: rate})
 	}
 	if b.Burst != nil {
 		if err := inBounds("burst", *b.Burst, maxOverrideBurst); err != nil {
 			return nil, 0, err
 		}
 		burst = *b.Burst
-		fields = append(fields, redisstore.Field{Name: "burst", Value: burst})
+		fields = append(fields, redisstore.Field{Name: redisstore.OverrideBurst, Value: burst})
 	}
 	// The limit in force is the override's fields over the rule's: it
 	// must be one the configuration accepts.
@@ -461,7 +461,7 @@ func fieldMap(fields []redisstore.Field) map[string]float64 {
 // burst); others and unreadable values are left out.
 func parseFields(h map[string]string) map[string]float64 {
 	m := map[string]float64{}
-	for _, k := range []string{"limit", "rate", "burst"} {
+	for _, k := range []string{redisstore.OverrideLimit, redisstore.OverrideRate, redisstore.OverrideBurst} {
 		if v, ok := h[k]; ok {
 			if f, err := strconv.ParseFloat(v, 64); err == nil {
 				m[k] = f

@@ -131,7 +131,7 @@ func (a *AdminAPI) usageQuota(r *http.Request, t target) (map[string]any, *refus
 	}
 	now := a.now()
 	start, end := a.periods(t.rule, now)
-	qkey := quotaUsageKey(t.rule.Name, t.composite, start)
+	qkey := redisstore.QuotaKey(t.rule.Name, t.composite, start.Unix())
 	hs, err := a.store.ReadHashes(r.Context(), t.key, qkey)
 	if err != nil {
 		return nil, redisFailed(err)
@@ -152,11 +152,4 @@ func (a *AdminAPI) usageQuota(r *http.Request, t target) (map[string]any, *refus
 		"period_start": start.Format(time.RFC3339), "reset": end.Format(time.RFC3339),
 		"reset_seconds": int64(math.Ceil(math.Max(0, reset))),
 	}, nil
-}
-
-// quotaUsageKey is the Redis key of one key's consumption in the period
-// that starts at start: "qt:{<rule>:<composite>}:<start, Unix seconds>"
-// (docs/rls.md, "Quotas").
-func quotaUsageKey(rule, composite string, start time.Time) string {
-	return "qt:{" + rule + ":" + composite + "}:" + strconv.FormatInt(start.Unix(), 10)
 }
