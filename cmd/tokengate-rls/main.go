@@ -20,6 +20,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	// The zone database, built in: quota rules name IANA time zones
+	// (algorithm_config.time_zone), and a container image may have none.
+	_ "time/tzdata"
 
 	"github.com/tokengate/tokengate/internal/service/daemon"
 	"github.com/tokengate/tokengate/internal/service/dropin"

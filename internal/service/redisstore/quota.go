@@ -90,6 +90,9 @@ type QuotaOp struct {
 	ExpireAt int64
 	// Thresholds are the rule's thresholds (ascending shares of the limit).
 	Thresholds []float64
+	// Forget, for a refund, are the thresholds (bit i: Thresholds[i]) to
+	// mark as not crossed: those the refunded take crossed.
+	Forget uint8
 }
 
 // QuotaExpiry returns when the consumption at key of a period ending at
@@ -123,8 +126,8 @@ func (op Op) quotaArgs() []string {
 			mode, units = QuotaRefund, -units
 		}
 	}
-	a := make([]string, 0, 5+len(q.Thresholds))
-	a = append(a, q.Override, Num(q.Limit), string(mode), Num(units), strconv.FormatInt(q.ExpireAt, 10))
+	a := make([]string, 0, 6+len(q.Thresholds))
+	a = append(a, q.Override, Num(q.Limit), string(mode), Num(units), strconv.FormatInt(q.ExpireAt, 10), strconv.Itoa(int(q.Forget)))
 	for _, t := range q.Thresholds {
 		a = append(a, Num(t))
 	}

@@ -15,7 +15,10 @@
 -- ARGV[3]  the units, >= 0
 -- ARGV[4]  when the consumption expires, unix seconds: the period's end,
 --          plus an hour, plus the key's jitter (the caller's)
--- ARGV[5..] the thresholds, ascending shares of the limit in (0, 1)
+-- ARGV[5]  a refund's thresholds to forget (a bitmask): those its take
+--          crossed, when the service gives back a request another rule
+--          refused, so that they are reported when crossed for real
+-- ARGV[6..] the thresholds, ascending shares of the limit in (0, 1)
 --
 -- Consumption is what is stored, never what remains, so a limit raised or
 -- lowered (an override, another identity limit, a new configuration)
@@ -55,7 +58,7 @@ if mode == 'take' or mode == 'charge' then
     used = used + units
     -- Thresholds crossed for the first time this period.
     local bit = 1
-    for i = 5, #ARGV do
+    for i = 6, #ARGV do
       if bits % (bit * 2) < bit and used >= tonumber(ARGV[i]) * limit then
         bits, crossed = bits + bit, crossed + bit
       end
@@ -70,7 +73,15 @@ elseif mode == 'refund' then
     if used < 0 then
       used = 0
     end
-    redis.call('HSET', KEYS[1], 'u', fmt(used))
+    local forget = tonumber(ARGV[5]) or 0
+    local bit = 1
+    while bit <= forget do
+      if forget % (bit * 2) >= bit and bits % (bit * 2) >= bit then
+        bits = bits - bit
+      end
+      bit = bit * 2
+    end
+    redis.call('HSET', KEYS[1], 'u', fmt(used), 't', bits)
   end
 elseif mode ~= 'read' then
   return redis.error_reply('quota: unknown mode ' .. tostring(mode))

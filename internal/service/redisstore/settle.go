@@ -4,6 +4,8 @@ import (
 	"context"
 	_ "embed"
 
+	"github.com/redis/rueidis"
+
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
@@ -22,6 +24,9 @@ type SettleOp struct {
 	Amount float64
 	// Now replaces Redis TIME when not empty (tests).
 	Now string
+	// Quota, when not nil, makes the settlement a quota's (quota.lua, its
+	// mode from Kind) on the consumption at Key.
+	Quota *QuotaOp
 }
 
 func (op SettleOp) args() []string {
@@ -36,7 +41,31 @@ func (op SettleOp) args() []string {
 // answered by EVAL) and returns their outcomes in order: Allowed is always
 // true, Tokens the bucket's tokens after.
 func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
-	return s.runScripts(ctx, len(ops), func(i int) (*script, string, []string) {
+	run := make([]Op, len(ops))
+	for i, op := range ops {
+		if op.Quota == nil {
+			continue
+		}
+		q := *op.Quota
+		q.Mode = QuotaMode(op.Kind) // charge, refund, reset: quota.lua's modes too
+		run[i] = Op{Key: op.Key, Cost: op.Amount, Quota: &q}
+	}
+	out := make([]Outcome, len(ops))
+	s.runEach(ctx, len(ops), func(i int) (*script, string, []string) {
+		if run[i].Quota != nil {
+			return quotaScript, run[i].Key, run[i].quotaArgs()
+		}
 		return settleScript, ops[i].Key, ops[i].args()
+	}, func(i int, r rueidis.RedisResult, err error) error {
+		switch {
+		case err != nil:
+			out[i] = Outcome{Err: err}
+		case run[i].Quota != nil:
+			out[i] = quotaOutcome(r)
+		default:
+			out[i] = outcome(r)
+		}
+		return out[i].Err
 	})
+	return out
 }

@@ -52,6 +52,8 @@ type jsonRules struct {
 	limitArgs map[*config.Rule]*[2]string
 	// plans are each rule's RateLimit header plan, formatted once.
 	plans map[*config.Rule]*ratelimitheader.Plan
+	// quotas are the quota rules' zones and thresholds (quota.go).
+	quotas map[*config.Rule]*quotaRule
 }
 
 // Unloaded returns the configuration of a drop-in whose runtime directory
@@ -69,12 +71,20 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{File: f, jsonRules: jsonRules{cluster: map[string]*config.Rule{}, domains: map[string][]*config.RLSDescriptor{}}}
+	c := &Config{File: f, jsonRules: jsonRules{cluster: map[string]*config.Rule{}, domains: map[string][]*config.RLSDescriptor{},
+		quotas: map[*config.Rule]*quotaRule{}}}
 	c.kind = tokengateKind{c}
 	for _, r := range f.Rules() {
 		if r.Cluster {
 			c.cluster[r.Name] = r
 			c.rules = append(c.rules, r)
+		}
+		if r.Quota != nil {
+			q, err := loadQuota(r)
+			if err != nil {
+				return nil, err
+			}
+			c.quotas[r] = q
 		}
 	}
 	for _, d := range f.RLSDescriptors {

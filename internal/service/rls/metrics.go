@@ -76,9 +76,14 @@ type Metrics struct {
 	byName               map[string]*ruleCounters // every rule's counters, by name
 	lastRules            []*config.Rule           // the last SetRules's rules
 
-	requests     [numReqs]prometheus.Counter
-	unmatched    prometheus.Counter
-	refundErrors prometheus.Counter
+	requests  [numReqs]prometheus.Counter
+	unmatched prometheus.Counter
+	// quotaCrossedVec counts thresholds crossed first in a period, by rule
+	// and threshold; quotaUsedVec observes the share of its limit a key has
+	// used after each admitted quota decision, by rule.
+	quotaCrossedVec *prometheus.CounterVec
+	quotaUsedVec    *prometheus.HistogramVec
+	refundErrors    prometheus.Counter
 
 	redisErrors   *prometheus.CounterVec // cause, node
 	redisDuration prometheus.Histogram
@@ -130,6 +135,13 @@ func NewMetrics(cfg *Config) *Metrics {
 	for i := range m.requests {
 		m.requests[i] = reqVec.WithLabelValues(reqNames[i])
 	}
+	m.quotaCrossedVec = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_quota_threshold_crossed_total",
+		Help: "Quota thresholds crossed for the first time in a period by a key, by rule and threshold (percent of the limit)."}, []string{"rule", "threshold"})
+	m.quotaUsedVec = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tokengate_rls_quota_used_ratio",
+		Help:    "The share of its limit a key had used after each admitted quota decision, by rule: near-quota keys are in the top buckets.",
+		Buckets: quotaRatioBuckets}, []string{"rule"})
+	f(m.quotaCrossedVec)
+	f(m.quotaUsedVec)
 	m.unmatched = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_unmatched_descriptors_total",
 		Help: "Descriptors no rule applies to (answered OK)."})
 	m.refundErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_refund_errors_total",
@@ -380,6 +392,20 @@ func (m *Metrics) decision(r *config.Rule, code int, hits float64) {
 }
 
 func (m *Metrics) request(code int) { m.requests[code].Inc() }
+
+// quotaRatioBuckets are tokengate_rls_quota_used_ratio's upper bounds.
+var quotaRatioBuckets = []float64{0.25, 0.5, 0.8, 0.9, 0.95, 0.99, 1}
+
+// quotaCrossed counts threshold pct of quota rule r crossed first in a
+// key's period.
+func (m *Metrics) quotaCrossed(r *config.Rule, pct string) {
+	m.quotaCrossedVec.WithLabelValues(r.Name, pct).Inc()
+}
+
+// quotaUsed observes the share of its limit a key of quota rule r has used.
+func (m *Metrics) quotaUsed(r *config.Rule, ratio float64) {
+	m.quotaUsedVec.WithLabelValues(r.Name).Observe(ratio)
+}
 
 // Reloaded counts a reload of the configuration; err is its failure.
 func (m *Metrics) Reloaded(err error) {

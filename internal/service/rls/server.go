@@ -36,6 +36,27 @@ type Server struct {
 	// lim bounds each call and admit the calls in flight (limits.go).
 	lim   Limits
 	admit admission
+	// now is the clock quota periods are computed for (time.Now unless
+	// SetClock).
+	now atomic.Pointer[func() time.Time]
+}
+
+// SetClock replaces the clock the quota rules' periods are computed for
+// (tests); nil restores time.Now. Redis TIME still times token buckets.
+func (s *Server) SetClock(now func() time.Time) {
+	if now == nil {
+		s.now.Store(nil)
+		return
+	}
+	s.now.Store(&now)
+}
+
+// clock returns the time quota periods are computed for.
+func (s *Server) clock() time.Time {
+	if f := s.now.Load(); f != nil {
+		return (*f)()
+	}
+	return time.Now()
 }
 
 // NewServer returns a server deciding cfg's rules in store, counting into
@@ -72,6 +93,9 @@ type item struct {
 	// retry is the seconds until the request could pass (rejected) and
 	// full the seconds until the bucket is full (after the decision).
 	retry, full float64
+	// quota is a quota rule's period and limit source (quota.go); nil
+	// for a token bucket.
+	quota *quotaState
 }
 
 // ShouldRateLimit decides every descriptor of the request. The descriptors
@@ -146,7 +170,7 @@ func (s *Server) shouldTokengate(ctx context.Context, cfg *Config, req *rlsv3.Ra
 		s.metrics.request(reqUnavailable)
 		return nil, status.Error(codes.Unavailable, "tokengate-rls: redis: "+enforceErr.Error())
 	}
-	quotas := s.statuses(items, resp, parts)
+	quotas := s.statuses(cfg, items, resp, parts)
 	if enforceOver {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		s.metrics.request(reqOver)
@@ -161,6 +185,9 @@ func (s *Server) shouldTokengate(ctx context.Context, cfg *Config, req *rlsv3.Ra
 		// with its jittered one).
 		best := bestQuota(quotas, enforceOver)
 		resp.ResponseHeadersToAdd = cfg.responseHeaders(quotas, best, cfg.File.Settings.RateLimitHeaders, enforceOver)
+	}
+	if !enforceOver {
+		resp.ResponseHeadersToAdd = s.quotaWarnings(items, resp.ResponseHeadersToAdd)
 	}
 	return resp, nil
 }
@@ -202,8 +229,15 @@ func (s *Server) resolve(cfg *Config, req *rlsv3.RateLimitRequest, items []item,
 		op := redisstore.Op{Key: key, Rate: r.Limit.Rate, Burst: r.Limit.Burst, Cost: float64(cost), MaxDebt: r.Limit.MaxDebt, LimitArgs: cfg.limitArgs[r]}
 		if lease {
 			op.Lease, op.TTL, op.LeaseShare = true, r.Lease.TTL, r.Lease.Max
+		} else if cfg.cluster[r.Name] == r {
+			// A cluster rule's key may have an override (admin API),
+			// read in the same call.
+			op.Override = true
 		}
 		items = append(items, item{idx: i, rule: r, op: op})
+		if r.Quota != nil && !lease {
+			cfg.quotaItem(&items[len(items)-1], key, entries, s.clock())
+		}
 	}
 	return items
 }
@@ -211,13 +245,19 @@ func (s *Server) resolve(cfg *Config, req *rlsv3.RateLimitRequest, items []item,
 // statuses fills the status of every decided descriptor from its
 // bucket's outcome, counts the decisions, and returns what the RateLimit
 // headers say of the enforced rules' buckets.
-func (s *Server) statuses(items []item, resp *rlsv3.RateLimitResponse, parts []statusParts) []quota {
+func (s *Server) statuses(cfg *Config, items []item, resp *rlsv3.RateLimitResponse, parts []statusParts) []quota {
 	var quotas []quota
 	for i := range items {
 		it := &items[i]
 		st := resp.Statuses[it.idx]
 		if it.out.Err != nil { // a shadow rule's failure: not limited
 			s.metrics.decision(it.rule, codeError, it.op.Cost)
+			continue
+		}
+		if it.quota != nil && it.out.Quota != nil {
+			if q, ok := s.quotaStatus(cfg, it, st, &parts[it.idx]); ok {
+				quotas = append(quotas, q)
+			}
 			continue
 		}
 		l := it.rule.Limit
@@ -312,6 +352,12 @@ func (s *Server) refund(ctx context.Context, items []item) (error, bool) {
 		for j, i := range refund {
 			ops[j] = items[i].op
 			ops[j].Cost = -ops[j].Cost
+			if q := ops[j].Quota; q != nil && items[i].out.Quota != nil {
+				// Given back: the thresholds its take crossed were not.
+				c := *q
+				c.Forget = items[i].out.Quota.Crossed
+				ops[j].Quota = &c
+			}
 		}
 		for j, o := range s.store.Run(context.WithoutCancel(ctx), ops) {
 			if o.Err != nil {
@@ -321,6 +367,9 @@ func (s *Server) refund(ctx context.Context, items []item) (error, bool) {
 				continue
 			}
 			items[refund[j]].out.Tokens = o.Tokens
+			if o.Quota != nil {
+				items[refund[j]].out.Quota = o.Quota
+			}
 		}
 	}
 	return enforceErr, enforceOver
@@ -414,7 +463,10 @@ func retryAfterSeconds(secs float64) int64 {
 
 // quota is what the RateLimit headers say about one enforced bucket.
 type quota struct {
-	rule             *config.Rule
+	rule *config.Rule
+	// plan, when set, replaces the rule's plan: a quota's under a limit
+	// that is not the rule's (an override, an identity's).
+	plan             *ratelimitheader.Plan
 	remaining, reset int64
 	allowed          bool
 	retry, tokens    float64
@@ -456,7 +508,11 @@ func (c *Config) responseHeaders(quotas []quota, best int, rateLimit, over bool)
 		var qroom [4]ratelimitheader.Quota
 		hq := qroom[:0]
 		for _, q := range quotas {
-			hq = append(hq, ratelimitheader.Quota{Plan: c.planOf(q.rule), Remaining: q.remaining, Reset: q.reset})
+			plan := q.plan
+			if plan == nil {
+				plan = c.planOf(q.rule)
+			}
+			hq = append(hq, ratelimitheader.Quota{Plan: plan, Remaining: q.remaining, Reset: q.reset})
 		}
 		var room [256]byte
 		buf, f := ratelimitheader.AppendFields(room[:0], hq, best)

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -55,7 +56,7 @@ func isSettleCall(ctx context.Context, req *rlsv3.RateLimitRequest) bool {
 // (rlscontract.ParseSettlement), and what to do: a charge of its hits (the
 // descriptor's hits_addend, else the request's, at least 1), a refund or a
 // reset. The rule must be a cluster-scope rule that settles (exact mode).
-func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, reqHits uint32) (redisstore.SettleOp, *config.Rule, error) {
+func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, reqHits uint32, now time.Time) (redisstore.SettleOp, *config.Rule, error) {
 	es := make([]rlscontract.Entry, len(d.GetEntries()))
 	for i, e := range d.GetEntries() {
 		es[i] = rlscontract.Entry{Key: e.GetKey(), Value: e.GetValue()}
@@ -76,6 +77,15 @@ func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, r
 			hits = uint64(reqHits)
 		}
 		op.Amount = float64(max(hits, 1))
+	}
+	if r.Quota != nil {
+		// A quota's settlement goes to the consumption of the period
+		// holding now (a response that ends after the period's end is
+		// charged to the next), never below zero for a refund.
+		var it item
+		it.rule, it.op.Cost = r, op.Amount
+		c.quotaItem(&it, op.Key, nil, now)
+		op.Key, op.Quota = it.op.Key, it.op.Quota
 	}
 	return op, r, nil
 }
@@ -128,7 +138,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		seen = make(map[string]struct{}, len(ds))
 	}
 	for i, d := range ds {
-		op, r, err := cfg.settleRule(req.GetDomain(), d, req.GetHitsAddend())
+		op, r, err := cfg.settleRule(req.GetDomain(), d, req.GetHitsAddend(), s.clock())
 		if err != nil {
 			s.metrics.request(reqInvalid)
 			return nil, true, status.Error(codes.InvalidArgument, "tokengate-rls: "+err.Error())
@@ -163,6 +173,15 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		if o.Err != nil {
 			s.metrics.request(reqUnavailable)
 			return nil, true, status.Error(codes.Unavailable, "tokengate-rls: redis: "+o.Err.Error())
+		}
+		if q := cfg.quotas[rules[i]]; q != nil && o.Quota != nil {
+			// A reported cost crossed thresholds: counted, though the
+			// response that could carry the warning is gone.
+			for j, pct := range q.percents {
+				if o.Quota.Crossed&(1<<j) != 0 {
+					s.metrics.quotaCrossed(rules[i], pct)
+				}
+			}
 		}
 		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
 			Code:           rlsv3.RateLimitResponse_OK,
