@@ -91,17 +91,14 @@ type AdminAPI struct {
 	srv   *Server
 	store AdminStore
 	gate  *AdminGate
-	now   func() time.Time
-	// periods computes a quota's periods (usage.go).
-	periods QuotaPeriods
-	calls   [numAdminAPIs][numAdminOutcomes]prometheus.Counter
+	calls [numAdminAPIs][numAdminOutcomes]prometheus.Counter
 }
 
 // NewAdminAPI returns the admin API of srv's configuration, writing to
 // store, admitting the calls gate admits, counting its calls into m
 // (tokengate_rls_admin_calls_total).
 func NewAdminAPI(srv *Server, store AdminStore, gate *AdminGate, m *Metrics) *AdminAPI {
-	a := &AdminAPI{srv: srv, store: store, gate: gate, now: time.Now}
+	a := &AdminAPI{srv: srv, store: store, gate: gate}
 	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokengate_rls_admin_calls_total",
 		Help: "Calls of the admin API and the usage endpoint, by API and outcome (docs/rls.md#admin-api)."}, []string{"api", "outcome"})
 	if err := m.Registry().Register(vec); err != nil {
@@ -117,10 +114,6 @@ func NewAdminAPI(srv *Server, store AdminStore, gate *AdminGate, m *Metrics) *Ad
 	}
 	return a
 }
-
-// SetClock replaces the clock the usage endpoint computes periods with
-// (time.Now by default), for tests.
-func (a *AdminAPI) SetClock(now func() time.Time) { a.now = now }
 
 // Handler serves the admin API under /v1/ and everything else with next
 // (the admin listener's AdminHandler).
@@ -192,6 +185,7 @@ func overrideKind(r *config.Rule) (int, string) {
 // target is what an admin call names: the rule, its kind, the composite
 // key and the override's Redis key.
 type target struct {
+	cfg       *Config // the configuration in force when the call began
 	rule      *config.Rule
 	kind      int
 	composite string
@@ -221,7 +215,7 @@ func (a *AdminAPI) resolveTarget(path, prefix string, q url.Values, extra ...str
 	if ref != nil {
 		return target{}, ref
 	}
-	return target{rule: r, kind: kind, composite: comp, key: redisstore.OverrideKey(r.Name, comp)}, nil
+	return target{cfg: cfg, rule: r, kind: kind, composite: comp, key: redisstore.OverrideKey(r.Name, comp)}, nil
 }
 
 // compositeOf reads the composite key of q: key=<composite>, as the filter

@@ -1,14 +1,19 @@
 package rls_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
@@ -42,7 +47,7 @@ type adminEnv struct {
 	redis *redistest.Server
 	url   string
 	m     *rls.Metrics
-	api   *rls.AdminAPI
+	srv   *rls.Server
 }
 
 // startAdmin serves cfgJSON's admin API, admins holding adminCred, the
@@ -63,7 +68,7 @@ func startAdmin(t *testing.T, cfgJSON string, adminAuth, usageAuth rls.WriteAuth
 	api := rls.NewAdminAPI(srv, store, rls.NewAdminGate(adminAuth, usageAuth), m)
 	hs := httptest.NewServer(api.Handler(rls.AdminHandler(srv, m, nil)))
 	t.Cleanup(hs.Close)
-	return adminEnv{redis: rs, url: hs.URL, m: m, api: api}
+	return adminEnv{redis: rs, url: hs.URL, m: m, srv: srv}
 }
 
 func credAuth(secrets ...string) rls.WriteAuth { return rls.WriteAuth{}.WithCredentials(secrets) }
@@ -361,7 +366,7 @@ func TestAdminTTL(t *testing.T) {
 func TestUsageBucket(t *testing.T) {
 	e := startAdmin(t, adminConfig, credAuth(adminCred), credAuth(usageCred))
 	now := time.Unix(1_800_000_000, 0)
-	e.api.SetClock(func() time.Time { return now })
+	e.srv.SetClock(func() time.Time { return now })
 	// 3 tokens left 2 s ago at 1 token/s: 5 now, of 10.
 	e.redis.MustDo("SET", "tb:{per-key:carol}", "3.000000:1799999998.000000")
 	st, body := e.call(t, "GET", "/v1/usage/per-key?key=carol", usageCred, "")
@@ -418,6 +423,73 @@ func TestOverrideBoundsAreTheConfigs(t *testing.T) {
 		st, body := e.call(t, "PUT", "/v1/overrides/per-key?key=bounds", adminCred, `{"rate": `+c.rate+`, "burst": `+c.burst+`}`)
 		if (cfgErr == nil) != c.ok || (st == 200) != c.ok {
 			t.Errorf("rate %s burst %s: configuration error %v, admin %d %v; want both accepted: %v", c.rate, c.burst, cfgErr, st, body, c.ok)
+		}
+	}
+}
+
+// TestUsageQuota: the usage endpoint reads the consumption the decision
+// stored, in the period the decision computes (a month from the 31st in
+// Paris: in February, from January 31 to February 28, the month's last
+// day), with the limit in force by precedence: the rule's, an identity's
+// (bounded by max_limit), an override's over both.
+func TestUsageQuota(t *testing.T) {
+	e := startAdmin(t, adminConfig, credAuth(adminCred), credAuth(usageCred))
+	// A clock ahead of Redis's: the consumption expires at the period's
+	// end (+ 1 h and a jitter), which must not be past for Redis.
+	now := time.Date(2027, 2, 10, 12, 0, 0, 0, time.UTC)
+	e.srv.SetClock(func() time.Time { return now })
+	for _, hits := range []uint64{100, 200, 120} {
+		resp, err := e.srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "tokengate",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{ours("monthly", "dave", hits)}})
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("decision of %d: %v %v", hits, resp, err)
+		}
+	}
+	start := time.Date(2027, 1, 31, 0, 0, 0, 0, time.FixedZone("CET", 3600))
+	if u := e.redis.MustDo("HGET", "qt:{monthly:dave}:"+strconv.FormatInt(start.Unix(), 10), "u"); u != "420" {
+		t.Fatalf("the decision's consumption: %v, want 420 in the period from %v", u, start)
+	}
+	base := map[string]any{"rule": "monthly", "key": "dave", "kind": "quota", "period": "month", "used": 420.0,
+		"period_start": "2027-01-31T00:00:00+01:00", "reset": "2027-02-28T00:00:00+01:00", "reset_seconds": 1508400.0}
+	with := func(limit, remaining float64, source string) map[string]any {
+		m := map[string]any{"limit": limit, "remaining": remaining, "source": source}
+		for k, v := range base {
+			m[k] = v
+		}
+		return m
+	}
+	steps := []struct {
+		name, path, cred string
+		put              string // an override PUT first
+		want             map[string]any
+	}{
+		{"the rule's", "/v1/usage/monthly?key=dave", usageCred, "", with(1000, 580, "rule")},
+		{"an identity's", "/v1/usage/monthly?value=dave&identity_limit=3000", usageCred, "", with(3000, 2580, "identity")},
+		{"an identity's, bounded", "/v1/usage/monthly?key=dave&identity_limit=9000", adminCred, "", with(5000, 4580, "identity")},
+		{"an override's over an identity's", "/v1/usage/monthly?key=dave&identity_limit=3000", usageCred, `{"limit": 100}`, with(100, 0, "override")},
+	}
+	for _, st := range steps {
+		if st.put != "" {
+			if code, body := e.call(t, "PUT", "/v1/overrides/monthly?key=dave", adminCred, st.put); code != 200 {
+				t.Fatalf("%s: PUT: %d %v", st.name, code, body)
+			}
+		}
+		code, body := e.call(t, "GET", st.path, st.cred, "")
+		if code != 200 || !reflect.DeepEqual(body, st.want) {
+			t.Errorf("%s:\n got %d %v\nwant 200 %v", st.name, code, body, st.want)
+		}
+	}
+	for _, c := range []struct {
+		path string
+		want string
+	}{
+		{"/v1/usage/monthly?key=dave&identity_limit=-3", "identity_limit: one positive number"},
+		{"/v1/usage/monthly?key=dave&identity_limit=x", "identity_limit: one positive number"},
+		{"/v1/usage/per-key?key=dave&identity_limit=3", "is not a quota"},
+	} {
+		code, body := e.call(t, "GET", c.path, usageCred, "")
+		if msg, _ := body["error"].(string); code != 400 || !strings.Contains(msg, c.want) {
+			t.Errorf("%s: %d %q, want 400 with %q", c.path, code, msg, c.want)
 		}
 	}
 }

@@ -75,7 +75,7 @@ func (a *AdminAPI) usageBucket(r *http.Request, t target) (map[string]any, *refu
 	if err != nil {
 		return nil, redisFailed(err)
 	}
-	now := a.now()
+	now := a.srv.clock()
 	secs := float64(now.UnixMicro()) / 1e6
 	tokens := l.Burst // a missing bucket is a full one
 	if found {
@@ -99,23 +99,15 @@ func (a *AdminAPI) usageBucket(r *http.Request, t target) (map[string]any, *refu
 // roundMicro rounds f to the microtoken, as the store keeps tokens.
 func roundMicro(f float64) float64 { return math.Round(f*1e6) / 1e6 }
 
-// QuotaPeriods returns the period of quota rule r that holds now: its
-// start and its end, in the rule's zone. The usage endpoint takes the
-// decision's own computation, so that it reads the very key the decision
-// writes.
-type QuotaPeriods func(r *config.Rule, now time.Time) (start, end time.Time)
-
-// SetQuotaPeriods replaces the period computation (the decision's by
-// default).
-func (a *AdminAPI) SetQuotaPeriods(p QuotaPeriods) { a.periods = p }
-
 // usageQuota answers the usage of a quota rule in the period the clock is
 // in: the consumption stored for the key in that period, the limit in
 // force (the override's, else the identity's, else the rule's), what is
-// left and when the period ends.
+// left and when the period ends. The period is the decision's (Period,
+// for the Server's clock), so the endpoint reads the very key the
+// decision writes.
 func (a *AdminAPI) usageQuota(r *http.Request, t target) (map[string]any, *refusal) {
 	q := t.rule.Quota
-	limit, source := q.Limit, "rule"
+	limit, source := q.Limit, SourceRule.String()
 	if v := r.URL.Query()["identity_limit"]; len(v) > 0 {
 		f, err := strconv.ParseFloat(v[0], 64)
 		switch {
@@ -124,20 +116,18 @@ func (a *AdminAPI) usageQuota(r *http.Request, t target) (map[string]any, *refus
 		case len(v) > 1 || err != nil || !(f > 0) || math.IsInf(f, 1):
 			return nil, badRequest("identity_limit: one positive number, the limit the identity carries (bounded by max_limit)")
 		}
-		limit, source = math.Min(f, q.MaxLimit), "identity"
+		limit, _ = IdentityLimit(q, v[0])
+		source = SourceIdentity.String()
 	}
-	if a.periods == nil {
-		return nil, &refusal{http.StatusServiceUnavailable, adminRedisError, "quota periods are not computed by this build"}
-	}
-	now := a.now()
-	start, end := a.periods(t.rule, now)
+	now := a.srv.clock()
+	start, end := Period(q, t.cfg.quotas[t.rule].loc, now)
 	qkey := redisstore.QuotaKey(t.rule.Name, t.composite, start.Unix())
 	hs, err := a.store.ReadHashes(r.Context(), t.key, qkey)
 	if err != nil {
 		return nil, redisFailed(err)
 	}
 	if v, ok := parseFields(hs[0].Fields)["limit"]; ok && v > 0 {
-		limit, source = v, "override"
+		limit, source = v, SourceOverride.String()
 	}
 	used := 0.0
 	if u, ok := hs[1].Fields["u"]; ok {
