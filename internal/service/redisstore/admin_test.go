@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -63,4 +64,72 @@ func TestAdminCalls(t *testing.T) {
 			t.Errorf("DeleteOverride #%d: %v %v, want %v", i+1, existed, err, want)
 		}
 	}
+}
+
+// TestSetOverrideHammer: writers replace one override with field sets of
+// different shapes while a reader reads it; every read sees exactly one
+// writer's whole set, never a mixture or an empty hash (SetOverride's DEL
+// and HSET run as one script).
+func TestSetOverrideHammer(t *testing.T) {
+	srv := redistest.Start(t)
+	store, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx := context.Background()
+	key := redisstore.OverrideKey("api", "hammer")
+	sets := [][]redisstore.Field{
+		{{Name: "rate", Value: 1}, {Name: "burst", Value: 10}},
+		{{Name: "burst", Value: 20}},
+		{{Name: "limit", Value: 30}},
+	}
+	if err := eventually(func() error { return store.SetOverride(ctx, key, sets[0], 0) }); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]map[string]string, len(sets))
+	for i, s := range sets {
+		want[i] = map[string]string{}
+		for _, f := range s {
+			want[i][f.Name] = strconv.FormatFloat(f.Value, 'g', -1, 64)
+		}
+	}
+	const writers, loops = 4, 100
+	done := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			for i := range loops {
+				if err := store.SetOverride(ctx, key, sets[(w+i)%len(sets)], 0); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	reads, running := 0, writers
+	for running > 0 {
+		select {
+		case err := <-done:
+			running--
+			if err != nil {
+				t.Fatalf("SetOverride: %v", err)
+			}
+			continue
+		default:
+		}
+		hs, err := store.ReadHashes(ctx, key)
+		if err != nil {
+			t.Fatalf("ReadHashes: %v", err)
+		}
+		reads++
+		whole := false
+		for _, w := range want {
+			whole = whole || reflect.DeepEqual(hs[0].Fields, w)
+		}
+		if !whole {
+			t.Fatalf("read %d: %v, not one writer's whole set", reads, hs[0].Fields)
+		}
+	}
+	t.Logf("%d reads during %d writes", reads, writers*loops)
 }
