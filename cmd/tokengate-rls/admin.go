@@ -56,3 +56,22 @@ func (o *options) adminSettings(s *daemon.Settings) error {
 	}
 	return nil
 }
+
+// adminAPIState says, for the start's log line, how the admin API
+// authenticates: "off" (every call 403), else what admits its callers.
+func (o *options) adminAPIState() string {
+	var by []string
+	if o.adminCredFile != "" {
+		by = append(by, "credential")
+	}
+	if o.tlsAdminURI != "" {
+		by = append(by, "certificate")
+	}
+	if o.usageCredFile != "" {
+		by = append(by, "usage credential")
+	}
+	if len(by) == 0 {
+		return "off"
+	}
+	return strings.Join(by, ", ")
+}

@@ -90,6 +90,9 @@ func TestAdminCredentialReload(t *testing.T) {
 	p := startProc(t, "-config", cfg, "-redis", redis.Addr, "-redis-timeout", "5s", "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0",
 		"-admin-credential-file", creds, "-watch-interval", "50ms")
 	c := http.DefaultClient
+	if got := p.waitLog("serving", 1)["admin_api"]; got != "credential" {
+		t.Errorf("serving line: admin_api %v, want credential", got)
+	}
 	waitReady(t, p.admin)
 	if st := adminPut(t, c, p.admin, oldCred, "a"); st != 200 {
 		t.Fatalf("the first credential: %d, want 200", st)

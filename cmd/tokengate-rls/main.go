@@ -204,7 +204,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 			adminAddr = sv.HTTP[0]
 		}
 		logger.Info("serving", "rules", len(sv.Config.Rules()), "grpc", sv.GRPC, "tls", s.TLS != nil,
-			"client_certs", o.tlsClientCA != "", "admin", adminAddr, "redis", dropin.RedactURL(o.redisAddrs), "cluster", o.cluster, "redis_timeout", o.timeout)
+			"client_certs", o.tlsClientCA != "", "admin", adminAddr, "admin_api", o.adminAPIState(), "redis", dropin.RedactURL(o.redisAddrs), "cluster", o.cluster, "redis_timeout", o.timeout)
 		switch {
 		case s.Writes.Open:
 			logger.Warn("UNSAFE: -allow-unauthenticated-writes: any client that reaches the gRPC or admin port can refund, reset and charge any key " +
