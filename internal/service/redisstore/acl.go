@@ -63,7 +63,7 @@ func scriptNeeds(sc *script, k string) [][]string {
 	case tokenBucketOverrideScript:
 		return [][]string{{"HMGET", secondKey(sc, k), "rate", "burst"}, {"TIME"}, {"GET", k}, {"SET", k, "0", "PX", "1"}}
 	case quotaScript:
-		return [][]string{{"HGET", secondKey(sc, k), "limit"}, {"HMGET", k, "u", "t"}, {"HSET", k, "u", "0"}, {"EXPIREAT", k, "1"}, {"DEL", k}}
+		return [][]string{{"HGET", secondKey(sc, k), "limit"}, {"HMGET", k, "u", "t"}, {"HSET", k, "u", "0"}, {"EXPIRE", k, "1"}, {"DEL", k}}
 	}
 	return nil
 }

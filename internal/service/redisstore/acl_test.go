@@ -111,11 +111,11 @@ func TestDocumentedACL(t *testing.T) {
 		}},
 		{"quota", func() error {
 			return store.Run(ctx, []redisstore.Op{{Key: redisstore.QuotaKey("api", "acme", 0), Cost: 1,
-				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, ExpireAt: 4e9, Thresholds: []float64{0.5}}}})[0].Err
+				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, TTL: 60, Thresholds: []float64{0.5}}}})[0].Err
 		}},
 		{"quota reset", func() error {
 			return store.Run(ctx, []redisstore.Op{{Key: redisstore.QuotaKey("api", "acme", 0), Cost: 1,
-				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, ExpireAt: 4e9, Mode: redisstore.QuotaReset}}})[0].Err
+				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, TTL: 60, Mode: redisstore.QuotaReset}}})[0].Err
 		}},
 	}
 	for _, c := range calls {

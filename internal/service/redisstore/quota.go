@@ -86,8 +86,8 @@ type QuotaOp struct {
 	Limit float64
 	// Mode is QuotaTake unless set.
 	Mode QuotaMode
-	// ExpireAt is when the consumption expires, unix seconds (QuotaExpiry).
-	ExpireAt int64
+	// TTL is the consumption's time to live in seconds (QuotaTTL).
+	TTL int64
 	// Thresholds are the rule's thresholds (ascending shares of the limit).
 	Thresholds []float64
 	// Forget, for a refund, are the thresholds (bit i: Thresholds[i]) to
@@ -95,14 +95,14 @@ type QuotaOp struct {
 	Forget uint8
 }
 
-// QuotaExpiry returns when the consumption at key of a period ending at
-// end (unix seconds) expires: an hour after the end, plus up to ten
-// minutes that the key's hash chooses, so that the keys of one period do
-// not all expire in the same second.
-func QuotaExpiry(key string, end int64) int64 {
+// QuotaTTL returns the time to live, in seconds, of the consumption at key
+// of a period that ends in untilEnd seconds: an hour after the end, plus
+// up to ten minutes that the key's hash chooses, so that the keys of one
+// period do not all expire in the same second.
+func QuotaTTL(key string, untilEnd int64) int64 {
 	h := fnv.New32a()
 	h.Write([]byte(key))
-	return end + 3600 + int64(h.Sum32()%600)
+	return max(untilEnd, 0) + 3600 + int64(h.Sum32()%600)
 }
 
 // QuotaResult is quota.lua's answer, in an Outcome.
@@ -127,7 +127,7 @@ func (op Op) quotaArgs() []string {
 		}
 	}
 	a := make([]string, 0, 6+len(q.Thresholds))
-	a = append(a, q.Override, Num(q.Limit), string(mode), Num(units), strconv.FormatInt(q.ExpireAt, 10), strconv.Itoa(int(q.Forget)))
+	a = append(a, q.Override, Num(q.Limit), string(mode), Num(units), strconv.FormatInt(q.TTL, 10), strconv.Itoa(int(q.Forget)))
 	for _, t := range q.Thresholds {
 		a = append(a, Num(t))
 	}

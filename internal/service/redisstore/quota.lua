@@ -13,8 +13,9 @@
 --          back, never below zero), "reset" (delete the period's
 --          consumption), "read" (change nothing)
 -- ARGV[3]  the units, >= 0
--- ARGV[4]  when the consumption expires, unix seconds: the period's end,
---          plus an hour, plus the key's jitter (the caller's)
+-- ARGV[4]  the consumption's time to live, seconds: to the period's end,
+--          plus an hour, plus the key's jitter (the caller's; relative, so
+--          that Redis's clock and the service's need not agree)
 -- ARGV[5]  a refund's thresholds to forget (a bitmask): those its take
 --          crossed, when the service gives back a request another rule
 --          refused, so that they are reported when crossed for real
@@ -65,7 +66,7 @@ if mode == 'take' or mode == 'charge' then
       bit = bit * 2
     end
     redis.call('HSET', KEYS[1], 'u', fmt(used), 't', bits)
-    redis.call('EXPIREAT', KEYS[1], ARGV[4])
+    redis.call('EXPIRE', KEYS[1], ARGV[4])
   end
 elseif mode == 'refund' then
   if h[1] and units > 0 then

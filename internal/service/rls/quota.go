@@ -100,7 +100,7 @@ func (c *Config) quotaItem(it *item, key string, entries []Entry, now time.Time)
 	tag := strings.TrimPrefix(key, "tb:")
 	qkey := "qt:" + tag + ":" + strconv.FormatInt(start.Unix(), 10)
 	it.op = redisstore.Op{Key: qkey, Cost: it.op.Cost, Quota: &redisstore.QuotaOp{
-		Override: "ov:" + tag, Limit: limit, ExpireAt: redisstore.QuotaExpiry(qkey, end.Unix()), Thresholds: r.Quota.Thresholds}}
+		Override: "ov:" + tag, Limit: limit, TTL: redisstore.QuotaTTL(qkey, int64(math.Ceil(end.Sub(now).Seconds()))), Thresholds: r.Quota.Thresholds}}
 	it.quota = &quotaState{rule: qr, end: end, now: now, identity: identity}
 }
 

@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,7 +164,31 @@ func (s *Server) Kill() {
 	<-done
 }
 
-// Restart starts a killed server again on the same port and directory and
+// Stop stops the process cleanly, as an operator's restart does
+// (SIGTERM: Redis writes its append-only file or snapshot out and exits),
+// and waits for it to exit, at most 20 s; Restart starts it again on the
+// same port and directory, which with "--appendonly", "yes" keeps every
+// write acknowledged before the stop.
+func (s *Server) Stop() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd, s.done = nil, nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(readyTimeout):
+		_ = cmd.Process.Kill()
+		<-done
+		s.t.Fatalf("redistest: %s did not stop within %v of SIGTERM; log:\n%s", s.Addr, readyTimeout, s.Log())
+	}
+}
+
+// Restart starts a killed or stopped server again on the same port and directory and
 // waits until it answers PING (and, for a cluster node, until it sees the
 // cluster as ok).
 func (s *Server) Restart() {
