@@ -18,13 +18,15 @@ import (
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
-// overrideConfig has a daily quota of 3 requests per API key and a token
-// bucket of burst 2 that (almost) never refills, per API key.
+// overrideConfig has a monthly quota of 3 requests per API key (a month,
+// so that the test is not cut by a period's end but once in millions of
+// runs) and a token bucket of burst 2 that (almost) never refills, per
+// API key.
 const overrideConfig = `{
   "settings": {"rls": {"cluster": "rls"}},
   "rules": [
-    {"name": "daily", "scope": "cluster", "algorithm": "quota", "limit_keys": ["header:x-api-key"],
-     "algorithm_config": {"limit": 3, "period": "day", "time_zone": "UTC"}},
+    {"name": "monthly", "scope": "cluster", "algorithm": "quota", "limit_keys": ["header:x-api-key"],
+     "algorithm_config": {"limit": 3, "period": "month", "time_zone": "UTC"}},
     {"name": "bucket", "scope": "cluster", "limit_keys": ["header:x-api-key"],
      "algorithm_config": {"tokens_per_second": 0.000001, "burst": 2}}
   ]
@@ -101,17 +103,17 @@ func TestOverrideAcrossReplicas(t *testing.T) {
 	}
 
 	// Quota: the rule's 3 a day.
-	expect("the rule's quota", "daily", "q", true, true, true, false)
-	admin("PUT", "/v1/overrides/daily?key=q", `{"limit": 5}`)
-	expect("raised to 5 through A", "daily", "q", true, true, false)
-	admin("PUT", "/v1/overrides/daily?key=q", `{"limit": 1}`)
-	expect("lowered to 1, below the 5 used", "daily", "q", false)
-	admin("DELETE", "/v1/overrides/daily?key=q", "")
-	expect("removed: the rule's 3, 5 used", "daily", "q", false)
-	admin("PUT", "/v1/overrides/daily?key=q", `{"limit": 6}`)
-	expect("raised to 6", "daily", "q", true, false)
-	u := admin("GET", "/v1/usage/daily?key=q", "")
-	if u["used"] != 6.0 || u["limit"] != 6.0 || u["remaining"] != 0.0 || u["source"] != "override" || u["period"] != "day" {
+	expect("the rule's quota", "monthly", "q", true, true, true, false)
+	admin("PUT", "/v1/overrides/monthly?key=q", `{"limit": 5}`)
+	expect("raised to 5 through A", "monthly", "q", true, true, false)
+	admin("PUT", "/v1/overrides/monthly?key=q", `{"limit": 1}`)
+	expect("lowered to 1, below the 5 used", "monthly", "q", false)
+	admin("DELETE", "/v1/overrides/monthly?key=q", "")
+	expect("removed: the rule's 3, 5 used", "monthly", "q", false)
+	admin("PUT", "/v1/overrides/monthly?key=q", `{"limit": 6}`)
+	expect("raised to 6", "monthly", "q", true, false)
+	u := admin("GET", "/v1/usage/monthly?key=q", "")
+	if u["used"] != 6.0 || u["limit"] != 6.0 || u["remaining"] != 0.0 || u["source"] != "override" || u["period"] != "month" {
 		t.Errorf("usage through A: %v, want used 6 of an override's 6, none left", u)
 	}
 
