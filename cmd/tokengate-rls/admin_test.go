@@ -72,6 +72,12 @@ func TestAdminFlags(t *testing.T) {
 			t.Errorf("%q: got %v, want an error with %q (and no secret)", tc.args, err, tc.want)
 		}
 	}
+	// Every admin flag is also an environment variable.
+	t.Setenv("TOKENGATE_RLS_ADMIN_CREDENTIAL_FILE", bad)
+	err := run(context.Background(), []string{"-config", cfg, "-redis", "127.0.0.1:1"}, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "-admin-credential-file: "+bad) {
+		t.Errorf("TOKENGATE_RLS_ADMIN_CREDENTIAL_FILE: got %v, want the file read as -admin-credential-file", err)
+	}
 }
 
 // TestAdminCredentialReload runs the program with -admin-credential-file

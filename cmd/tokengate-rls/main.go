@@ -115,7 +115,7 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 		"keep clients' timeouts above twice this plus the network")
 	fs.DurationVar(&o.flushDelay, "redis-flush-delay", 20*time.Microsecond, "how long a Redis connection's writer may wait, under concurrent load, to batch commands into one write (0: none)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service and the gRPC health service")
-	fs.StringVar(&o.admin, "admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /live, /ready and /json (empty: none)")
+	fs.StringVar(&o.admin, "admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /live, /ready, /json and the admin API /v1/ (empty: none)")
 	fs.DurationVar(&o.drain, "drain", 5*time.Second, "how long shutdown waits for calls in flight")
 	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long the service keeps serving, not ready (/ready 503, gRPC health NOT_SERVING), before it stops accepting calls")
 	fs.UintVar(&o.workers, "stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
