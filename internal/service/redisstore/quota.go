@@ -93,6 +93,9 @@ type QuotaOp struct {
 	// Forget, for a refund, are the thresholds (bit i: Thresholds[i]) to
 	// mark as not crossed: those the refunded take crossed.
 	Forget uint8
+	// Args, when set, are Num(Limit) and Num of each threshold, formatted
+	// once per rule by the caller: the script's arguments.
+	Args []string
 }
 
 // QuotaTTL returns the time to live, in seconds, of the consumption at key
@@ -127,7 +130,16 @@ func (op Op) quotaArgs() []string {
 		}
 	}
 	a := make([]string, 0, 6+len(q.Thresholds))
-	a = append(a, q.Override, Num(q.Limit), string(mode), Num(units), strconv.FormatInt(q.TTL, 10), strconv.Itoa(int(q.Forget)))
+	limit := ""
+	if len(q.Args) == 1+len(q.Thresholds) {
+		limit = q.Args[0]
+	} else {
+		limit = Num(q.Limit)
+	}
+	a = append(a, q.Override, limit, string(mode), Num(units), strconv.FormatInt(q.TTL, 10), strconv.Itoa(int(q.Forget)))
+	if len(q.Args) == 1+len(q.Thresholds) {
+		return append(a, q.Args[1:]...)
+	}
 	for _, t := range q.Thresholds {
 		a = append(a, Num(t))
 	}
@@ -140,24 +152,26 @@ func quotaOutcome(r rueidis.RedisResult) Outcome {
 	if err != nil {
 		return Outcome{Err: err}
 	}
-	if len(arr) != 5 {
-		return Outcome{Err: fmt.Errorf("redis: quota script returned %d values, want 5", len(arr))}
+	if len(arr) != 2 {
+		return Outcome{Err: fmt.Errorf("redis: quota script returned %d values, want 2", len(arr))}
 	}
-	var n [5]float64
-	for i, v := range arr {
-		s, err := v.ToString()
-		if err != nil {
-			var i64 int64
-			if i64, err = v.AsInt64(); err != nil {
-				return Outcome{Err: fmt.Errorf("redis: quota script: %w", err)}
-			}
-			n[i] = float64(i64)
-			continue
-		}
-		if n[i], err = strconv.ParseFloat(s, 64); err != nil {
+	allowed, err := arr[0].AsInt64()
+	if err != nil {
+		return Outcome{Err: fmt.Errorf("redis: quota script: %w", err)}
+	}
+	s, err := arr[1].ToString()
+	if err != nil {
+		return Outcome{Err: fmt.Errorf("redis: quota script: %w", err)}
+	}
+	var n [4]float64
+	rest := s
+	for i := range n {
+		var f string
+		f, rest, _ = strings.Cut(rest, " ")
+		if n[i], err = strconv.ParseFloat(f, 64); err != nil {
 			return Outcome{Err: fmt.Errorf("redis: quota script returned %q", s)}
 		}
 	}
-	q := &QuotaResult{Used: n[1], Limit: n[2], Crossed: uint8(n[3]), Override: n[4] == 1}
-	return Outcome{Allowed: n[0] == 1, Tokens: max(q.Limit-q.Used, 0), Quota: q}
+	q := &QuotaResult{Used: n[0], Limit: n[1], Crossed: uint8(n[2]), Override: n[3] == 1}
+	return Outcome{Allowed: allowed == 1, Tokens: max(q.Limit-q.Used, 0), Quota: q}
 }

@@ -25,9 +25,10 @@
 -- lowered (an override, another identity limit, a new configuration)
 -- applies to the next request. A denied take writes nothing.
 --
--- Returns {allowed (1/0), units used after, the limit applied, the
--- thresholds first crossed by this call (a bitmask), 1 if the override's
--- limit applied else 0}; numbers as decimal strings.
+-- Returns {allowed (1/0), "<units used after> <the limit applied> <the
+-- thresholds first crossed by this call, a bitmask> <1 if the override's
+-- limit applied, else 0>"}: two values, as tokenbucket.lua returns, which
+-- the service reads without a string per number.
 
 local function fmt(x)
   return string.format('%.17g', x)
@@ -44,7 +45,7 @@ end
 
 if mode == 'reset' then
   redis.call('DEL', KEYS[1])
-  return {1, '0', fmt(limit), 0, source}
+  return {1, '0 ' .. fmt(limit) .. ' 0 ' .. source}
 end
 
 local h = redis.call('HMGET', KEYS[1], 'u', 't')
@@ -87,4 +88,4 @@ elseif mode == 'refund' then
 elseif mode ~= 'read' then
   return redis.error_reply('quota: unknown mode ' .. tostring(mode))
 end
-return {allowed, fmt(used), fmt(limit), crossed, source}
+return {allowed, fmt(used) .. ' ' .. fmt(limit) .. ' ' .. crossed .. ' ' .. source}

@@ -54,6 +54,9 @@ const numGRPCCodes = int(codes.Unauthenticated) + 1
 // by decision code.
 type ruleCounters struct {
 	decisions, hits [numCodes]prometheus.Counter
+	// quotaUsed is a quota rule's tokengate_rls_quota_used_ratio; nil
+	// for other rules.
+	quotaUsed prometheus.Observer
 }
 
 // callCounters are one gRPC method's pre-resolved counters by status code.
@@ -362,6 +365,8 @@ func (m *Metrics) SetRules(cfg *Config) {
 				m.decisionVec.DeleteLabelValues(name, codeNames[code])
 				m.hitsVec.DeleteLabelValues(name, codeNames[code])
 			}
+			m.quotaUsedVec.DeleteLabelValues(name)
+			m.quotaCrossedVec.DeletePartialMatch(prometheus.Labels{"rule": name})
 			delete(m.byName, name)
 		}
 	}
@@ -374,6 +379,9 @@ func (m *Metrics) SetRules(cfg *Config) {
 				c.hits[code] = m.hitsVec.WithLabelValues(r.Name, codeNames[code])
 			}
 			m.byName[r.Name] = c
+		}
+		if r.Quota != nil && c.quotaUsed == nil {
+			c.quotaUsed = m.quotaUsedVec.WithLabelValues(r.Name)
 		}
 		next[r] = c
 	}
@@ -397,14 +405,17 @@ func (m *Metrics) request(code int) { m.requests[code].Inc() }
 var quotaRatioBuckets = []float64{0.25, 0.5, 0.8, 0.9, 0.95, 0.99, 1}
 
 // quotaCrossed counts threshold pct of quota rule r crossed first in a
-// key's period.
+// key's period: once per key, threshold and period, so the series is
+// looked up by its labels here rather than resolved beforehand.
 func (m *Metrics) quotaCrossed(r *config.Rule, pct string) {
 	m.quotaCrossedVec.WithLabelValues(r.Name, pct).Inc()
 }
 
 // quotaUsed observes the share of its limit a key of quota rule r has used.
 func (m *Metrics) quotaUsed(r *config.Rule, ratio float64) {
-	m.quotaUsedVec.WithLabelValues(r.Name).Observe(ratio)
+	if c := (*m.rules.Load())[r]; c != nil && c.quotaUsed != nil {
+		c.quotaUsed.Observe(ratio)
+	}
 }
 
 // Reloaded counts a reload of the configuration; err is its failure.

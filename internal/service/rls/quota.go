@@ -29,6 +29,9 @@ import (
 // quota rule.
 type quotaRule struct {
 	loc *time.Location
+	// args are the script's limit and thresholds arguments
+	// (redisstore.QuotaOp.Args), formatted once.
+	args []string
 	// percents are the thresholds as the warning header and the metric
 	// name them ("80", "95", "99.5").
 	percents []string
@@ -64,9 +67,10 @@ func loadQuota(r *config.Rule) (*quotaRule, error) {
 		return nil, &config.ConfigError{Msg: "rule " + strconv.Quote(r.Name) + ": algorithm_config.time_zone: unknown time zone " +
 			strconv.Quote(z) + ", want an IANA name such as \"Europe/Paris\" or \"UTC\""}
 	}
-	q := &quotaRule{loc: loc}
+	q := &quotaRule{loc: loc, args: []string{redisstore.Num(r.Quota.Limit)}}
 	for _, t := range r.Quota.Thresholds {
 		q.percents = append(q.percents, strconv.FormatFloat(t*100, 'f', -1, 64))
+		q.args = append(q.args, redisstore.Num(t))
 	}
 	return q, nil
 }
@@ -99,16 +103,24 @@ func (c *Config) quotaItem(it *item, key string, entries []Entry, now time.Time)
 	}
 	tag := strings.TrimPrefix(key, "tb:")
 	qkey := "qt:" + tag + ":" + strconv.FormatInt(start.Unix(), 10)
-	it.op = redisstore.Op{Key: qkey, Cost: it.op.Cost, Quota: &redisstore.QuotaOp{
-		Override: "ov:" + tag, Limit: limit, TTL: redisstore.QuotaTTL(qkey, int64(math.Ceil(end.Sub(now).Seconds()))), Thresholds: r.Quota.Thresholds}}
-	it.quota = &quotaState{rule: qr, end: end, now: now, identity: identity}
+	// The state and the op in one allocation.
+	st := &quotaState{rule: qr, end: end, now: now, identity: identity}
+	st.op = redisstore.QuotaOp{Override: "ov:" + tag, Limit: limit, TTL: redisstore.QuotaTTL(qkey, int64(math.Ceil(end.Sub(now).Seconds()))),
+		Thresholds: r.Quota.Thresholds}
+	if !identity {
+		st.op.Args = qr.args
+	}
+	it.op = redisstore.Op{Key: qkey, Cost: it.op.Cost, Quota: &st.op}
+	it.quota = st
 }
 
-// quotaState is a quota item's period and where its limit came from.
+// quotaState is a quota item's period and where its limit came from, and
+// its op's quota part.
 type quotaState struct {
 	rule     *quotaRule
 	end, now time.Time
 	identity bool
+	op       redisstore.QuotaOp
 }
 
 // source returns which limit the decision applied.
