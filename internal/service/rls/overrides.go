@@ -236,8 +236,8 @@ func compositeOf(q url.Values, r *config.Rule, extra []string) (string, *refusal
 	case len(keys) == 1:
 		k := keys[0]
 		if len(k) > maxComposite {
-			return "", badRequest("key: at most " + strconv.Itoa(maxComposite) + " bytes (the filter's composite of " +
-				strconv.Itoa(len(r.Keys)) + " limit keys is shorter), got " + strconv.Itoa(len(k)))
+			return "", badRequest("key: at most " + strconv.Itoa(maxComposite) + " bytes (8 limit keys of at most " +
+				strconv.Itoa(sharedstate.MaxValueLen) + " bytes each, as the filter writes them, and their separators), got " + strconv.Itoa(len(k)))
 		}
 		if cleanComposite(k) != k {
 			return "", badRequest("key: not a composite key as the filter builds it (printable ASCII, no braces); give the raw values with value= instead")
