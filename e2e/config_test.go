@@ -59,6 +59,36 @@ func TestInvalidConfig(t *testing.T) {
 			config:      ``,
 			expectedErr: "configuration is empty",
 		},
+		// Issue 31: the module refuses a quota that is not an exact cluster
+		// rule, and checks the fields it uses, with the native messages.
+		{
+			name:        "local quota",
+			config:      `{"rules":[{"name":"q","algorithm":"quota","algorithm_config":{"limit":5,"period":"day"}}]}`,
+			expectedErr: `rules[0].scope: "algorithm": "quota" needs "scope": "cluster": a period's consumption is counted by the rate-limit service for the whole fleet`,
+		},
+		{
+			name: "lease quota",
+			config: `{"rules":[{"name":"q","scope":"cluster","mode":"lease","algorithm":"quota","algorithm_config":{"limit":5,"period":"day"}}],` +
+				`"settings":{"rls":{"cluster":"rls"}}}`,
+			expectedErr: `rules[0].mode: "algorithm": "quota" cannot be "lease": a lease hands a proxy tokens that refill over time, ` +
+				`while a period's consumption must be counted where it is stored; use "mode": "exact" (docs/configuration.md)`,
+		},
+		{
+			name:        "quota period",
+			config:      `{"rules":[{"name":"q","scope":"cluster","algorithm":"quota","algorithm_config":{"limit":5,"period":"year"}}],"settings":{"rls":{"cluster":"rls"}}}`,
+			expectedErr: `rules[0].algorithm_config.period: must be "hour", "day", "week" or "month", got "year"`,
+		},
+		{
+			name: "quota limit source without its bound",
+			config: `{"rules":[{"name":"q","scope":"cluster","algorithm":"quota","algorithm_config":{"limit":5,"period":"day","limit_source":"jwt:quota"}}],` +
+				`"settings":{"rls":{"cluster":"rls"}}}`,
+			expectedErr: `rules[0].algorithm_config.max_limit: is required with limit_source, and only with it: it bounds the limit a request carries`,
+		},
+		{
+			name:        "quota unknown field",
+			config:      `{"rules":[{"name":"q","scope":"cluster","algorithm":"quota","algorithm_config":{"limit":5,"period":"day","burst":5}}],"settings":{"rls":{"cluster":"rls"}}}`,
+			expectedErr: `rules[0].algorithm_config.burst: unknown field (allowed: limit, period, time_zone, billing_day, thresholds, limit_source, max_limit, cost_source, fixed_cost, default_cost, count_statuses, reset_on_statuses, pre_charge, estimate_source, strip_accept_encoding)`,
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,4 +126,21 @@ func TestInvalidConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestQuotaConfigLoads: the module starts with quota rules using every
+// field (issue 31); the service's own fields (time_zone, billing_day,
+// thresholds) are the service's to check.
+func TestQuotaConfigLoads(t *testing.T) {
+	cfg := `{"rules":[
+	  {"name":"monthly","scope":"cluster","limit_keys":["header:x-api-key"],"algorithm":"quota","algorithm_config":{"limit":1000000,
+	    "period":"month","time_zone":"Europe/Paris","billing_day":31,"thresholds":[0.8,0.95],"limit_source":"jwt:quota","max_limit":5000000,
+	    "cost_source":"response_json:/usage/total_tokens","pre_charge":1000}},
+	  {"name":"daily","scope":"cluster","limit_keys":["header:x-api-key"],"algorithm":"quota","algorithm_config":{"limit":100,"period":"day"}}],
+	  "settings":{"rls":{"cluster":"rls"}}}`
+	h, err := wasmhost.New(context.Background(), wasmhost.Options{Wasm: loadModule(t), PluginConfig: []byte(cfg), Workers: 1})
+	if err != nil {
+		t.Fatalf("wasmhost.New: %v", err)
+	}
+	closeHost(t, h)
 }

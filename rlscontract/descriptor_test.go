@@ -284,3 +284,20 @@ func FuzzSettlementDescriptor(f *testing.F) {
 		}
 	})
 }
+
+// FuzzQuotaDescriptor: every cluster descriptor the filter can send, with
+// or without an identity's limit, parses back to its rule, composite key
+// and limit (invalid UTF-8 sent as U+FFFD).
+func FuzzQuotaDescriptor(f *testing.F) {
+	f.Add("q", "k", "2500", uint64(1))
+	f.Add("q", "", "", uint64(0))
+	f.Add("q", "a\xffb", "1\xff", uint64(7))
+	f.Fuzz(func(t *testing.T, rule, comp, limit string, hits uint64) {
+		d := rlscontract.QuotaDescriptor(rule, comp, limit, hits)
+		gotRule, gotComp, gotLimit, ok := rlscontract.ParseCluster(d.Entries)
+		wantComp, wantLimit := strings.ToValidUTF8(comp, "\uFFFD"), strings.ToValidUTF8(limit, "\uFFFD")
+		if !ok || gotRule != rule || gotComp != wantComp || gotLimit != wantLimit || d.HitsAddend != hits {
+			t.Fatalf("got %q %q %q %v (hits %d), want %q %q %q true (hits %d)", gotRule, gotComp, gotLimit, ok, d.HitsAddend, rule, wantComp, wantLimit, hits)
+		}
+	})
+}

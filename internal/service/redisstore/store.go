@@ -256,21 +256,6 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 	return out
 }
 
-// runScripts runs n scripts, call(i) naming the i-th with its key and
-// arguments, as runEach does, and returns their outcomes in order.
-func (s *Store) runScripts(ctx context.Context, n int, call func(i int) (*script, string, []string)) []Outcome {
-	out := make([]Outcome, n)
-	s.runEach(ctx, n, call, func(i int, r rueidis.RedisResult, err error) error {
-		if err == nil {
-			out[i] = outcome(r)
-		} else {
-			out[i] = Outcome{Err: err}
-		}
-		return out[i].Err
-	})
-	return out
-}
-
 // runEach runs n scripts, call(i) naming the i-th with its key and
 // arguments, in one pipeline (spread over the cluster's masters by key),
 // and hands each answer to set: the reply, or the error that kept the

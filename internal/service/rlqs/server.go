@@ -106,10 +106,11 @@ func Register(stop context.Context, gs *grpc.Server, rules []*config.Rule, store
 }
 
 // SetRules replaces the rules; streams use them from their next report.
+// Quota rules are left out: a share of a refill has no calendar period.
 func (s *Server) SetRules(rules []*config.Rule) {
 	m := make(map[string]*config.Rule)
 	for _, r := range rules {
-		if !r.Shadow {
+		if !r.Shadow && r.Quota == nil {
 			m[r.Name] = r
 		}
 	}

@@ -67,6 +67,10 @@ func (allow) Run(_ context.Context, ops []redisstore.Op) []redisstore.Outcome {
 	out := make([]redisstore.Outcome, len(ops))
 	for i := range out {
 		out[i] = redisstore.Outcome{Allowed: true, Tokens: 5}
+		if q := ops[i].Quota; q != nil {
+			// What internal/service/redisstore/quota.lua answers: the units used and the limit.
+			out[i].Quota = &redisstore.QuotaResult{Used: 5, Limit: q.Limit}
+		}
 	}
 	return out
 }
@@ -154,6 +158,25 @@ func BenchmarkQuotaDecision(b *testing.B) {
 			})
 			b.StopTimer()
 			b.ReportMetric(redisMicrosPerCall(b, srv), "redis-µs/op")
+		})
+	}
+	// The service's own work, without gRPC or Redis (as
+	// BenchmarkServerDecide): the store answers at once.
+	cfg, err := rls.ParseConfig([]byte(quotaBenchConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	own := rls.NewServer(cfg, allow{}, rls.NewMetrics(cfg))
+	for _, rule := range []string{"token-bucket", "quota"} {
+		name := map[string]string{"token-bucket": "bucket", "quota": "quota"}[rule]
+		b.Run("service/"+rule, func(b *testing.B) {
+			req := &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: []*ratelimitv3.RateLimitDescriptor{ours(name, "203.0.113.7", 0)}}
+			b.ReportAllocs()
+			for b.Loop() {
+				if resp, err := own.ShouldRateLimit(context.Background(), req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					b.Fatal(resp, err)
+				}
+			}
 		})
 	}
 	for _, tc := range []struct {

@@ -1,6 +1,7 @@
 // Package rls is tokengate-rls: Envoy's rate-limit service API (RLS v3,
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) deciding
-// continuous token buckets whose state lives in Redis or a Redis Cluster.
+// continuous token buckets and calendar quotas whose state lives in Redis
+// or a Redis Cluster.
 //
 // It reads the filter's JSON configuration (config.Parse): the rules
 // with "scope": "cluster", which the filter asks about with one descriptor

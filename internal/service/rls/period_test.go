@@ -3,6 +3,9 @@ package rls_test
 import (
 	"testing"
 	"time"
+	// The zones the tests name, whatever the machine has installed (the
+	// service binary embeds them too).
+	_ "time/tzdata"
 
 	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/service/rls"

@@ -1,6 +1,8 @@
 package rls
 
 import (
+	"context"
+	"errors"
 	"math"
 	"strconv"
 	"strings"
@@ -18,7 +20,7 @@ import (
 
 // Calendar quotas ("algorithm": "quota", docs/rls.md#quotas): the service
 // computes the period of the rule's zone that holds its clock's now
-// (Period), and quota.lua admits the request's units if the period's
+// (Period), and internal/service/redisstore/quota.lua admits the request's units if the period's
 // consumption plus them stays within the limit that applies, in the same
 // pipeline as the request's token buckets. The limit is, first, the key's
 // override in Redis ("ov:{...}", set by the admin API), then the
@@ -159,7 +161,7 @@ func (q *quotaRule) warning(r *config.Rule, crossed uint8) string {
 	return strconv.Quote(r.Name) + ";t=" + q.percents[hi]
 }
 
-// quotaStatus fills the status of a quota item from quota.lua's answer,
+// quotaStatus fills the status of a quota item from internal/service/redisstore/quota.lua's answer,
 // counts the decision and the thresholds it crossed first, and returns
 // what the RateLimit headers say of it (ok is false for a shadow rule).
 // remaining is the limit less the consumption (at least 0); the reset, and
@@ -219,4 +221,48 @@ func (s *Server) quotaWarnings(items []item, hs []*corev3.HeaderValue) []*corev3
 		hs = append(hs, &corev3.HeaderValue{Key: WarningHeader, Value: it.quota.rule.warning(it.rule, it.out.Quota.Crossed)})
 	}
 	return hs
+}
+
+// ErrNotQuota is Usage's error for a rule name that is not a quota rule
+// of the configuration in force.
+var ErrNotQuota = errors.New("no quota rule of that name")
+
+// Usage is one key's consumption of a quota rule in the period that holds
+// the service's clock: what a usage endpoint answers.
+type Usage struct {
+	Rule, Key string
+	// Period is the rule's "hour", "day", "week" or "month".
+	Period string
+	// Used is the units consumed in the period; Limit the limit that
+	// applies to a request without an identity limit (the override's, or
+	// the rule's: Source); Remaining is Limit - Used, at least 0.
+	Used, Limit, Remaining float64
+	// PeriodStart and Reset are the period's start and end.
+	PeriodStart, Reset time.Time
+	Source             QuotaSource
+}
+
+// Usage reads, without changing it, the consumption of quota rule rule
+// by the composite key (the filter's, sharedstate.AppendComposite of the
+// rule's limit-key values) in the current period, and its override, in
+// one script call (internal/service/redisstore/quota.lua's "read" mode).
+// ErrNotQuota names an unknown rule; a Redis failure is returned as is.
+func (s *Server) Usage(ctx context.Context, rule, composite string) (Usage, error) {
+	cfg := s.cfg.Load()
+	r := cfg.cluster[rule]
+	if r == nil || r.Quota == nil {
+		return Usage{}, ErrNotQuota
+	}
+	now := s.clock()
+	it := item{rule: r}
+	cfg.quotaItem(&it, redisstore.BucketKey(r.Name, cleanComposite(composite)), nil, now)
+	it.quota.op.Mode = redisstore.QuotaRead
+	out := s.store.Run(ctx, []redisstore.Op{it.op})[0]
+	if out.Err != nil {
+		return Usage{}, out.Err
+	}
+	start, end := Period(r.Quota, cfg.quotas[r].loc, now)
+	q := out.Quota
+	return Usage{Rule: rule, Key: composite, Period: config.QuotaPeriodNames[r.Quota.Period], Used: q.Used, Limit: q.Limit,
+		Remaining: max(q.Limit-q.Used, 0), PeriodStart: start, Reset: end, Source: it.quota.source(q)}, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -432,5 +434,96 @@ func TestQuotaRedisRestart(t *testing.T) {
 	// The override survived too: 3 + 1 = 4 is its limit.
 	if got, want := strings.Join(codes, " "), "OK OVER_LIMIT"; got != want {
 		t.Errorf("after the restart: %s, want %s", got, want)
+	}
+}
+
+// TestQuotaUsage: Usage reads a key's consumption, the limit that applies
+// and the period without changing them; an override shows as its source.
+func TestQuotaUsage(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	e, _ := startQuota(t, store, "5", noon)
+	for range 3 {
+		ask(t, e.client, "tokengate", ours("daily", "u", 1))
+	}
+	ctx := context.Background()
+	for range 2 { // reading twice changes nothing
+		u, err := e.srv.Usage(ctx, "daily", "u")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := rls.Usage{Rule: "daily", Key: "u", Period: "day", Used: 3, Limit: 5, Remaining: 2,
+			PeriodStart: time.Date(2026, 5, 3, 22, 0, 0, 0, time.UTC), Reset: time.Date(2026, 5, 4, 22, 0, 0, 0, time.UTC), Source: rls.SourceRule}
+		if !u.PeriodStart.Equal(want.PeriodStart) || !u.Reset.Equal(want.Reset) {
+			t.Errorf("period: got [%v, %v), want [%v, %v)", u.PeriodStart, u.Reset, want.PeriodStart, want.Reset)
+		}
+		u.PeriodStart, u.Reset, want.PeriodStart, want.Reset = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		if u != want {
+			t.Errorf("usage: got %+v, want %+v", u, want)
+		}
+	}
+	srv.MustDo("HSET", "ov:{daily:u}", "limit", "2")
+	u, err := e.srv.Usage(ctx, "daily", "u")
+	if err != nil || u.Limit != 2 || u.Remaining != 0 || u.Source != rls.SourceOverride || u.Source.String() != "override" {
+		t.Errorf("under an override of 2: %+v %v, want limit 2, remaining 0, source override", u, err)
+	}
+	if u, err := e.srv.Usage(ctx, "daily", "never-seen"); err != nil || u.Used != 0 || u.Limit != 5 {
+		t.Errorf("a key never seen: %+v %v, want used 0 of 5", u, err)
+	}
+	if _, err := e.srv.Usage(ctx, "bucket", "u"); err != rls.ErrNotQuota {
+		t.Errorf("a token bucket rule: %v, want ErrNotQuota", err)
+	}
+	if got := hget(t, srv, dayKey("u"), "u"); got != "3" {
+		t.Errorf("after reads: consumption %q, want 3", got)
+	}
+}
+
+// TestQuotaHammer: 32 callers on two service replicas sharing one Redis
+// ask for one key at once: exactly the limit is admitted, and exactly
+// that is counted.
+func TestQuotaHammer(t *testing.T) {
+	srv := redistest.Start(t)
+	e1, _ := startQuota(t, newStore(t, []string{srv.Addr}, false, 2*time.Second), "100", noon)
+	e2, _ := startQuota(t, newStore(t, []string{srv.Addr}, false, 2*time.Second), "100", noon)
+	const callers, each = 32, 8
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := e1.client
+			if c%2 == 1 {
+				client = e2.client
+			}
+			for range each {
+				if r := askGo(t, client, "tokengate", ours("daily", "hammer", 1)); r != nil && r.OverallCode == rlsv3.RateLimitResponse_OK {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != 100 {
+		t.Errorf("admitted %d of %d, want exactly the limit, 100", got, callers*each)
+	}
+	if got := hget(t, srv, dayKey("hammer"), "u"); got != "100" {
+		t.Errorf("consumption %q, want 100", got)
+	}
+}
+
+// TestQuotaUnknownZone: the service refuses a configuration whose quota
+// names a zone its database does not know, naming the rule and the field.
+func TestQuotaUnknownZone(t *testing.T) {
+	for _, zone := range []string{"Mars/Olympus", "Local", "europe/paris"} {
+		cfg := strings.Replace(quotaConfig("5"), `"Europe/Paris"`, strconv.Quote(zone), 1)
+		_, err := rls.ParseConfig([]byte(cfg))
+		want := `rule "daily": algorithm_config.time_zone: unknown time zone ` + strconv.Quote(zone) + `, want an IANA name such as "Europe/Paris" or "UTC"`
+		if err == nil || err.Error() != want {
+			t.Errorf("zone %q: got %v, want %q", zone, err, want)
+		}
+	}
+	if _, err := rls.ParseConfig([]byte(quotaConfig("5"))); err != nil {
+		t.Errorf("Europe/Paris: %v", err)
 	}
 }

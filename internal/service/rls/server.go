@@ -378,6 +378,12 @@ func (s *Server) refund(ctx context.Context, items []item) (error, bool) {
 // currentLimitOf states a rule's rate as Envoy's RateLimit: whole
 // requests per the shortest unit that holds at least one.
 func currentLimitOf(r *config.Rule) rlsv3.RateLimitResponse_RateLimit {
+	if r.Quota != nil {
+		// A quota: its limit per its period (the answer to a decision
+		// states the limit that applied, quotaStatus).
+		return rlsv3.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: uint32(min(math.Floor(r.Quota.Limit), math.MaxUint32)),
+			Unit: periodUnits[r.Quota.Period]}
+	}
 	rate := r.Limit.Rate
 	u := limitUnits[len(limitUnits)-1]
 	for _, c := range limitUnits {
