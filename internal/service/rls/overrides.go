@@ -185,7 +185,6 @@ func overrideKind(r *config.Rule) (int, string) {
 // target is what an admin call names: the rule, its kind, the composite
 // key and the override's Redis key.
 type target struct {
-	cfg       *Config // the configuration in force when the call began
 	rule      *config.Rule
 	kind      int
 	composite string
@@ -215,7 +214,7 @@ func (a *AdminAPI) resolveTarget(path, prefix string, q url.Values, extra ...str
 	if ref != nil {
 		return target{}, ref
 	}
-	return target{cfg: cfg, rule: r, kind: kind, composite: comp, key: redisstore.OverrideKey(r.Name, comp)}, nil
+	return target{rule: r, kind: kind, composite: comp, key: redisstore.OverrideKey(r.Name, comp)}, nil
 }
 
 // compositeOf reads the composite key of q: key=<composite>, as the filter

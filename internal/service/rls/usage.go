@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/bucket"
-	"github.com/tokengate/tokengate/config"
 	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/sharedstate"
 )
@@ -102,12 +101,12 @@ func roundMicro(f float64) float64 { return math.Round(f*1e6) / 1e6 }
 // usageQuota answers the usage of a quota rule in the period the clock is
 // in: the consumption stored for the key in that period, the limit in
 // force (the override's, else the identity's, else the rule's), what is
-// left and when the period ends. The period is the decision's (Period,
-// for the Server's clock), so the endpoint reads the very key the
-// decision writes.
+// left and when the period ends. It reads through the decision's own
+// read (Server.Usage: its period, its key, its script), so the endpoint
+// reads the very key the decision writes.
 func (a *AdminAPI) usageQuota(r *http.Request, t target) (map[string]any, *refusal) {
 	q := t.rule.Quota
-	limit, source := q.Limit, SourceRule.String()
+	identity := ""
 	if v := r.URL.Query()["identity_limit"]; len(v) > 0 {
 		f, err := strconv.ParseFloat(v[0], 64)
 		switch {
@@ -116,30 +115,27 @@ func (a *AdminAPI) usageQuota(r *http.Request, t target) (map[string]any, *refus
 		case len(v) > 1 || err != nil || !(f > 0) || math.IsInf(f, 1):
 			return nil, badRequest("identity_limit: one positive number, the limit the identity carries (bounded by max_limit)")
 		}
-		limit, _ = IdentityLimit(q, v[0])
-		source = SourceIdentity.String()
+		identity = v[0]
 	}
 	now := a.srv.clock()
-	start, end := Period(q, t.cfg.quotas[t.rule].loc, now)
-	qkey := redisstore.QuotaKey(t.rule.Name, t.composite, start.Unix())
-	hs, err := a.store.ReadHashes(r.Context(), t.key, qkey)
-	if err != nil {
+	u, err := a.srv.Usage(r.Context(), t.rule.Name, t.composite)
+	switch {
+	case errors.Is(err, ErrNotQuota): // the configuration changed meanwhile
+		return nil, &refusal{http.StatusNotFound, adminUnknownRule, "no quota rule " + strconv.Quote(t.rule.Name) + " in the configuration in force"}
+	case err != nil:
 		return nil, redisFailed(err)
 	}
-	if v, ok := parseFields(hs[0].Fields)["limit"]; ok && v > 0 {
-		limit, source = v, SourceOverride.String()
+	limit, source := u.Limit, u.Source
+	if identity != "" && source != SourceOverride {
+		// The override wins over the identity, the identity over the
+		// rule, as in the decision.
+		limit, _ = IdentityLimit(q, identity)
+		source = SourceIdentity
 	}
-	used := 0.0
-	if u, ok := hs[1].Fields["u"]; ok {
-		if used, err = strconv.ParseFloat(u, 64); err != nil {
-			return nil, redisFailed(errors.New(qkey + ": u is " + strconv.Quote(u) + ", not a number"))
-		}
-	}
-	reset := end.Sub(now).Seconds()
 	return map[string]any{
-		"rule": t.rule.Name, "key": t.composite, "kind": "quota", "period": config.QuotaPeriodNames[q.Period],
-		"used": used, "limit": limit, "remaining": math.Max(0, limit-used), "source": source,
-		"period_start": start.Format(time.RFC3339), "reset": end.Format(time.RFC3339),
-		"reset_seconds": int64(math.Ceil(math.Max(0, reset))),
+		"rule": t.rule.Name, "key": t.composite, "kind": "quota", "period": u.Period,
+		"used": u.Used, "limit": limit, "remaining": math.Max(0, limit-u.Used), "source": source.String(),
+		"period_start": u.PeriodStart.Format(time.RFC3339), "reset": u.Reset.Format(time.RFC3339),
+		"reset_seconds": int64(math.Ceil(math.Max(0, u.Reset.Sub(now).Seconds()))),
 	}, nil
 }
