@@ -97,6 +97,9 @@ type options struct {
 	logFormat         string
 	redisSec          redisSecurity
 	limits            limitFlags
+
+	// The admin API (docs/rls.md#admin-api).
+	adminCredFile, usageCredFile, tlsAdminURI string
 }
 
 // parseOptions reads the flags, then the environment for those the command
@@ -112,7 +115,7 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 		"keep clients' timeouts above twice this plus the network")
 	fs.DurationVar(&o.flushDelay, "redis-flush-delay", 20*time.Microsecond, "how long a Redis connection's writer may wait, under concurrent load, to batch commands into one write (0: none)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "gRPC `address` of the rate-limit service and the gRPC health service")
-	fs.StringVar(&o.admin, "admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /live, /ready and /json (empty: none)")
+	fs.StringVar(&o.admin, "admin", "127.0.0.1:9901", "HTTP `address` of /metrics, /live, /ready, /json and the admin API /v1/ (empty: none)")
 	fs.DurationVar(&o.drain, "drain", 5*time.Second, "how long shutdown waits for calls in flight")
 	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long the service keeps serving, not ready (/ready 503, gRPC health NOT_SERVING), before it stops accepting calls")
 	fs.UintVar(&o.workers, "stream-workers", rls.DefaultStreamWorkers, "goroutines kept to run calls (0: a new goroutine per call)")
@@ -125,6 +128,11 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	fs.BoolVar(&o.tlsClientOptional, "tls-client-optional", false, "with -tls-client-ca: clients without a certificate may connect and get decisions, but not settle or lease")
 	fs.StringVar(&o.tlsWriterURI, "tls-writer-uri-prefix", "", "with -tls-client-ca: a client certificate authenticates a proxy's settlements and lease calls only when it has a URI SAN with this `prefix` (e.g. spiffe://cluster.local/ns/edge/)")
 	fs.StringVar(&o.credentialFile, "credential-file", "", "`file` of the proxies' credentials, one per line: a settlement or lease call must carry one (authorization: Bearer <credential>; the filter's settings.rls.credential)")
+	fs.StringVar(&o.adminCredFile, "admin-credential-file", "", "`file` of the admin API's credentials, one per line: PUT/GET/DELETE /v1/overrides and GET /v1/usage on -admin need one "+
+		"(authorization: Bearer <credential>); without it or -tls-admin-uri-prefix the admin API answers 403")
+	fs.StringVar(&o.usageCredFile, "usage-credential-file", "", "`file` of credentials that may only read GET /v1/usage (a customer portal's backend); the admin's credentials read it too")
+	fs.StringVar(&o.tlsAdminURI, "tls-admin-uri-prefix", "", "with -tls-client-ca: serve -admin over TLS, and accept admin API calls with a client certificate that has a URI SAN with this `prefix` "+
+		"(e.g. spiffe://cluster.local/ns/ops/)")
 	fs.BoolVar(&o.openWrites, "allow-unauthenticated-writes", false, "accept settlements and lease calls from any caller (unsafe: any client that reaches the port can refund, reset or charge any key); "+
 		"without it, and without -credential-file or -tls-client-ca, they are refused")
 	fs.DurationVar(&o.watch, "watch-interval", 2*time.Second, "how often the -config file, the TLS files and the -credential-file are checked for changes (0: only SIGHUP reloads)")
@@ -156,6 +164,9 @@ func parseOptions(args []string, logw io.Writer) (*options, error) {
 	}
 	if o.openWrites && (o.credentialFile != "" || o.tlsClientCA != "") {
 		return nil, errors.New("-allow-unauthenticated-writes contradicts -credential-file and -tls-client-ca: choose one")
+	}
+	if err := o.checkAdmin(); err != nil {
+		return nil, err
 	}
 	if err := o.limits.check(); err != nil {
 		return nil, err
@@ -193,7 +204,7 @@ func run(ctx context.Context, args []string, logw io.Writer, listening chan<- [2
 			adminAddr = sv.HTTP[0]
 		}
 		logger.Info("serving", "rules", len(sv.Config.Rules()), "grpc", sv.GRPC, "tls", s.TLS != nil,
-			"client_certs", o.tlsClientCA != "", "admin", adminAddr, "redis", dropin.RedactURL(o.redisAddrs), "cluster", o.cluster, "redis_timeout", o.timeout)
+			"client_certs", o.tlsClientCA != "", "admin", adminAddr, "admin_api", o.adminAPIState(), "redis", dropin.RedactURL(o.redisAddrs), "cluster", o.cluster, "redis_timeout", o.timeout)
 		switch {
 		case s.Writes.Open:
 			logger.Warn("UNSAFE: -allow-unauthenticated-writes: any client that reaches the gRPC or admin port can refund, reset and charge any key " +
@@ -258,10 +269,14 @@ func (o *options) settings(logger *slog.Logger, hup <-chan os.Signal) (daemon.Se
 			s.Writes.AddCredential(c)
 		}
 	}
+	if err := o.adminSettings(&s); err != nil {
+		return daemon.Settings{}, err
+	}
 	if o.admin != "" {
 		pprofOn := o.pprofOn
-		s.HTTP = []daemon.HTTP{{Addr: o.admin, Handler: func(p daemon.Parts) http.Handler {
+		s.HTTP = []daemon.HTTP{{Addr: o.admin, TLS: o.tlsAdminURI != "", Handler: func(p daemon.Parts) http.Handler {
 			h := rls.AdminHandler(p.Server, p.Metrics, p.Ready)
+			h = rls.NewAdminAPI(p.Server, p.Store, p.Gate, p.Metrics).Handler(h)
 			if pprofOn {
 				h = daemon.WithPprof(h)
 			}

@@ -10,6 +10,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -79,6 +80,12 @@ type Settings struct {
 	// credential is rotated without a restart. A file that does not read
 	// keeps the credentials in force, and says why once.
 	CredentialFile string
+	// AdminAuth and UsageAuth say who may call the admin API and the
+	// usage endpoint (rls.AdminGate; the zero values: nobody), built with
+	// the credentials of AdminCredentialFile and UsageCredentialFile when
+	// set, which are read again as CredentialFile is.
+	AdminAuth, UsageAuth                     rls.WriteAuth
+	AdminCredentialFile, UsageCredentialFile string
 	// HealthNames are the service names the health service answers for
 	// besides "" and rls.RLSService.
 	HealthNames []string
@@ -107,6 +114,9 @@ type Settings struct {
 type HTTP struct {
 	Addr    string
 	Handler func(Parts) http.Handler
+	// TLS serves the listener over TLS with Settings.TLS's files
+	// (rls.ServerTLS.HTTPConfig), when they are set.
+	TLS bool
 }
 
 // Parts are the running service's pieces an HTTP listener serves.
@@ -114,6 +124,9 @@ type Parts struct {
 	Server  *rls.Server
 	Metrics *rls.Metrics
 	Ready   *rls.Readiness
+	// Store is the Redis store; Gate says who may call the admin API.
+	Store *redisstore.Store
+	Gate  *rls.AdminGate
 }
 
 // Serving describes the service once it listens.
@@ -220,13 +233,17 @@ func Run(ctx context.Context, s Settings) error {
 	}
 	errc := make(chan error, 1+len(ls))
 	go func() { errc <- gs.Serve(ls[0]) }()
-	parts := Parts{Server: srv, Metrics: metrics, Ready: ready}
+	gate := rls.NewAdminGate(s.AdminAuth, s.UsageAuth)
+	parts := Parts{Server: srv, Metrics: metrics, Ready: ready, Store: store, Gate: gate}
 	var https []*http.Server
 	serving := Serving{GRPC: ls[0].Addr().String(), Config: srv.Config()}
 	for i, h := range s.HTTP {
 		hs := &http.Server{Handler: h.Handler(parts), ReadHeaderTimeout: 5 * time.Second}
 		https = append(https, hs)
 		l := ls[i+1]
+		if h.TLS && serverTLS != nil {
+			l = tls.NewListener(l, serverTLS.HTTPConfig())
+		}
 		go func() { errc <- hs.Serve(l) }()
 		serving.HTTP = append(serving.HTTP, l.Addr().String())
 	}
@@ -236,7 +253,13 @@ func Run(ctx context.Context, s Settings) error {
 
 	w := &watcher{log: s.Log, rules: s.Rules, apply: apply, tls: serverTLS}
 	if s.CredentialFile != "" {
-		w.creds = newCredentials(s.CredentialFile, s.Writes, srv.SetWriteAuth)
+		w.creds = append(w.creds, newCredentials(s.CredentialFile, s.Writes, srv.SetWriteAuth))
+	}
+	if s.AdminCredentialFile != "" {
+		w.creds = append(w.creds, newCredentials(s.AdminCredentialFile, s.AdminAuth, gate.SetAdmin))
+	}
+	if s.UsageCredentialFile != "" {
+		w.creds = append(w.creds, newCredentials(s.UsageCredentialFile, s.UsageAuth, gate.SetUsage))
 	}
 	if err := w.serve(ctx, s.Hup, s.Poll, errc); err != nil {
 		gs.Stop()

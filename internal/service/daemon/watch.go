@@ -21,8 +21,8 @@ type watcher struct {
 	// again (a file missing for the whole of a rotation) is not logged
 	// again until a reload succeeds or the error changes.
 	tlsErr string
-	// creds, when not nil, reloads the proxies' credentials.
-	creds *credentials
+	// creds reload the proxies' credentials and the admin's.
+	creds []*credentials
 }
 
 // serve reloads on hup and, every interval (0: never), when the sources
@@ -51,8 +51,8 @@ func (w *watcher) serve(ctx context.Context, hup <-chan os.Signal, interval time
 // poll reloads what changed since the last look.
 func (w *watcher) poll() {
 	w.rules.Poll(w.apply)
-	if w.creds != nil {
-		w.creds.reload(w.log, "file changed", false)
+	for _, c := range w.creds {
+		c.reload(w.log, "file changed", false)
 	}
 	if w.tls == nil {
 		return
@@ -73,8 +73,8 @@ func (w *watcher) poll() {
 // reload loads the rules and the TLS files again.
 func (w *watcher) reload(why string) {
 	w.rules.Reload(why, w.apply)
-	if w.creds != nil {
-		w.creds.reload(w.log, why, true)
+	for _, c := range w.creds {
+		c.reload(w.log, why, true)
 	}
 	if w.tls == nil {
 		return
@@ -127,5 +127,5 @@ func (c *credentials) reload(log *slog.Logger, why string, force bool) {
 	c.err = ""
 	c.last = sha256.Sum256(b)
 	c.set(c.base.WithCredentials(secrets))
-	log.Info("credentials reloaded", "trigger", why, "credentials", len(secrets))
+	log.Info("credentials reloaded", "file", c.file, "trigger", why, "credentials", len(secrets))
 }

@@ -207,18 +207,10 @@ func (a *WriteAuth) certOK(ctx context.Context) int {
 		return certNone
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+	if !ok {
 		return certNone
 	}
-	if a.URIPrefix == "" {
-		return certAccepted
-	}
-	for _, u := range ti.State.VerifiedChains[0][0].URIs {
-		if strings.HasPrefix(u.String(), a.URIPrefix) {
-			return certAccepted
-		}
-	}
-	return certWrongName
+	return verifiedCert(&ti.State, a.URIPrefix)
 }
 
 // trustMetrics are the trust model's counters.
