@@ -332,3 +332,6 @@ func (h *whost) ContinueRequest() error {
 
 // SetTickPeriod implements filter.Ticker with the worker's timer.
 func (h *whost) SetTickPeriod(ms uint32) error { return h.w.setTick(ms) }
+
+// BinaryValues implements sharedstate.BinaryValues (procstore.View).
+func (h *whost) BinaryValues() bool { return true }

@@ -135,3 +135,7 @@ func (v *View) Get(key string) ([]byte, uint32, error) {
 
 // Set implements sharedstate.Store.
 func (v *View) Set(key string, value []byte, cas uint32) error { return v.S.Set(key, value, cas) }
+
+// BinaryValues implements sharedstate.BinaryValues: the store holds the
+// buckets' binary values, not the text proxy-wasm hosts keep.
+func (v *View) BinaryValues() bool { return true }
