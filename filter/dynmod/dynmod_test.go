@@ -193,7 +193,7 @@ func BenchmarkRequest(b *testing.B) {
 // it (cmd/tokengate-dynmod/hooks.c): one crossing, RequestHeadersNew with
 // the source address and a mailbox, one per-IP rule that admits it, the
 // stream finished at once. Its CPU profile is the dynamic module's PGO
-// profile (cmd/tokengate-dynmod/default.pgo; see docs/deploy/dynamic-module.md).
+// profile (cmd/tokengate-dynmod/dynmod.pgo; see docs/deploy/dynamic-module.md).
 func BenchmarkRequestMailbox(b *testing.B) {
 	e := &fakeEnvoy{workers: 1}
 	Bind(e)
