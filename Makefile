@@ -20,15 +20,15 @@ $(WASM): $(GUEST_SRC)
 	@echo 'building the module into $(WASM)'
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(WASM) ./cmd/tokengate
 
-## dynmod: compile the Envoy dynamic module (cgo, needs a C compiler) into build/libtokengate.so.
+## dynmod: compile the Envoy dynamic module (cgo, needs a C compiler) into build/libtokengate.so, optimised with the profile cmd/tokengate-dynmod/dynmod.pgo (-pgo).
 DYNMOD     := build/libtokengate.so
-DYNMOD_SRC := $(GUEST_SRC) $(shell find cmd/tokengate-dynmod filter/dynmod sharedstate/procstore -name '*.go' -o -name '*.c' -o -name '*.h' 2>/dev/null | grep -v _test.go)
+DYNMOD_SRC := $(GUEST_SRC) $(shell find cmd/tokengate-dynmod filter/dynmod sharedstate/procstore -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.pgo' 2>/dev/null | grep -v _test.go)
 dynmod: $(DYNMOD)
 
 $(DYNMOD): $(DYNMOD_SRC)
 	@mkdir -p build
 	@echo 'building the dynamic module into $(DYNMOD)'
-	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(DYNMOD) ./cmd/tokengate-dynmod
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -pgo=cmd/tokengate-dynmod/dynmod.pgo -ldflags='-s -w' -o $(DYNMOD) ./cmd/tokengate-dynmod
 
 # Packages whose tests are plain Go (run under the race detector); the others
 # run the .wasm in wazero, which the race detector slows down tenfold.

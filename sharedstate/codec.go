@@ -184,6 +184,14 @@ const digitPairs = "000102030405060708091011121314151617181920212223242526272829
 //
 // ParseState does not allocate unless it returns an error.
 func ParseState(b []byte) (bucket.State, error) {
+	if binaryValues {
+		if st, _, hasOwner, err, ok := parseBinary(b); ok {
+			if err == nil && hasOwner {
+				return bucket.State{}, errBinaryOwner
+			}
+			return st, err
+		}
+	}
 	if st, end, ok := parseStateFast(b); ok && end == len(b) {
 		return st, nil
 	}
@@ -411,6 +419,11 @@ func ParseSlotValue(b []byte) (s bucket.State, owner string, hasOwner bool, err 
 // values. owner is a sub-slice of b. It does not allocate unless it returns
 // an error.
 func parseValue(b []byte) (s bucket.State, owner []byte, hasOwner bool, err error) {
+	if binaryValues {
+		if s, owner, hasOwner, err, ok := parseBinary(b); ok {
+			return s, owner, hasOwner, err
+		}
+	}
 	if st, end, ok := parseStateFast(b); ok {
 		if end < len(b) {
 			return st, b[end+1:], true, nil

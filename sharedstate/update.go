@@ -383,7 +383,11 @@ func (u *Updater) reject(reqs []Request, pend []pending, now float64, out *Outco
 // many were written before the first error.
 func (u *Updater) commit(reqs []Request, pend []pending) (int, error) {
 	for k := range reqs {
-		u.buf = pend[k].value(u.buf[:0], pend[k].next)
+		if binaryValues {
+			u.buf = appendStored(u.Store, u.buf[:0], &pend[k], pend[k].next)
+		} else {
+			u.buf = pend[k].value(u.buf[:0], pend[k].next)
+		}
 		if err := u.Store.Set(pend[k].key, u.buf, pend[k].cas); err != nil {
 			return k, err
 		}

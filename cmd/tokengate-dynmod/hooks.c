@@ -22,11 +22,25 @@ enum { CONTINUE = 0 };
 // A Go handle that means "no Go side" (none was made, or it is released).
 #define NONE ((uintptr_t)-1)
 
-typedef struct {
-	uintptr_t cfg;  // the config's handle
-	uintptr_t go;   // the stream's Go handle; 0: not made yet; NONE: none
-	tg_mailbox box; // what the Go side of the request-headers hook left for C
+typedef struct tg_stream {
+	uintptr_t cfg;          // the config's handle
+	uintptr_t go;           // the stream's Go handle; 0: not made yet; NONE: none
+	struct tg_stream* next; // in its thread's pool, once destroyed
+	tg_mailbox box;         // what the Go side of the request-headers hook left for C
 } tg_stream;
+
+// Destroyed stream records, kept for the next streams of the same thread
+// (Envoy creates and destroys a stream on its worker's thread): a malloc
+// and a free less per stream. At most POOL_MAX a thread; a thread that
+// exits leaves its pool behind (Envoy's workers live as long as the
+// process). One pointer of thread-local storage, dynamic model, as in
+// wrappers.c.
+enum { POOL_MAX = 64 };
+typedef struct {
+	tg_stream* head;
+	int n;
+} stream_pool;
+static __thread stream_pool* pool __attribute__((tls_model("global-dynamic")));
 
 static int live(const tg_stream* s) { return s->go != 0 && s->go != NONE; }
 
@@ -42,8 +56,14 @@ void envoy_dynamic_module_on_http_filter_config_destroy(const void* cfg) { tgo_c
 void envoy_dynamic_module_on_http_filter_config_scheduled(void* cfg_envoy, const void* cfg, uint64_t event) {}
 
 const void* envoy_dynamic_module_on_http_filter_new(const void* cfg, void* f) {
-	tg_stream* s = malloc(sizeof *s);
-	if (s == NULL) return NULL;
+	stream_pool* p = pool;
+	tg_stream* s = p ? p->head : NULL;
+	if (s != NULL) {
+		p->head = s->next;
+		p->n--;
+	} else if ((s = malloc(sizeof *s)) == NULL) {
+		return NULL;
+	}
 	s->cfg = (uintptr_t)cfg;
 	s->go = 0;
 	s->box.nheaders = s->box.ncounts = 0;
@@ -111,7 +131,18 @@ void envoy_dynamic_module_on_http_filter_stream_complete(void* f, const void* m)
 void envoy_dynamic_module_on_http_filter_destroy(const void* m) {
 	tg_stream* s = (tg_stream*)m;
 	if (live(s)) tgo_destroy(s->go);
-	free(s);
+	stream_pool* p = pool;
+	if (p == NULL && (p = pool = calloc(1, sizeof *p)) == NULL) {
+		free(s);
+		return;
+	}
+	if (p->n >= POOL_MAX) {
+		free(s);
+		return;
+	}
+	s->next = p->head;
+	p->head = s;
+	p->n++;
 }
 
 void envoy_dynamic_module_on_http_filter_http_callout_done(void* f, const void* m, uint64_t id, uint32_t result,

@@ -189,6 +189,27 @@ func BenchmarkRequest(b *testing.B) {
 	}
 }
 
+// BenchmarkRequestMailbox is the request as the C side of the hooks makes
+// it (cmd/tokengate-dynmod/hooks.c): one crossing, RequestHeadersNew with
+// the source address and a mailbox, one per-IP rule that admits it, the
+// stream finished at once. Its CPU profile is the dynamic module's PGO
+// profile (cmd/tokengate-dynmod/dynmod.pgo; see docs/deploy/dynamic-module.md).
+func BenchmarkRequestMailbox(b *testing.B) {
+	e := &fakeEnvoy{workers: 1}
+	Bind(e)
+	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}]}`))
+	defer ConfigDestroy(cfg)
+	f := e.newStream(0, nil)
+	var box Mailbox
+	b.ReportAllocs()
+	for b.Loop() {
+		box.NHeaders, box.NCounts, box.BufLen = 0, 0, 0
+		if h, st := RequestHeadersNew(cfg, f, 0, true, "10.0.0.1:4000", true, &box); h != 0 || st != HeadersContinue {
+			b.Fatalf("handle %d, status %d: want the stream finished at once", h, st)
+		}
+	}
+}
+
 // boxHeaders decodes the response headers left in a mailbox.
 func boxHeaders(b *Mailbox) map[string]string {
 	hs := map[string]string{}

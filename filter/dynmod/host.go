@@ -34,6 +34,25 @@ type whost struct {
 // queueHeader queues a set (add false) or add of a response header of the
 // current stream.
 func (h *whost) queueHeader(add bool, name, value string) {
+	a := uint32(0)
+	if add {
+		a = 1
+	}
+	if b := h.box; b != nil { // finishEarly: the current stream is b's
+		n, off := b.NHeaders, int(b.BufLen)
+		mid := off + len(name)
+		end := mid + len(value)
+		if n >= MailboxHeaders || end > MailboxBytes {
+			h.boxFull = true
+			return
+		}
+		op := (*[3]uint32)(b.Ops[3*n:])
+		op[0], op[1], op[2] = a, uint32(len(name)), uint32(len(value))
+		copy(b.Buf[off:mid], name)
+		copy(b.Buf[mid:end], value)
+		b.NHeaders, b.BufLen = n+1, uint32(end)
+		return
+	}
 	w := h.w
 	if w.cur == 0 {
 		return
@@ -41,22 +60,6 @@ func (h *whost) queueHeader(add bool, name, value string) {
 	if h.pendF != w.cur {
 		h.flushHeaders()
 		h.pendF = w.cur
-	}
-	a := uint32(0)
-	if add {
-		a = 1
-	}
-	if b := h.box; b != nil {
-		n, off := b.NHeaders, b.BufLen
-		if n >= MailboxHeaders || int(off)+len(name)+len(value) > MailboxBytes {
-			h.boxFull = true
-			return
-		}
-		b.Ops[3*n], b.Ops[3*n+1], b.Ops[3*n+2] = a, uint32(len(name)), uint32(len(value))
-		off += uint32(copy(b.Buf[off:], name))
-		b.BufLen = off + uint32(copy(b.Buf[off:], value))
-		b.NHeaders = n + 1
-		return
 	}
 	h.pendBuf = append(append(h.pendBuf, name...), value...)
 	h.pendOps = append(h.pendOps, a, uint32(len(name)), uint32(len(value)))
@@ -332,3 +335,6 @@ func (h *whost) ContinueRequest() error {
 
 // SetTickPeriod implements filter.Ticker with the worker's timer.
 func (h *whost) SetTickPeriod(ms uint32) error { return h.w.setTick(ms) }
+
+// BinaryValues implements sharedstate.BinaryValues (procstore.View).
+func (h *whost) BinaryValues() bool { return true }

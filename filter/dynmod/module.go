@@ -303,13 +303,19 @@ func FilterNew(cfgHandle, f uintptr) (h uintptr) {
 
 // filterNew is FilterNew on Envoy worker wi.
 func filterNew(cfgHandle, f uintptr, wi uint32) uintptr {
+	h, _, _, _ := newStream(cfgHandle, f, wi)
+	return h
+}
+
+// newStream is filterNew that also returns the stream's worker, slot and
+// record (w nil when h is 0).
+func newStream(cfgHandle, f uintptr, wi uint32) (h uintptr, w *worker, slot uint32, st *stream) {
 	c := configOf(cfgHandle)
 	if c == nil {
-		return 0
+		return 0, nil, 0, nil
 	}
 	wi %= maxWorkers
-	w := c.worker(wi)
-	var slot uint32
+	w = c.worker(wi)
 	if n := len(w.free); n > 0 {
 		slot = w.free[n-1]
 		w.free = w.free[:n-1]
@@ -322,8 +328,9 @@ func filterNew(cfgHandle, f uintptr, wi uint32) uintptr {
 	id := (slot + 1) | (w.gens[slot]&0xfff)<<slotBits
 	s := w.p.NewStream()
 	s.SetID(id)
-	w.streams[slot] = stream{s: s, f: f, id: id, live: true}
-	return uintptr(c.idx) | uintptr(wi)<<8 | uintptr(id)<<24
+	st = &w.streams[slot]
+	*st = stream{s: s, f: f, id: id, live: true}
+	return uintptr(c.idx) | uintptr(wi)<<8 | uintptr(id)<<24, w, slot, st
 }
 
 // Mailbox sizes: response headers, counter increments, and the bytes of
@@ -367,37 +374,46 @@ type Mailbox struct {
 // returned handle is 0, so that no later hook crosses into Go. It returns
 // the stream's handle (0: none) and the hook's answer.
 func RequestHeadersNew(cfgHandle, f uintptr, wi uint32, end bool, src string, srcOK bool, box *Mailbox) (h uintptr, status uint32) {
-	func() {
-		defer guard("on_http_filter_new", func() { h = 0 })
-		h = filterNew(cfgHandle, f, wi)
-	}()
+	// One guard for the whole crossing: a panic fails open, keeping the
+	// stream if it was made (its later hooks then cross as usual) and
+	// dropping response headers a failed finishEarly left in box.
+	var w *worker
+	finishing := false
+	defer guard("on_http_filter_request_headers", func() {
+		status = HeadersContinue
+		if w != nil {
+			w.src, w.srcOK, w.srcSet, w.box, w.host.box = "", false, false, nil, nil
+			w.cur, w.curSlot = 0, 0
+		}
+		if finishing && box != nil {
+			box.NHeaders, box.BufLen = 0, 0
+		}
+	})
+	h, w, slot, st := newStream(cfgHandle, f, wi)
 	if h == 0 {
 		return 0, HeadersContinue
 	}
-	w, _, _ := streamOf(h)
-	if w == nil {
-		return h, RequestHeaders(f, h, end)
-	}
 	w.src, w.srcOK, w.srcSet, w.box = src, srcOK, true, box
-	status = RequestHeaders(f, h, end)
+	status = w.requestHeaders(f, slot, st, end)
 	w.src, w.srcOK, w.srcSet, w.box = "", false, false, nil
-	if box != nil && status == HeadersContinue && finishEarly(h, box) {
-		return 0, status
+	if box != nil && status == HeadersContinue {
+		finishing = true
+		if w.finishEarly(slot, st, box) {
+			return 0, status
+		}
 	}
 	return h, status
 }
 
-// finishEarly ends stream h, whose request went on, when
+// finishEarly ends stream st (in slot), whose request went on, when
 // the filter says its later hooks would have nothing to do but set the
 // response headers (filter.Stream.Idle): the filter computes those headers
 // now, they are left in box for the C side to set when the response
 // headers arrive, and the stream is ended and released. It reports false,
 // changing nothing the response hook would not redo, when the stream is
 // not idle or its headers do not fit in box.
-func finishEarly(h uintptr, box *Mailbox) (done bool) {
-	defer guard("on_http_filter_request_headers", func() { done = false })
-	w, slot, st := streamOf(h)
-	if w == nil || !st.s.Idle() {
+func (w *worker) finishEarly(slot uint32, st *stream, box *Mailbox) bool {
+	if !st.s.Idle() {
 		return false
 	}
 	w.cur, w.curSlot = st.f, slot
@@ -411,7 +427,7 @@ func finishEarly(h uintptr, box *Mailbox) (done bool) {
 	}
 	st.s.OnDone()
 	w.cur, w.curSlot = 0, 0
-	Destroy(h)
+	w.destroy(slot, st)
 	return true
 }
 
@@ -422,6 +438,11 @@ func RequestHeaders(f, h uintptr, end bool) (status uint32) {
 	if w == nil {
 		return HeadersContinue
 	}
+	return w.requestHeaders(f, slot, st, end)
+}
+
+// requestHeaders is RequestHeaders on stream st of the worker.
+func (w *worker) requestHeaders(f uintptr, slot uint32, st *stream, end bool) uint32 {
 	w.enter(f, slot)
 	act := st.s.OnRequestHeaders(0, end)
 	w.host.flushHeaders()
@@ -536,10 +557,13 @@ func StreamComplete(f, h uintptr) (released bool) {
 // deleted, and its slot freed.
 func Destroy(h uintptr) {
 	defer guard("on_http_filter_destroy", nil)
-	w, slot, st := streamOf(h)
-	if w == nil {
-		return
+	if w, slot, st := streamOf(h); w != nil {
+		w.destroy(slot, st)
 	}
+}
+
+// destroy is Destroy of stream st, in slot.
+func (w *worker) destroy(slot uint32, st *stream) {
 	st.live = false
 	w.host.dropHeaders(st.f)
 	if st.sched != 0 {

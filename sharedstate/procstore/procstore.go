@@ -86,12 +86,18 @@ func (s *Store) Set(key string, value []byte, cas uint32) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[key]
-	if ok && cas != 0 && cas != e.cas {
-		return sharedstate.ErrCASMismatch
-	}
 	if !ok {
 		e = &entry{}
 		sh.m[strings.Clone(key)] = e
+	}
+	return e.set(value, cas, ok)
+}
+
+// set writes value into e with the compare-and-swap of Set; existed says
+// e was in its map before this Set. Its shard's lock must be held.
+func (e *entry) set(value []byte, cas uint32, existed bool) error {
+	if existed && cas != 0 && cas != e.cas {
+		return sharedstate.ErrCASMismatch
 	}
 	e.value = append(e.value[:0], value...)
 	if e.cas++; e.cas == 0 {
@@ -116,22 +122,52 @@ func (s *Store) Len() int {
 // returns the value in the view's own buffer, valid until the next Get of
 // the same view. A view is used by one goroutine at a time (one worker
 // thread); the Store behind it is shared.
+//
+// A view remembers the entry its last Get found: the Updater writes the
+// key it has just read, and an entry is never removed from its shard's
+// map (shared data has no delete), so that Set needs neither a hash nor a
+// map look-up; it takes the shard's lock as any Set does.
 type View struct {
 	S   *Store
 	buf []byte
+
+	lastKey []byte // the key of the last Get that found an entry
+	lastSh  *shard
+	lastE   *entry // nil: none
 }
 
 var _ sharedstate.Store = (*View)(nil)
 
 // Get implements sharedstate.Store.
 func (v *View) Get(key string) ([]byte, uint32, error) {
-	b, cas, err := v.S.GetInto(v.buf, key)
-	v.buf = b
-	if err != nil {
-		return nil, 0, err
+	sh := v.S.shardOf(key)
+	sh.mu.Lock()
+	e, ok := sh.m[key]
+	if !ok {
+		sh.mu.Unlock()
+		v.lastE = nil
+		return nil, 0, sharedstate.ErrNotFound
 	}
-	return b, cas, nil
+	v.buf = append(v.buf[:0], e.value...)
+	cas := e.cas
+	sh.mu.Unlock()
+	v.lastKey = append(v.lastKey[:0], key...)
+	v.lastSh, v.lastE = sh, e
+	return v.buf, cas, nil
 }
 
 // Set implements sharedstate.Store.
-func (v *View) Set(key string, value []byte, cas uint32) error { return v.S.Set(key, value, cas) }
+func (v *View) Set(key string, value []byte, cas uint32) error {
+	if e := v.lastE; e != nil && string(v.lastKey) == key {
+		sh := v.lastSh
+		sh.mu.Lock()
+		err := e.set(value, cas, true)
+		sh.mu.Unlock()
+		return err
+	}
+	return v.S.Set(key, value, cas)
+}
+
+// BinaryValues implements sharedstate.BinaryValues: the store holds the
+// buckets' binary values, not the text proxy-wasm hosts keep.
+func (v *View) BinaryValues() bool { return true }

@@ -130,3 +130,41 @@ func TestNoAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per get+set, want 0", allocs)
 	}
 }
+
+// TestViewSetAfterGet: the entry a view's Get remembers is used only for
+// the same key, and its Set keeps the compare-and-swap against writes made
+// through other views meanwhile.
+func TestViewSetAfterGet(t *testing.T) {
+	s := procstore.New()
+	v, other := &procstore.View{S: s}, &procstore.View{S: s}
+	_ = v.Set("tb:a", []byte("a1"), 0)
+	_ = v.Set("tb:b", []byte("b1"), 0)
+	_, cas, err := v.Get("tb:a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Set("tb:b", []byte("b2"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Set("tb:a", []byte("a2"), cas); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Set("tb:a", []byte("a3"), cas); err != sharedstate.ErrCASMismatch {
+		t.Fatalf("a stale cas through the remembered entry: got %v, want a CAS mismatch", err)
+	}
+	_, cas, _ = v.Get("tb:a")
+	if err := v.Set("tb:a", []byte("a4"), cas); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.Get("tb:missing"); err != sharedstate.ErrNotFound {
+		t.Fatal(err)
+	}
+	if err := v.Set("tb:missing", []byte("m"), sharedstate.SeedCAS); err != nil {
+		t.Fatalf("a missing key is created whatever the cas: %v", err)
+	}
+	for key, want := range map[string]string{"tb:a": "a4", "tb:b": "b2", "tb:missing": "m"} {
+		if got, _, err := other.Get(key); err != nil || string(got) != want {
+			t.Errorf("%s: got %q, %v; want %q", key, got, err, want)
+		}
+	}
+}
