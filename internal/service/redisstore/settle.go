@@ -22,6 +22,10 @@ type SettleOp struct {
 	Amount float64
 	// Now replaces Redis TIME when not empty (tests).
 	Now string
+	// Receipt, when set, is the key of the stream's receipt (ReceiptKey),
+	// which bounds the settlement (receipt.go); without it a refund is
+	// capped at burst only.
+	Receipt string
 }
 
 func (op SettleOp) args() []string {
@@ -34,9 +38,9 @@ func (op SettleOp) args() []string {
 
 // Settle runs settle.lua for every op in one pipeline (as Run does, NOSCRIPT
 // answered by EVAL) and returns their outcomes in order: Allowed is always
-// true, Tokens the bucket's tokens after.
+// true, Tokens the bucket's tokens after, Cut whether the receipt cut it.
 func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
 	return s.runScripts(ctx, len(ops), func(i int) (*script, string, []string) {
-		return settleScript, ops[i].Key, ops[i].args()
+		return settleScript, withReceipt(ops[i].Key, ops[i].Receipt), ops[i].args()
 	})
 }

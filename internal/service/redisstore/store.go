@@ -90,6 +90,10 @@ type Op struct {
 	// outcome's Tokens are then the count after the call.
 	Window int64
 	Count  uint32
+	// Receipt, when set, is the key of the stream's receipt (ReceiptKey):
+	// the take adds what it took there, a refund takes it off
+	// (receipt.go). Token buckets only.
+	Receipt string
 }
 
 // Outcome is what the script decided for one Op.
@@ -101,6 +105,9 @@ type Outcome struct {
 	// Err is a Redis failure (connection, timeout, error reply): nothing is
 	// known about the bucket.
 	Err error
+	// Cut reports that a settlement's receipt did not cover it: it gave
+	// back less than asked, or did not reset (settle.lua).
+	Cut bool
 }
 
 // observe reports one round trip (or a failure to make one) to
@@ -210,7 +217,7 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 		if ops[i].Window > 0 {
 			return fixedWindowScript, ops[i].Key, []string{Num(ops[i].Cost), strconv.FormatInt(ops[i].Window, 10), strconv.FormatUint(uint64(ops[i].Count), 10)}
 		}
-		return tokenBucketScript, ops[i].Key, ops[i].args()
+		return tokenBucketScript, withReceipt(ops[i].Key, ops[i].Receipt), ops[i].args()
 	})
 }
 
@@ -271,6 +278,12 @@ func (s *Store) runEach(ctx context.Context, n int, call func(i int) (*script, s
 	}
 	build := func(i int) rueidis.Completed {
 		sc, key, args := call(i)
+		if key, receipt, ok := strings.Cut(key, keySep); ok { // with a receipt (receipt.go)
+			if eval[i] {
+				return c.B().Eval().Script(sc.text).Numkeys(2).Key(key, receipt).Arg(args...).Build()
+			}
+			return c.B().Evalsha().Sha1(sc.sha).Numkeys(2).Key(key, receipt).Arg(args...).Build()
+		}
 		if eval[i] {
 			return c.B().Eval().Script(sc.text).Numkeys(1).Key(key).Arg(args...).Build()
 		}
@@ -413,7 +426,7 @@ func outcome(r rueidis.RedisResult) Outcome {
 	if err != nil {
 		return Outcome{Err: err}
 	}
-	if len(arr) != 2 {
+	if len(arr) != 2 && len(arr) != 3 {
 		return Outcome{Err: fmt.Errorf("redis: script returned %d values, want 2", len(arr))}
 	}
 	allowed, err := arr[0].AsInt64()
@@ -428,7 +441,12 @@ func outcome(r rueidis.RedisResult) Outcome {
 	if err != nil {
 		return Outcome{Err: fmt.Errorf("redis: script returned tokens %q", ts)}
 	}
-	return Outcome{Allowed: allowed == 1, Tokens: tokens}
+	o := Outcome{Allowed: allowed == 1, Tokens: tokens}
+	if len(arr) == 3 { // settle.lua's: whether the receipt cut the settlement
+		cut, _ := arr[2].AsInt64()
+		o.Cut = cut == 1
+	}
+	return o
 }
 
 // BucketKey returns the Redis key of rule's bucket for the composite key

@@ -54,4 +54,25 @@ end
 if allowed == 1 and cost ~= 0 then
   save()
 end
+
+-- Receipts (docs/rls.md#receipts). A take of a rule that settles, for a
+-- stream that sent its id, adds what it took to the stream's receipt: the
+-- further key "<KEYS[1]>:r:<id>", the only other key whose name starts
+-- with "tb:". settle.lua gives the stream back no more than its receipt
+-- holds. A refund of this call's own take (cost < 0) takes it off again.
+-- The receipt lives 15 minutes from the take (settle.lua's receiptMs).
+if allowed == 1 and cost ~= 0 then
+  for i = 2, #KEYS do
+    local rk = KEYS[i]
+    if string.sub(rk, 1, 3) == 'tb:' and (cost < 0 or
+        not redis.call('SET', rk, string.format('%.17g', cost), 'NX', 'PX', 900000)) then
+      local r = (tonumber(redis.call('GET', rk)) or 0) + cost
+      if r > 0 then
+        redis.call('SET', rk, string.format('%.17g', r), 'PX', 900000)
+      else
+        redis.call('DEL', rk)
+      end
+    end
+  end
+end
 return {allowed, tokstr}

@@ -119,6 +119,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	if err := s.authorizeWrite(ctx); err != nil {
 		return nil, true, err // a write from a caller that is not a proxy (trust.go)
 	}
+	rid := receiptID(ctx)
 	ds := req.GetDescriptors()
 	ops := make([]redisstore.SettleOp, len(ds))
 	rules := make([]*config.Rule, len(ds))
@@ -151,6 +152,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		if boundSettle(&op) {
 			s.metrics.trust.clamped.Inc()
 		}
+		settleReceipt(&op, rid)
 		ops[i], rules[i] = op, r
 	}
 	st, ok2 := s.store.(Settler)
@@ -163,6 +165,9 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		if o.Err != nil {
 			s.metrics.request(reqUnavailable)
 			return nil, true, status.Error(codes.Unavailable, "tokengate-rls: redis: "+o.Err.Error())
+		}
+		if o.Cut {
+			s.metrics.trust.clamped.Inc() // beyond the stream's receipt (receipt.go)
 		}
 		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
 			Code:           rlsv3.RateLimitResponse_OK,
