@@ -78,8 +78,7 @@ func (s *Stream) askCluster(st *reqState) Action {
 			pc.leaseKeys[i] = string(sharedstate.AppendLeaseKey(nil, r.Name, vals))
 		}
 	}
-	s.trackCluster(g, ds)
-	token, err := callRLS(p.caller, rls, ds)
+	token, err := callRLSWith(p.caller, rls, ds, rls.TimeoutMs, nil, s.trackCluster(g, ds))
 	if err != nil {
 		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
 	}
@@ -92,13 +91,14 @@ func (s *Stream) askCluster(st *reqState) Action {
 // settings.rls.protocol: unary gRPC (HTTP/2 cluster) or JSON over HTTP/1.1
 // to the service's /json, as envoyproxy/ratelimit and tokengate-rls serve it.
 func callRLS(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor) (uint32, error) {
-	return callRLSWith(caller, rls, ds, rls.TimeoutMs, nil)
+	return callRLSWith(caller, rls, ds, rls.TimeoutMs, nil, "")
 }
 
-// callRLSWith is callRLS with its own timeout and extra request headers
-// (a settlement's mark): either protocol carries them as HTTP headers,
-// which gRPC delivers to the service as metadata.
-func callRLSWith(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
+// callRLSWith is callRLS with its own timeout, extra request headers (a
+// settlement's mark) and the stream's receipt id ("": none): either
+// protocol carries them as HTTP headers, which gRPC delivers to the
+// service as metadata.
+func callRLSWith(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string, receipt string) (uint32, error) {
 	var body []byte
 	var headers [][2]string
 	if rls.Protocol == config.RLSProtocolJSON {
@@ -117,6 +117,9 @@ func callRLSWith(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descri
 	if rls.Credential != "" {
 		// Settlements and lease calls need it (docs/rls.md#trust-model).
 		headers = append(headers, [2]string{"authorization", "Bearer " + rls.Credential})
+	}
+	if receipt != "" {
+		headers = append(headers, [2]string{rlscontract.ReceiptHeader, receipt})
 	}
 	return caller.HTTPCall(rls.Cluster, append(headers, extra...), body, timeoutMs)
 }
