@@ -62,7 +62,7 @@ type settleState struct {
 	// receipt is the stream's receipt id, sent with its calls to the
 	// service once a cluster rule settles (trackCluster).
 	receipt string
-	slots    []slot
+	slots   []slot
 	// estimating: a charge awaits its estimate from the request body,
 	// bodySize bytes of which the host has buffered (estimate.go).
 	estimating bool
