@@ -106,6 +106,12 @@ func TestDocumentedACL(t *testing.T) {
 		{"fixed window", func() error {
 			return store.Run(ctx, []redisstore.Op{{Key: "rl_a_k_v_0", Cost: 1, Window: 60, Count: 10}})[0].Err
 		}},
+		{"token bucket, with a receipt", func() error {
+			return store.Run(ctx, []redisstore.Op{{Key: tb, Rate: 1, Burst: 5, Cost: 1, MaxDebt: 1e12, Receipt: redisstore.ReceiptKey(tb, "0123456789abcdef")}})[0].Err
+		}},
+		{"settlement, with a receipt", func() error {
+			return store.Settle(ctx, []redisstore.SettleOp{{Key: tb, Rate: 1, Burst: 5, MaxDebt: 1e12, Kind: rlscontract.SettleRefund, Amount: 1, Receipt: redisstore.ReceiptKey(tb, "0123456789abcdef")}})[0].Err
+		}},
 	}
 	for _, c := range calls {
 		if err := eventually(c.call); err != nil {

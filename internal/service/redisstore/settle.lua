@@ -90,7 +90,7 @@ if amount > 0 then
       receipt = receipt - amount
     end
     if receipt > 0 then
-      redis.call('SET', rk, string.format('%.17g', receipt), 'PX', 900000)
+      redis.call('SET', rk, string.format('%.17g', receipt), 'PX', '900000')
     else
       redis.call('DEL', rk)
     end

@@ -65,10 +65,10 @@ if allowed == 1 and cost ~= 0 then
   for i = 2, #KEYS do
     local rk = KEYS[i]
     if string.sub(rk, 1, 3) == 'tb:' and (cost < 0 or
-        not redis.call('SET', rk, string.format('%.17g', cost), 'NX', 'PX', 900000)) then
+        not redis.call('SET', rk, ARGV[3], 'NX', 'PX', '900000')) then
       local r = (tonumber(redis.call('GET', rk)) or 0) + cost
       if r > 0 then
-        redis.call('SET', rk, string.format('%.17g', r), 'PX', 900000)
+        redis.call('SET', rk, string.format('%.17g', r), 'PX', '900000')
       else
         redis.call('DEL', rk)
       end
