@@ -13,8 +13,9 @@ import (
 // stream (rlscontract.ReceiptHeader) with the admission of a request whose
 // cluster rules settle, and again with its settlement. The takes of those
 // rules add what they took to the stream's receipt (redisstore.ReceiptKey,
-// tokenbucket.lua), and a settlement's refund gives back at most what the
-// receipt holds, a reset needs one (settle.lua). A settlement without a
+// internal/service/redisstore/tokenbucket.lua), and a settlement's refund
+// gives back at most what the receipt holds, a reset needs one
+// (internal/service/redisstore/settle.lua). A settlement without a
 // valid id is checked against a receipt no take writes: it gives nothing
 // back. So even an authenticated proxy gives back only what its own
 // streams took and were not given back.
