@@ -96,6 +96,49 @@ func TestReceiptScripts(t *testing.T) {
 	}
 }
 
+// TestReceiptCluster: on a Redis Cluster of three masters, a take and a
+// settlement with their receipt (two keys of one hash tag) run in one
+// pipeline on whichever master holds each bucket, and the receipt bounds
+// the refund there as on one node.
+func TestReceiptCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	store, err := redisstore.New(redisstore.Options{Addrs: c.Addrs(), Cluster: true, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx := context.Background()
+	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
+		t.Fatal(err)
+	}
+	var takes []redisstore.Op
+	var refunds []redisstore.SettleOp
+	nodes := map[int]bool{}
+	for i := range 12 {
+		key := redisstore.BucketKey("llm", "k"+strconv.Itoa(i))
+		nodes[c.NodeFor(key)] = true
+		rk := redisstore.ReceiptKey(key, "0123456789abcdef")
+		takes = append(takes, redisstore.Op{Key: key, Rate: 1e-6, Burst: 100, Cost: 40, MaxDebt: 1e12, Receipt: rk})
+		refunds = append(refunds, redisstore.SettleOp{Key: key, Rate: 1e-6, Burst: 100, MaxDebt: 1e12, Kind: rlscontract.SettleRefund, Amount: 100, Receipt: rk})
+	}
+	if len(nodes) < 2 {
+		t.Fatalf("the buckets fell on %d master(s)", len(nodes))
+	}
+	for round := range 2 {
+		for i, o := range store.Run(ctx, takes) {
+			if o.Err != nil || !o.Allowed {
+				t.Fatalf("round %d, take %d: %+v", round, i, o)
+			}
+		}
+		for i, o := range store.Settle(ctx, refunds) {
+			// 40 taken, 100 asked: 40 given back, the bucket full again.
+			if o.Err != nil || o.Tokens < 99.99 || o.Tokens > 100 || !o.Cut {
+				t.Fatalf("round %d, refund %d: %+v, want 100 tokens, cut to the receipt", round, i, o)
+			}
+		}
+	}
+}
+
 // BenchmarkTakeReceipt: one take of a rule that settles, without and with
 // a new receipt (as each stream's admission), sent 64 to a pipeline from
 // one caller; redis-µs/take is Redis's own time per EVALSHA (INFO
