@@ -105,21 +105,21 @@ func callRLSWith(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descri
 		body = rlscontract.AppendRequestJSON(nil, rls.Domain, ds, 0)
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsJSONPath}, {":authority", rls.Authority},
-			{"content-type", "application/json"},
+			{"content-type", "application/json"}, {rlscontract.ReceiptHeader, receipt},
 		}
 	} else {
 		body = rlscontract.Frame(nil, rlscontract.AppendRequest(nil, rls.Domain, ds, 0))
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
-			{"content-type", "application/grpc"}, {"te", "trailers"},
+			{"content-type", "application/grpc"}, {"te", "trailers"}, {rlscontract.ReceiptHeader, receipt},
 		}
+	}
+	if receipt == "" {
+		headers = headers[:len(headers)-1] // no receipt header
 	}
 	if rls.Credential != "" {
 		// Settlements and lease calls need it (docs/rls.md#trust-model).
 		headers = append(headers, [2]string{"authorization", "Bearer " + rls.Credential})
-	}
-	if receipt != "" {
-		headers = append(headers, [2]string{rlscontract.ReceiptHeader, receipt})
 	}
 	return caller.HTTPCall(rls.Cluster, append(headers, extra...), body, timeoutMs)
 }
