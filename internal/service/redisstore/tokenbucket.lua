@@ -60,7 +60,8 @@ end
 -- further key "<KEYS[1]>:r:<id>", the only other key whose name starts
 -- with "tb:". settle.lua gives the stream back no more than its receipt
 -- holds. A refund of this call's own take (cost < 0) takes it off again.
--- The receipt lives 15 minutes from the take (settle.lua's receiptMs).
+-- The receipt lives 15 minutes from its last take (as settle.lua's
+-- writes of it).
 if allowed == 1 and cost ~= 0 then
   for i = 2, #KEYS do
     local rk = KEYS[i]

@@ -123,6 +123,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	ds := req.GetDescriptors()
 	ops := make([]redisstore.SettleOp, len(ds))
 	rules := make([]*config.Rule, len(ds))
+	clamped := make([]bool, len(ds)) // counted once each
 	cfg := s.cfg.Load()
 	var seen map[string]struct{} // the buckets named, when too many to compare pairwise
 	if len(ds) > 8 {
@@ -151,6 +152,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		}
 		if boundSettle(&op) {
 			s.metrics.trust.clamped.Inc()
+			clamped[i] = true
 		}
 		settleReceipt(&op, rid)
 		ops[i], rules[i] = op, r
@@ -166,7 +168,7 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 			s.metrics.request(reqUnavailable)
 			return nil, true, status.Error(codes.Unavailable, "tokengate-rls: redis: "+o.Err.Error())
 		}
-		if o.Cut {
+		if o.Cut && !clamped[i] {
 			s.metrics.trust.clamped.Inc() // beyond the stream's receipt (receipt.go)
 		}
 		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
