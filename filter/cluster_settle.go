@@ -65,7 +65,7 @@ type clusterCharge struct {
 // (rlscontract.ReceiptHeader), drawn at its first such call and sent
 // again with its settlement ("" otherwise). The service keeps what the
 // admission took under it, and gives the settlement back no more than
-// that (docs/rls.md#receipts); a random 64-bit id, so that no other
+// that (docs/rls.md#receipts); 63 random bits, so that no other
 // caller can name it to take this stream's tokens back.
 func (s *Stream) trackCluster(g *group, ds []rlscontract.Descriptor) string {
 	var st *settleState

@@ -43,8 +43,8 @@ const (
 )
 
 // ValidReceipt reports whether id can be a receipt id: 8 to 64 ASCII
-// letters and digits (the filter sends 16 hexadecimal digits of a random
-// 64-bit number).
+// letters and digits (the filter sends 16 hexadecimal digits, 63 random
+// bits).
 func ValidReceipt(id string) bool {
 	for i := 0; i < len(id); i++ {
 		c := id[i] | 0x20
