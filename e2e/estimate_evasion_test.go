@@ -99,6 +99,9 @@ func evasionBodies() []struct {
 		{"nesting past 512", nil, `{"x":` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `,"max_tokens":500}`, 1000},
 		{"UTF-16", nil, string(u16), 1000},
 		{"gzip", map[string]string{"content-encoding": "gzip"}, gz.String(), 1000},
+		{"the key in upper case", nil, `{"model":"m","MAX_TOKENS":500}`, 500},
+		{"the key with a Kelvin sign", nil, "{\"max_to\u212aens\":500}", 500},
+		{"the larger of two spellings first", nil, `{"Max_Tokens":500,"max_tokens":1}`, 500},
 	}
 }
 

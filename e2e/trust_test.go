@@ -71,9 +71,10 @@ func trustDesc(hits uint64, kv ...string) *ratelimitv3.RateLimitDescriptor {
 // over the limit and the bucket is unchanged in Redis. A forged charge of
 // 1e9 is refused and leaves another key full; a forged lease grant takes
 // nothing from the lease bucket; every refusal is counted. A proxy with
-// the credential still settles, and its amounts are bounded: a refund of
-// 1e9 gives back one burst, a charge of 1e9 takes a hundred bursts, not a
-// billion tokens. Plain decisions stay open to the unauthenticated client.
+// the credential still settles the stream it admitted, and its amounts
+// are bounded: a refund of 1e9 gives back one burst (what the stream
+// took), a charge of 1e9 takes a hundred bursts, not a billion tokens.
+// Plain decisions stay open to the unauthenticated client.
 func TestTrustForgedWrites(t *testing.T) {
 	redis := redistest.Start(t)
 	rls := startTokengateRLSAuth(t, trustConfig, redis.Addr, "-credential-file", credentialFile(t, trustCredential))
@@ -91,9 +92,13 @@ func TestTrustForgedWrites(t *testing.T) {
 		}
 		return client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
 	}
+	// The customer's requests come through the proxy, whose admissions
+	// carry a stream's receipt id: its settlements give back no more than
+	// that stream took (docs/rls.md#receipts).
+	const stream = "e2e0000000000001"
 	take := func(key string, hits uint64) rlsv3.RateLimitResponse_Code {
 		t.Helper()
-		r, err := call(nil, trustDesc(hits, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, key))
+		r, err := call(metadata.Pairs(rlscontract.ReceiptHeader, stream), trustDesc(hits, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, key))
 		if err != nil {
 			t.Fatalf("plain take: %v", err)
 		}
@@ -188,7 +193,7 @@ func TestTrustForgedWrites(t *testing.T) {
 
 	// The proxy, with the credential: a refund and a reset work, and the
 	// amounts are bounded by the burst.
-	proxy := metadata.Pairs("authorization", "Bearer "+trustCredential, rlscontract.SettleHeader, "1")
+	proxy := metadata.Pairs("authorization", "Bearer "+trustCredential, rlscontract.SettleHeader, "1", rlscontract.ReceiptHeader, stream)
 	huge := trustDesc(0, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, "other", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "1e9")
 	if _, err := call(proxy, huge); err != nil {
 		t.Fatalf("the proxy's refund: %v", err)

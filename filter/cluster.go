@@ -81,16 +81,17 @@ func (s *Stream) askCluster(st *reqState) Action {
 			pc.leaseKeys[i] = string(sharedstate.AppendLeaseKey(nil, r.Name, vals))
 		}
 	}
-	s.trackCluster(g, ds)
-	return s.sendCall(pc, ds)
+	return s.sendCall(pc, ds, s.trackCluster(g, ds))
 }
 
-// sendCall sends the call of pc, with descriptors ds, and pauses the request
-// until pc.answered has the answer; a call that cannot be sent is a
-// failure of the service (clusterFailed).
-func (s *Stream) sendCall(pc *pendingCall, ds []rlscontract.Descriptor) Action {
+// sendCall sends the call of pc, with descriptors ds and the stream's
+// receipt id ("": none, cluster_settle.go), and pauses the request until
+// pc.answered has the answer; a call that cannot be sent is a failure of
+// the service (clusterFailed).
+func (s *Stream) sendCall(pc *pendingCall, ds []rlscontract.Descriptor, receipt string) Action {
 	p := s.p
-	token, err := callRLS(p.caller, p.cfg.Settings.RLS, ds)
+	rls := p.cfg.Settings.RLS
+	token, err := callRLSWith(p.caller, rls, ds, rls.TimeoutMs, nil, receipt)
 	if err != nil {
 		return s.clusterFailed(pc, "dispatch: "+err.Error(), false)
 	}
@@ -119,27 +120,31 @@ func clusterDescriptor(req *request, r *rule, comp string, hits uint64) rlscontr
 // settings.rls.protocol: unary gRPC (HTTP/2 cluster) or JSON over HTTP/1.1
 // to the service's /json, as envoyproxy/ratelimit and tokengate-rls serve it.
 func callRLS(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor) (uint32, error) {
-	return callRLSWith(caller, rls, ds, rls.TimeoutMs, nil)
+	return callRLSWith(caller, rls, ds, rls.TimeoutMs, nil, "")
 }
 
-// callRLSWith is callRLS with its own timeout and extra request headers
-// (a settlement's mark): either protocol carries them as HTTP headers,
-// which gRPC delivers to the service as metadata.
-func callRLSWith(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string) (uint32, error) {
+// callRLSWith is callRLS with its own timeout, extra request headers (a
+// settlement's mark) and the stream's receipt id ("": none): either
+// protocol carries them as HTTP headers, which gRPC delivers to the
+// service as metadata.
+func callRLSWith(caller Caller, rls *config.RLSSettings, ds []rlscontract.Descriptor, timeoutMs uint32, extra [][2]string, receipt string) (uint32, error) {
 	var body []byte
 	var headers [][2]string
 	if rls.Protocol == config.RLSProtocolJSON {
 		body = rlscontract.AppendRequestJSON(nil, rls.Domain, ds, 0)
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsJSONPath}, {":authority", rls.Authority},
-			{"content-type", "application/json"},
+			{"content-type", "application/json"}, {rlscontract.ReceiptHeader, receipt},
 		}
 	} else {
 		body = rlscontract.Frame(nil, rlscontract.AppendRequest(nil, rls.Domain, ds, 0))
 		headers = [][2]string{
 			{":method", "POST"}, {":path", rlsPath}, {":authority", rls.Authority},
-			{"content-type", "application/grpc"}, {"te", "trailers"},
+			{"content-type", "application/grpc"}, {"te", "trailers"}, {rlscontract.ReceiptHeader, receipt},
 		}
+	}
+	if receipt == "" {
+		headers = headers[:len(headers)-1] // no receipt header
 	}
 	if rls.Credential != "" {
 		// Settlements and lease calls need it (docs/rls.md#trust-model).

@@ -55,5 +55,11 @@ func (s *Stream) askEstimate(a *estimateCall, now float64) Action {
 		return Continue
 	}
 	req := &a.req
-	return s.sendCall(&pendingCall{s: s, now: now, body: true, idHash: req.identityHash(), grpc: isGRPCRequest(req), rules: a.rules}, a.ds)
+	// The rest of the estimate goes on the receipt the headers' take
+	// opened, so that the settlement may give it back.
+	var receipt string
+	if st := s.st.settle; st != nil {
+		receipt = st.receipt
+	}
+	return s.sendCall(&pendingCall{s: s, now: now, body: true, idHash: req.identityHash(), grpc: isGRPCRequest(req), rules: a.rules}, a.ds, receipt)
 }

@@ -2,6 +2,7 @@ package filter
 
 import (
 	"math"
+	"math/rand/v2"
 	"strconv"
 
 	"github.com/tokengate/tokengate/rlscontract"
@@ -60,18 +61,31 @@ type clusterCharge struct {
 // trackCluster remembers, while the request waits for the service, the
 // cluster rules of g that settle and what the service takes for each (the
 // hits of ds); admitCluster makes them charges once it has admitted the
-// request.
-func (s *Stream) trackCluster(g *group, ds []rlscontract.Descriptor) {
+// request. When one settles, it returns the stream's receipt id
+// (rlscontract.ReceiptHeader), drawn at its first such call and sent
+// again with its settlement ("" otherwise). The service keeps what the
+// admission took under it, and gives the settlement back no more than
+// that (docs/rls.md#receipts); 63 random bits, so that no other
+// caller can name it to take this stream's tokens back.
+func (s *Stream) trackCluster(g *group, ds []rlscontract.Descriptor) string {
+	var st *settleState
 	for i, r := range g.rules {
 		if r.Settle == nil || r.Lease != nil || i >= len(ds) || len(ds[i].Entries) < 2 {
 			continue
 		}
-		st := s.settleOf()
+		st = s.settleOf()
 		st.awaiting = append(st.awaiting, charge{r: r, pre: float64(max(ds[i].HitsAddend, 1)),
 			cluster: &clusterCharge{comp: ds[i].Entries[1].Value}})
 		s.awaitBody(&st.awaiting[len(st.awaiting)-1])
 		s.identity(r)
 	}
+	if st == nil {
+		return ""
+	}
+	if st.receipt == "" {
+		st.receipt = strconv.FormatUint(rand.Uint64()|1<<60, 16)
+	}
+	return st.receipt
 }
 
 // admitCluster turns the awaited cluster charges into the stream's charges:
@@ -185,7 +199,7 @@ func (s *Stream) sendClusterSettles() {
 		return
 	}
 	rls := p.cfg.Settings.RLS
-	token, err := callRLSWith(p.caller, rls, ds, max(rls.TimeoutMs, minSettleTimeoutMs), [][2]string{{rlscontract.SettleHeader, "1"}})
+	token, err := callRLSWith(p.caller, rls, ds, max(rls.TimeoutMs, minSettleTimeoutMs), [][2]string{{rlscontract.SettleHeader, "1"}}, st.receipt)
 	if err != nil {
 		fail("dispatch: " + err.Error())
 		return

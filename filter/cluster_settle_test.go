@@ -167,3 +167,41 @@ func TestClusterSettleCall(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterSettleReceipt: a stream with cluster rules that settle sends
+// one receipt id (docs/rls.md#receipts) with its admission and again with
+// its settlement, 16 hexadecimal digits the service accepts, another for
+// each stream; a stream whose cluster rules do not settle sends none.
+func TestClusterSettleReceipt(t *testing.T) {
+	cfg := strings.Replace(settleClusterCfg, "ON_ERROR", "deny", 1)
+	seen := map[string]bool{}
+	for i := range 3 {
+		f := newFixture(t, cfg)
+		st := clusterStream(t, f, true)
+		st.headers("500", true) // login refunds
+		st.end()
+		if len(f.h.Calls) != 2 {
+			t.Fatalf("stream %d: %d calls, want the admission and the settlement", i, len(f.h.Calls))
+		}
+		id, ok := findHeader(f.h.Calls[0].Headers, rlscontract.ReceiptHeader)
+		if !ok || len(id) != 16 || !rlscontract.ValidReceipt(id) {
+			t.Fatalf("stream %d: admission's receipt %q (%v), want 16 hexadecimal digits", i, id, ok)
+		}
+		if again, _ := findHeader(f.h.Calls[1].Headers, rlscontract.ReceiptHeader); again != id {
+			t.Errorf("stream %d: settlement's receipt %q, want the admission's %q", i, again, id)
+		}
+		if seen[id] {
+			t.Errorf("stream %d: receipt %q drawn twice", i, id)
+		}
+		seen[id] = true
+	}
+
+	f := newFixture(t, `{"rules":[{"name":"plain","scope":"cluster","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":3}}],"settings":{"rls":{"cluster":"rls"}}}`)
+	f.h.Start(f.p, filtertest.Get("/", "192.0.2.1:5000"))
+	if len(f.h.Calls) != 1 {
+		t.Fatalf("%d calls, want the admission", len(f.h.Calls))
+	}
+	if id, ok := findHeader(f.h.Calls[0].Headers, rlscontract.ReceiptHeader); ok {
+		t.Errorf("a rule that does not settle sent receipt %q", id)
+	}
+}

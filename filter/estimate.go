@@ -29,7 +29,10 @@ import (
 //
 // The scanner reads what lax JSON readers (Python's json, pydantic) read:
 // a number held in a string ("500"), a leading UTF-8 byte order mark, NaN
-// and Infinity elsewhere in the body. What they may read and it cannot
+// and Infinity elsewhere in the body; and keys as Go's encoding/json
+// matches them, whatever the case of their ASCII letters ("MAX_TOKENS"),
+// the largest number when the pointer is met more than once
+// (ljson.PointerScanner.Fold). What they may read and it cannot
 // reserves the rule's ceiling, its burst (an estimate is capped there): a
 // body in UTF-16 or UTF-32, one sent with a Content-Encoding other than
 // identity (gzip, br, deflate), nesting deeper than 512 levels, or at a
@@ -212,6 +215,7 @@ func (s *Stream) readEstimates(st *settleState) {
 			c.scans = make([]ljson.PointerScanner, len(ps))
 			for k := range ps {
 				c.scans[k].Reset(ps[k])
+				c.scans[k].Fold = true // keys as Go's encoding/json matches them
 			}
 		}
 	}

@@ -171,6 +171,13 @@ var disguises = []disguise{
 	{"UTF-16LE with a byte order mark", nil, utf16Of(plain, false, true), 1000},
 	{"gzip", []string{"content-encoding", "gzip"}, gzipped(plain), 1000},
 	{"deflate named on a plain body", []string{"content-encoding", "deflate"}, plain, 1000},
+	// Go's encoding/json (an upstream in Go) matches keys without regard
+	// to case, and keeps the last of repeated keys; others keep the first.
+	{"the key in upper case", nil, `{"model":"m","MAX_TOKENS":500}`, 500},
+	{"the key in mixed case", nil, `{"Max_Tokens":500}`, 500},
+	{"the key with a Kelvin sign", nil, `{"max_to\u212aens":500}`, 500},
+	{"the larger of repeated keys first", nil, `{"max_tokens":500,"max_tokens":1}`, 500},
+	{"the larger of two spellings first", nil, `{"MAX_TOKENS":500,"max_tokens":1}`, 500},
 }
 
 // TestBodyEstimateDisguised: each disguise reserves its 500, or the burst

@@ -59,7 +59,10 @@ type settleState struct {
 	// it (cluster_settle.go).
 	awaiting []charge
 	remote   []rlscontract.Descriptor
-	slots    []slot
+	// receipt is the stream's receipt id, sent with its calls to the
+	// service once a cluster rule settles (trackCluster).
+	receipt string
+	slots   []slot
 	// estimating: a charge awaits its estimate from the request body,
 	// bodySize bytes of which the host has buffered (estimate.go).
 	estimating bool

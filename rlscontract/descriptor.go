@@ -40,7 +40,25 @@ const (
 	// protocol carries it as an HTTP header, which gRPC delivers to the
 	// service as metadata.
 	SettleHeader = "tokengate-settle"
+	// ReceiptHeader carries a stream's receipt id (ValidReceipt) on its
+	// admission and its settlement, when it has cluster rules that settle:
+	// the service keeps what the admission took under it, and gives the
+	// settlement back no more than that (docs/rls.md#receipts).
+	ReceiptHeader = "tokengate-receipt"
 )
+
+// ValidReceipt reports whether id can be a receipt id: 8 to 64 ASCII
+// letters and digits (the filter sends 16 hexadecimal digits, 63 random
+// bits).
+func ValidReceipt(id string) bool {
+	for i := 0; i < len(id); i++ {
+		c := id[i] | 0x20
+		if !('0' <= id[i] && id[i] <= '9' || 'a' <= c && c <= 'z') {
+			return false
+		}
+	}
+	return len(id) >= 8 && len(id) <= 64
+}
 
 // ModeLease is ModeKey's value in a lease-mode descriptor.
 const ModeLease = "lease"

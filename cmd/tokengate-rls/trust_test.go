@@ -125,6 +125,9 @@ func TestWriterCertificates(t *testing.T) {
 	call := func(c *tls.Config, settle bool, d *ratelimitv3.RateLimitDescriptor) (*rlsv3.RateLimitResponse, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		// One stream, whose admissions and settlements carry its receipt
+		// id (docs/rls.md#receipts).
+		ctx = metadata.AppendToOutgoingContext(ctx, rlscontract.ReceiptHeader, "cmd0000000000001")
 		if settle {
 			ctx = metadata.AppendToOutgoingContext(ctx, rlscontract.SettleHeader, "1")
 		}

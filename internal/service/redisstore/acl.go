@@ -173,6 +173,7 @@ func (s *Store) noteAnswers(n int, call func(i int) (*script, string, []string),
 	for i := range n {
 		if errs[i] != nil && isNoPerm(errs[i]) {
 			sc, key, _ := call(i)
+			key, _, _ = strings.Cut(key, keySep) // the bucket's, not its receipt's
 			s.notePerm(sc, key, errs[i])
 		} else if errs[i] == nil && unchecked {
 			sc, _, _ := call(i)

@@ -117,6 +117,15 @@ func TestDocumentedACL(t *testing.T) {
 			return store.Run(ctx, []redisstore.Op{{Key: redisstore.QuotaKey("api", "acme", 0), Cost: 1,
 				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, TTL: 60, Mode: redisstore.QuotaReset}}})[0].Err
 		}},
+		{"token bucket, with a receipt", func() error {
+			return store.Run(ctx, []redisstore.Op{{Key: tb, Rate: 1, Burst: 5, Cost: 1, MaxDebt: 1e12, Receipt: redisstore.ReceiptKey(tb, "0123456789abcdef")}})[0].Err
+		}},
+		{"settlement, with a receipt", func() error {
+			return store.Settle(ctx, []redisstore.SettleOp{{Key: tb, Rate: 1, Burst: 5, MaxDebt: 1e12, Kind: rlscontract.SettleRefund, Amount: 1, Receipt: redisstore.ReceiptKey(tb, "0123456789abcdef")}})[0].Err
+		}},
+		{"token bucket with its override and a receipt", func() error {
+			return store.Run(ctx, []redisstore.Op{{Key: tb, Rate: 1, Burst: 5, Cost: 1, MaxDebt: 1e12, Override: true, Receipt: redisstore.ReceiptKey(tb, "0123456789abcdef")}})[0].Err
+		}},
 	}
 	for _, c := range calls {
 		if err := eventually(c.call); err != nil {

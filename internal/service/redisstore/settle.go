@@ -27,6 +27,10 @@ type SettleOp struct {
 	// Quota, when not nil, makes the settlement a quota's (quota.lua, its
 	// mode from Kind) on the consumption at Key.
 	Quota *QuotaOp
+	// Receipt, when set, is the key of the stream's receipt (ReceiptKey),
+	// which bounds the settlement (receipt.go); without it a refund is
+	// capped at burst only.
+	Receipt string
 }
 
 func (op SettleOp) args() []string {
@@ -39,7 +43,7 @@ func (op SettleOp) args() []string {
 
 // Settle runs settle.lua for every op in one pipeline (as Run does, NOSCRIPT
 // answered by EVAL) and returns their outcomes in order: Allowed is always
-// true, Tokens the bucket's tokens after.
+// true, Tokens the bucket's tokens after, Cut whether the receipt cut it.
 func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
 	run := make([]Op, len(ops))
 	for i, op := range ops {
@@ -55,7 +59,7 @@ func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
 		if run[i].Quota != nil {
 			return quotaScript, run[i].Key, run[i].quotaArgs()
 		}
-		return settleScript, ops[i].Key, ops[i].args()
+		return settleScript, withReceipt(ops[i].Key, ops[i].Receipt), ops[i].args()
 	}, func(i int, r rueidis.RedisResult, err error) error {
 		switch {
 		case err != nil:

@@ -113,6 +113,10 @@ type Op struct {
 	// Quota, when not nil, makes the op a calendar quota's decision
 	// (quota.go, quota.lua) on the consumption at Key.
 	Quota *QuotaOp
+	// Receipt, when set, is the key of the stream's receipt (ReceiptKey):
+	// the take adds what it took there, a refund takes it off
+	// (receipt.go). Token buckets only.
+	Receipt string
 }
 
 // Outcome is what the script decided for one Op.
@@ -127,6 +131,9 @@ type Outcome struct {
 	// Quota is a quota op's answer (Tokens are then the units left under
 	// its limit); nil for other ops.
 	Quota *QuotaResult
+	// Cut reports that a settlement's receipt did not cover it: it gave
+	// back less than asked, or did not reset (settle.lua).
+	Cut bool
 }
 
 // observe reports one round trip (or a failure to make one) to
@@ -239,9 +246,9 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 		case op.Window > 0:
 			return fixedWindowScript, op.Key, []string{Num(op.Cost), strconv.FormatInt(op.Window, 10), strconv.FormatUint(uint64(op.Count), 10)}
 		case op.Override && overrideOf(op.Key) != "":
-			return tokenBucketOverrideScript, op.Key, append([]string{overrideOf(op.Key)}, op.args()...)
+			return tokenBucketOverrideScript, withReceipt(op.Key, op.Receipt), append([]string{overrideOf(op.Key)}, op.args()...)
 		}
-		return tokenBucketScript, ops[i].Key, ops[i].args()
+		return tokenBucketScript, withReceipt(ops[i].Key, ops[i].Receipt), ops[i].args()
 	}, func(i int, r rueidis.RedisResult, err error) error {
 		switch {
 		case err != nil:
@@ -298,11 +305,21 @@ func (s *Store) runEach(ctx context.Context, n int, call func(i int) (*script, s
 	}
 	build := func(i int) rueidis.Completed {
 		sc, key, args := call(i)
-		if sc.keys == 2 {
-			if eval[i] {
-				return c.B().Eval().Script(sc.text).Numkeys(2).Key(key, args[0]).Arg(args[1:]...).Build()
+		if first, receipt, withReceipt := strings.Cut(key, keySep); withReceipt || sc.keys == 2 {
+			// More keys than one: a script of two keys (quota.go) takes its
+			// second from args[0]; a receipt (receipt.go) comes last.
+			var kb [3]string
+			keys := append(kb[:0], first)
+			if sc.keys == 2 {
+				keys, args = append(keys, args[0]), args[1:]
 			}
-			return c.B().Evalsha().Sha1(sc.sha).Numkeys(2).Key(key, args[0]).Arg(args[1:]...).Build()
+			if withReceipt {
+				keys = append(keys, receipt)
+			}
+			if eval[i] {
+				return c.B().Eval().Script(sc.text).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+			}
+			return c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 		}
 		if eval[i] {
 			return c.B().Eval().Script(sc.text).Numkeys(1).Key(key).Arg(args...).Build()
@@ -446,7 +463,7 @@ func outcome(r rueidis.RedisResult) Outcome {
 	if err != nil {
 		return Outcome{Err: err}
 	}
-	if len(arr) != 2 {
+	if len(arr) != 2 && len(arr) != 3 {
 		return Outcome{Err: fmt.Errorf("redis: script returned %d values, want 2", len(arr))}
 	}
 	allowed, err := arr[0].AsInt64()
@@ -461,7 +478,12 @@ func outcome(r rueidis.RedisResult) Outcome {
 	if err != nil {
 		return Outcome{Err: fmt.Errorf("redis: script returned tokens %q", ts)}
 	}
-	return Outcome{Allowed: allowed == 1, Tokens: tokens}
+	o := Outcome{Allowed: allowed == 1, Tokens: tokens}
+	if len(arr) == 3 { // settle.lua's: whether the receipt cut the settlement
+		cut, _ := arr[2].AsInt64()
+		o.Cut = cut == 1
+	}
+	return o
 }
 
 // BucketKey returns the Redis key of rule's bucket for the composite key

@@ -25,11 +25,12 @@ local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 
--- KEYS[2], when given (store.go, Op.Override): the key's override hash
+-- KEYS[2], when given and named "ov:" (store.go, Op.Override; otherwise
+-- it is a receipt, below): the key's override hash
 -- "ov:{<rule>:<composite key>}", read in this call so that every replica
 -- applies an override on the next request; its rate and burst, when
 -- numbers > 0, replace ARGV[1] and ARGV[2].
-if KEYS[2] then
+if KEYS[2] and string.sub(KEYS[2], 1, 3) == 'ov:' then
   local o = redis.call('HMGET', KEYS[2], 'rate', 'burst')
   local r, b = tonumber(o[1]), tonumber(o[2])
   if r and r > 0 then rate = r end
@@ -64,5 +65,27 @@ end
 
 if allowed == 1 and cost ~= 0 then
   save()
+end
+
+-- Receipts (docs/rls.md#receipts). A take of a rule that settles, for a
+-- stream that sent its id, adds what it took to the stream's receipt: the
+-- further key "<KEYS[1]>:r:<id>", the only other key whose name starts
+-- with "tb:". settle.lua gives the stream back no more than its receipt
+-- holds. A refund of this call's own take (cost < 0) takes it off again.
+-- The receipt lives 15 minutes from its last take (as settle.lua's
+-- writes of it).
+if allowed == 1 and cost ~= 0 then
+  for i = 2, #KEYS do
+    local rk = KEYS[i]
+    if string.sub(rk, 1, 3) == 'tb:' and (cost < 0 or
+        not redis.call('SET', rk, ARGV[3], 'NX', 'PX', '900000')) then
+      local r = (tonumber(redis.call('GET', rk)) or 0) + cost
+      if r > 0 then
+        redis.call('SET', rk, string.format('%.17g', r), 'PX', '900000')
+      else
+        redis.call('DEL', rk)
+      end
+    end
+  end
 end
 return {allowed, tokstr}

@@ -220,6 +220,10 @@ func AdminHandler(srv *Server, m *Metrics, ready *Readiness) http.Handler {
 			// the admin listener has no client certificates.
 			md = metadata.Join(md, metadata.MD{CredentialHeader: v})
 		}
+		if v := r.Header.Values(rlscontract.ReceiptHeader); len(v) > 0 {
+			// And the stream's receipt id (receipt.go).
+			md = metadata.Join(md, metadata.MD{rlscontract.ReceiptHeader: v})
+		}
 		if md != nil {
 			ctx = metadata.NewIncomingContext(ctx, md)
 		}

@@ -3,6 +3,7 @@ package rls_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,36 +17,50 @@ import (
 	"github.com/tokengate/tokengate/internal/service/redisstore"
 	"github.com/tokengate/tokengate/internal/service/rls"
 	"github.com/tokengate/tokengate/internal/testsupport/redistest"
+	"github.com/tokengate/tokengate/rlscontract"
 )
 
 const benchConfig = `{"rules": [
   {"name": "hot", "scope": "cluster", "algorithm_config": {"tokens_per_second": 1e9, "burst": 1e9}},
-  {"name": "keys", "scope": "cluster", "limit_keys": ["ip:address"], "algorithm_config": {"tokens_per_second": 1e6, "burst": 1e6}}
+  {"name": "keys", "scope": "cluster", "limit_keys": ["ip:address"], "algorithm_config": {"tokens_per_second": 1e6, "burst": 1e6}},
+  {"name": "llm", "scope": "cluster", "limit_keys": ["ip:address"], "algorithm_config": {"tokens_per_second": 1e6, "burst": 1e6, "cost_source": "response_header:x-usage"}}
 ], "settings": {"rls": {"cluster": "rls"}}}`
 
 // BenchmarkShouldRateLimit measures decisions through gRPC against a real
-// redis-server with GOMAXPROCS × 32 callers: one hot key, and 10,000 keys.
+// redis-server with GOMAXPROCS × 32 callers: one hot key, and 10,000 keys;
+// then 10,000 keys of a rule that settles after the response, without a
+// receipt id and with a new one per call, as the filter sends them (the
+// take also writes the stream's receipt: docs/rls.md#receipts).
 // 1e9 / ns/op is decisions per second.
 func BenchmarkShouldRateLimit(b *testing.B) {
 	srv := redistest.Start(b)
 	store := newStore(b, []string{srv.Addr}, false, time.Second)
 	e := startServer(b, benchConfig, store)
 	for _, tc := range []struct {
-		name string
-		keys int64
-	}{{"hot-key", 1}, {"10k-keys", 10000}} {
+		name, rule string
+		keys       int64
+		receipt    bool
+	}{{"hot-key", "hot", 1, false}, {"10k-keys", "keys", 10000, false},
+		{"settling-10k-keys", "llm", 10000, false}, {"settling-10k-keys-receipt", "llm", 10000, true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			var n atomic.Int64
+			if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+				b.Fatal(err)
+			}
+			defer reportScriptTime(b, srv)
 			b.SetParallelism(32)
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
-				ctx := context.Background()
 				for pb.Next() {
+					ctx := context.Background()
 					d := ours("hot", "", 0)
 					if tc.keys > 1 {
-						i := n.Add(1) % tc.keys
-						d = ours("keys", fmt.Sprintf("10.0.%d.%d", i/256, i%256), 0)
+						i := n.Add(1)
+						d = ours(tc.rule, fmt.Sprintf("10.0.%d.%d", i%tc.keys/256, i%tc.keys%256), 0)
+						if tc.receipt {
+							ctx = metadata.AppendToOutgoingContext(ctx, rlscontract.ReceiptHeader, fmt.Sprintf("%016x", i|1<<60))
+						}
 					}
 					resp, err := e.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "tokengate",
 						Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
@@ -57,6 +72,22 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			})
 		})
 	}
+}
+
+// reportScriptTime reports the microseconds Redis spent per EVALSHA since
+// the last CONFIG RESETSTAT (INFO commandstats): the scripts' own cost,
+// which the machine's other load disturbs less than the time per call.
+func reportScriptTime(b *testing.B, srv *redistest.Server) {
+	v, err := srv.Do("INFO", "commandstats")
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := regexp.MustCompile(`cmdstat_evalsha:calls=\d+,usec=\d+,usec_per_call=([0-9.]+)`).FindStringSubmatch(v.(string))
+	if m == nil {
+		b.Fatalf("no evalsha in INFO commandstats")
+	}
+	us, _ := strconv.ParseFloat(m[1], 64)
+	b.ReportMetric(us, "redis-µs/evalsha")
 }
 
 // allow is a Runner that admits everything without Redis, to measure the

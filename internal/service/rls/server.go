@@ -145,6 +145,7 @@ func (s *Server) shouldTokengate(ctx context.Context, cfg *Config, req *rlsv3.Ra
 	var itemBuf [2]item
 	var entryBuf [4]Entry
 	items := s.resolve(cfg, req, itemBuf[:0], entryBuf[:0])
+	addReceipts(ctx, items)
 	resp, parts := newResponse(len(req.Descriptors))
 	if len(items) == 0 {
 		s.metrics.request(reqOK)

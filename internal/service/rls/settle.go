@@ -129,9 +129,11 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	if err := s.authorizeWrite(ctx); err != nil {
 		return nil, true, err // a write from a caller that is not a proxy (trust.go)
 	}
+	rid := receiptID(ctx)
 	ds := req.GetDescriptors()
 	ops := make([]redisstore.SettleOp, len(ds))
 	rules := make([]*config.Rule, len(ds))
+	clamped := make([]bool, len(ds)) // counted once each
 	cfg := s.cfg.Load()
 	var seen map[string]struct{} // the buckets named, when too many to compare pairwise
 	if len(ds) > 8 {
@@ -160,7 +162,9 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		}
 		if boundSettle(&op) {
 			s.metrics.trust.clamped.Inc()
+			clamped[i] = true
 		}
+		settleReceipt(&op, rid)
 		ops[i], rules[i] = op, r
 	}
 	st, ok2 := s.store.(Settler)
@@ -182,6 +186,9 @@ func (s *Server) shouldSettle(ctx context.Context, req *rlsv3.RateLimitRequest) 
 					s.metrics.quotaCrossed(rules[i], pct)
 				}
 			}
+		}
+		if o.Cut && !clamped[i] {
+			s.metrics.trust.clamped.Inc() // beyond the stream's receipt (receipt.go)
 		}
 		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
 			Code:           rlsv3.RateLimitResponse_OK,

@@ -129,6 +129,9 @@ func TestServerSettle(t *testing.T) {
 	srv := redistest.Start(t)
 	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
 	e := startServer(t, settleConfig, store)
+	// One stream: its admissions and settlements carry its receipt id
+	// (docs/rls.md#receipts).
+	e.client = withReceipt(e.client, "0123456789abcdef")
 	settleCtx := func() (context.Context, context.CancelFunc) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		return metadata.AppendToOutgoingContext(ctx, rlscontract.SettleHeader, "1"), cancel

@@ -228,7 +228,7 @@ func newTrustMetrics(register func(prometheus.Collector)) trustMetrics {
 		t.refused[i] = vec.WithLabelValues(refusedNames[i])
 	}
 	t.clamped = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokengate_rls_settle_clamped_total",
-		Help: "Settlement charges and refunds larger than the rule's burst, applied as one burst."})
+		Help: "Settlements cut: refunds larger than the rule's burst or than what the stream's receipt holds, charges larger than a hundred bursts, resets without a receipt (docs/rls.md#receipts)."})
 	register(t.clamped)
 	return t
 }

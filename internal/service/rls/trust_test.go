@@ -24,6 +24,7 @@ func TestSettleBounds(t *testing.T) {
 	srv := redistest.Start(t)
 	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
 	e := startServer(t, settleConfig, store)
+	e.client = withReceipt(e.client, "0123456789abcdef") // one stream (docs/rls.md#receipts)
 	settle := func(ds ...*ratelimitv3.RateLimitDescriptor) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -97,3 +97,74 @@ func FuzzPointerScannerLax(f *testing.F) {
 		}
 	})
 }
+
+// TestPointerScannerFolded: with Fold, the keys Go's encoding/json
+// matches to a field whose name is the pointer's token (any case of ASCII
+// letters, the Kelvin sign for k, the long s for s; issue 30: the scanner
+// did not see {"MAX_TOKENS":5000}), and the largest number when the
+// pointer is met several times, since a lax reader may keep the first or
+// the last. Reset (the response's usage) still compares exactly and keeps
+// the last. Every document is also fed one byte at a time.
+func TestPointerScannerFolded(t *testing.T) {
+	tests := []struct {
+		name, ptr, doc string
+		found, quoted  float64 // -1: none; with Reset, then with ResetFolded
+		exact          [2]float64
+	}{
+		{"upper case", "/max_tokens", `{"MAX_TOKENS":5}`, 5, -1, [2]float64{-1, -1}},
+		{"mixed case", "/max_tokens", `{"Max_Tokens":5}`, 5, -1, [2]float64{-1, -1}},
+		{"escaped upper case", "/max_tokens", `{"\u004dAX_TOKENS":5}`, 5, -1, [2]float64{-1, -1}},
+		{"Kelvin sign, raw", "/max_tokens", "{\"max_to\u212aens\":5}", 5, -1, [2]float64{-1, -1}},
+		{"Kelvin sign, escaped", "/max_tokens", `{"max_to\u212Aens":5}`, 5, -1, [2]float64{-1, -1}},
+		{"long s", "/max_tokens", "{\"max_token\u017f\":5}", 5, -1, [2]float64{-1, -1}},
+		{"a Kelvin sign cut short", "/max_tokens", "{\"max_to\xe2\x84ens\":5}", -1, -1, [2]float64{-1, -1}},
+		{"another sign of the same lead byte", "/max_tokens", "{\"max_to\u2122ens\":5}", -1, -1, [2]float64{-1, -1}},
+		{"not a letter: @ is not `", "/a`b", `{"a@b":5}`, -1, -1, [2]float64{-1, -1}},
+		{"not a letter: [ is not {", "/a{", `{"a[":5}`, -1, -1, [2]float64{-1, -1}},
+		{"a longer key", "/max_tokens", `{"MAX_TOKENSX":5}`, -1, -1, [2]float64{-1, -1}},
+		{"nested, folded at each level", "/usage/max", `{"USAGE":{"Max":7}}`, 7, -1, [2]float64{-1, -1}},
+		{"repeated, larger first", "/n", `{"n":9,"n":2}`, 9, -1, [2]float64{2, -1}},
+		{"repeated, larger last", "/n", `{"n":2,"n":9}`, 9, -1, [2]float64{9, -1}},
+		{"two spellings, larger first", "/n", `{"N":9,"n":2}`, 9, -1, [2]float64{2, -1}},
+		{"strings repeated, larger first", "/n", `{"n":"9","n":"2"}`, -1, 9, [2]float64{-1, 2}},
+		{"a string and a number", "/n", `{"N":"9","n":2}`, 2, 9, [2]float64{2, -1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, ok := ParsePointer(tt.ptr)
+			if !ok {
+				t.Fatalf("pointer %q", tt.ptr)
+			}
+			for _, folded := range []bool{false, true} {
+				want := [2]float64{tt.found, tt.quoted}
+				if !folded {
+					want = tt.exact
+				}
+				for _, bytewise := range []bool{false, true} {
+					var s PointerScanner
+					s.Reset(p)
+					s.Fold = folded
+					if bytewise {
+						for i := 0; i < len(tt.doc); i++ {
+							s.Write([]byte{tt.doc[i]})
+						}
+					} else {
+						s.Write([]byte(tt.doc))
+					}
+					s.End()
+					got := [2]float64{-1, -1}
+					if v, ok := s.Found(); ok {
+						got[0] = v
+					}
+					if v, ok := s.Quoted(); ok {
+						got[1] = v
+					}
+					if got != want || s.Unreadable() || s.Failed() {
+						t.Errorf("folded %v bytewise %v: found, quoted %v (unreadable %v, failed %v), want %v",
+							folded, bytewise, got, s.Unreadable(), s.Failed(), want)
+					}
+				}
+			}
+		})
+	}
+}

@@ -112,7 +112,7 @@ const bom = "\xef\xbb\xbf"
 // to 512 levels), the key being compared, and the number being read. A
 // value at the pointer that is not a number (or a negative or infinite
 // one) is not found; if the pointer appears several times (repeated keys),
-// the last number wins. Keys are compared after unescaping; a key escaped
+// the last number wins (with Fold: the largest). Keys are compared after unescaping; a key escaped
 // as a UTF-16 surrogate pair never matches.
 //
 // It reads what lax readers such as Python's json read: a leading UTF-8
@@ -152,6 +152,21 @@ type PointerScanner struct {
 
 	found, quoted, unreadable bool
 	value, str                float64
+
+	// Fold makes keys compare as Go's encoding/json compares them, and
+	// repeated pointers keep their largest number; set it after Reset.
+	// Keys then match the pointer's tokens as Go's encoding/json matches a
+	// struct's fields, without regard to the case of ASCII letters (and
+	// with the Kelvin sign U+212A for k and the long s U+017F for s, as
+	// Unicode folds them), so {"MAX_TOKENS":5} is at /max_tokens; and when
+	// the pointer is met several times (repeated keys, or spellings of one
+	// key), Found and Quoted report the largest number, since a reader may
+	// keep the first or the last. A token with other non-ASCII letters
+	// compares exactly.
+	Fold bool
+	// pend is the next byte expected of a Kelvin sign or long s being
+	// matched (0: none).
+	pend byte
 }
 
 // Reset starts a new document, looking for p.
@@ -282,7 +297,7 @@ func (s *PointerScanner) step(c byte) {
 		case c == '"':
 			s.state, s.isKey, s.esc = psString, true, 0
 			s.cmp = s.depth == s.on && s.depth <= len(s.ptr)
-			s.keyPos = 0
+			s.keyPos, s.pend = 0, 0
 		case c == '}' && s.state == psKeyOrEnd:
 			s.close()
 		default:
@@ -420,9 +435,11 @@ func (s *PointerScanner) take(quoted bool) {
 	ok := err == nil && v >= 0 && !math.IsInf(v, 0)
 	switch {
 	case quoted:
-		s.quoted, s.str = ok, v
 		s.unreadable = s.unreadable || !ok
-	case ok:
+		if !s.Fold || !s.quoted || ok && v > s.str {
+			s.quoted, s.str = ok, v
+		}
+	case ok && (!s.Fold || !s.found || v > s.value):
 		s.found, s.value = true, v
 	}
 }
@@ -516,7 +533,35 @@ func (s *PointerScanner) keyByte(c byte) {
 		return
 	}
 	tok := s.ptr[s.depth-1]
-	if s.keyPos < len(tok) && tok[s.keyPos] == c {
+	if s.pend != 0 { // inside a Kelvin sign (E2 84 AA) or long s (C5 BF)
+		switch {
+		case c != s.pend:
+			s.keyPos = -1
+		case c == 0x84:
+			s.pend = 0xAA
+		default:
+			s.pend = 0
+			s.keyPos++
+		}
+		return
+	}
+	if s.keyPos < len(tok) {
+		t := tok[s.keyPos]
+		switch {
+		case t == c:
+		case !s.Fold:
+			s.keyPos = -1
+			return
+		case t|0x20 == 'k' && c == 0xE2:
+			s.pend = 0x84
+			return
+		case t|0x20 == 's' && c == 0xC5:
+			s.pend = 0xBF
+			return
+		case t|0x20 != c|0x20 || t|0x20 < 'a' || t|0x20 > 'z':
+			s.keyPos = -1
+			return
+		}
 		s.keyPos++
 		return
 	}

@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/tokengate/tokengate/internal/testsupport/redistest"
+	"github.com/tokengate/tokengate/rlscontract"
+)
+
+// TestReceiptForgedByProxy: the issue's forged refund and reset, now from
+// a caller holding the proxies' credential (a compromised or buggy proxy),
+// against the built tokengate-rls on a real Redis. A customer's stream
+// spends the burst of 1,000; refunds and resets without a receipt id, with
+// an id no take was made with, with an invalid id, over gRPC and /json,
+// repeated three times, give nothing back: every later take is over the
+// limit and the bucket is unchanged. The stream's own refund gives back
+// its 1,000 once; a replay of it gives nothing more. Before receipts each
+// forged refund gave back a burst: 3,000 tokens.
+func TestReceiptForgedByProxy(t *testing.T) {
+	redis := redistest.Start(t)
+	rls := startTokengateRLSAuth(t, trustConfig, redis.Addr, "-credential-file", credentialFile(t, trustCredential))
+	conn, err := grpc.NewClient(rls.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	call := func(md metadata.MD, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := client.ShouldRateLimit(metadata.NewOutgoingContext(ctx, md), &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
+		if err != nil {
+			t.Fatalf("call: %v", err)
+		}
+		return r
+	}
+	const stream = "5eed000000000001"
+	proxy := func(id string, settle bool) metadata.MD {
+		md := metadata.Pairs("authorization", "Bearer "+trustCredential)
+		if id != "" {
+			md.Append(rlscontract.ReceiptHeader, id)
+		}
+		if settle {
+			md.Append(rlscontract.SettleHeader, "1")
+		}
+		return md
+	}
+	take := func(hits uint64) rlsv3.RateLimitResponse_Code {
+		return call(proxy(stream, false), trustDesc(hits, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, "victim")).OverallCode
+	}
+	refund := trustDesc(0, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "1000")
+	reset := trustDesc(0, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "reset")
+
+	if got := take(1000); got != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("the stream's admission: %v", got)
+	}
+	before := redisTokens(t, redis, "tb:{llm:victim}")
+	for round := range 3 {
+		for _, id := range []string{"", "0000000000000000", "5eed000000000002", "bad id!"} {
+			call(proxy(id, true), refund)
+			call(proxy(id, true), reset)
+			body := `{"domain":"tokengate","descriptors":[{"entries":[{"key":"tokengate_rule","value":"llm"},{"key":"key","value":"victim"},{"key":"tokengate_settle","value":"refund"},{"key":"tokengate_amount","value":"1000"}]}]}`
+			req, _ := http.NewRequest(http.MethodPost, "http://"+rls.Admin+"/json", bytes.NewReader([]byte(body)))
+			req.Header.Set("authorization", "Bearer "+trustCredential)
+			if id != "" {
+				req.Header.Set(rlscontract.ReceiptHeader, id)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("a proxy's refund over /json: %d, want 200", resp.StatusCode)
+			}
+		}
+		if got := take(1); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("round %d: a take after the forged refunds: %v, want OVER_LIMIT", round, got)
+		}
+	}
+	if got := redisTokens(t, redis, "tb:{llm:victim}"); got != before {
+		t.Errorf("the bucket after forged refunds: %q, want %q", got, before)
+	}
+	// The stream's own refund: its 1,000, once.
+	for i, want := range []string{"1000.000000", "1000.000000"} {
+		if i == 1 {
+			if got := call(metadata.Pairs(rlscontract.ReceiptHeader, "5eed000000000003"), trustDesc(1000, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, "victim")).OverallCode; got != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("another stream's admission: %v", got)
+			}
+			want = "0.000000"
+		}
+		call(proxy(stream, true), refund)
+		if got := redisTokens(t, redis, "tb:{llm:victim}"); got != want {
+			t.Errorf("the stream's refund %d: %q, want %q", i+1, got, want)
+		}
+	}
+}
