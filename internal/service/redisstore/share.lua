@@ -583,6 +583,7 @@ for _, o in ipairs(ops) do
       -- (nor is a one-token share changed for one no better for its
       -- holder within the slack: the change would cost a bucket)
       local noBetter = single and cur ~= nil and u <= cur[1] and m <= cur[2] and cur[1] - u <= slack
+        and T.srate <= pool / fill + 1e-9
       if m == 1 and u < want and single then
         local k = math.ceil(want / u)
         u = math.ceil(want / k)
