@@ -426,7 +426,8 @@ func TestRLQSLargeReport(t *testing.T) {
 // holder of the bucket (300 streams got 1 of 69 answered); then, coalesced
 // but with each call still reading every holder, 56-1,374 of 2,000 were
 // answered at 25 ms. A call now costs O(its holders), whatever the fleet
-// (share.lua's running totals). The wall time is logged, not asserted.
+// (the running totals of internal/service/redisstore/share.lua). The wall
+// time is logged, not asserted.
 func TestRLQSSubscribeStorm(t *testing.T) {
 	cfg, err := rls.ParseConfig([]byte(ruleConfig(1000, 3000)))
 	if err != nil {
