@@ -38,6 +38,7 @@
 --          also the most shares held at once (each holds at least one)
 -- ARGV[6]  grace: seconds a replaced or released share stays held
 -- ARGV[7]  turn: seconds a share is held before it yields to a waiting holder
+--          (longer for a share below its target, in proportion)
 -- ARGV[8]  the time "<seconds>.<6 digits>" (tests), or "" for TIME
 -- ARGV[9..] one group of 4 per holder: op ("share"/"release"), holder,
 --          demand (requests per second), ttl (whole seconds)
@@ -67,6 +68,12 @@ local bpool = tonumber(ARGV[5])
 local grace = tonumber(ARGV[6])
 local turn = tonumber(ARGV[7])
 local nowstr = ARGV[8]
+-- A one-token share covers its holder's demand with this margin (its
+-- bucket drops any refill above the demand); a share whose turn is over
+-- waits for the free tokens that start the next one at most this many
+-- turns.
+local cover_margin = 1.01
+local turn_wait = 1.25
 if nowstr == nil or nowstr == '' then
   local t = redis.call('TIME')
   nowstr = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
@@ -466,7 +473,17 @@ for _, it in ipairs(items) do
 end
 local spread = 0
 if level == nil and left > 0 and T.nh > 0 then spread = left / T.nh end
+-- (crowded: more Envoys hold or wait than there are places)
+local crowded = T.nh + T.nw > cap
 local function targetOf(h, want, holding)
+  -- A share of one token (its part of the burst pool is under two)
+  -- admits at most its holder's demand, so it gets what covers the
+  -- demand (+1 %) and no more, when the pool or the places run short;
+  -- so does a first share of one token when the pool cannot cover as
+  -- many such demands as there are places (else it gets its want).
+  local cover = math.min(want, math.ceil(want / 1.5 * cover_margin))
+  if (level ~= nil or crowded) and bpool * cover / pool < 2 then return cover end
+  if not holding and bpool * want / pool < 2 and pool < cover * cap then return cover end
   if level ~= nil then
     -- A share of max_tokens 1 below its holder's demand is worth little
     -- to it (a bucket of one token refilled slower than the requests
@@ -480,6 +497,11 @@ local function targetOf(h, want, holding)
   end
   if holding then return want + spread end
   return want
+end
+
+local function cur_units(cur)
+  if cur == nil or cur[1] <= 0 then return 1 end
+  return cur[1]
 end
 
 local result = {}
@@ -521,11 +543,17 @@ for _, o in ipairs(ops) do
     if cur ~= nil then slack = math.max(1, math.floor(cur[1] / 5)) end
     local waiting = T.nw
     if d[3] > 0 then waiting = waiting - 1 end
-    if cur ~= nil and waiting > 0 and T.nh >= cap and now - cur[6] >= turn then
+    -- (a share below its target holds in proportion longer: its turn is
+    -- counted in the requests it covers, not in seconds)
+    local myturn = turn * math.max(1, want / cur_units(cur))
+    if cur ~= nil and waiting > 0 and T.nh >= cap and now - cur[6] >= myturn
+      and (tokens + (rate - T.srate) * grace >= 1 - 1e-6 or now - cur[6] >= turn_wait * myturn) then
       -- Its turn is over and others wait with no place free: yield, one
-      -- place at a time and only when the free tokens can start the
-      -- next share (shares granted together end their turns together;
-      -- yielding them all at once left places empty for seconds).
+      -- place at a time (shares granted together end their turns
+      -- together; yielding them all at once left places empty for
+      -- seconds), when the free tokens will start the next share as
+      -- this one's grace ends (else the place stays empty while they
+      -- refill), or at the latest a quarter of a turn later.
       retire(0)
       unhold(d)
       if o.demand > 0 then enqueue(h, d) end
@@ -545,7 +573,22 @@ for _, o in ipairs(ops) do
       local u = want
       if u > avail then u = avail end
       local m = wantmax
+      -- A one-token share below its holder's demand admits one request
+      -- in two (or k): it gets two tokens if the free tokens have them
+      -- (it then admits its rate), else exactly 1/k of its target, the
+      -- rest left to refill the free tokens.
+      local single = bpool * want / pool < 2
+      if u < want and single then m = 2 end
       if m > math.floor(tokens) then m = math.floor(tokens) end
+      -- (nor is a one-token share changed for one no better for its
+      -- holder within the slack: the change would cost a bucket)
+      local noBetter = single and cur ~= nil and u <= cur[1] and m <= cur[2] and cur[1] - u <= slack
+        and T.srate <= pool / fill + 1e-9
+      if m == 1 and u < want and single then
+        local k = math.ceil(want / u)
+        u = math.ceil(want / k)
+        if u > avail then u = math.floor(want / (k + 1)) end
+      end
       -- A holder growing its share leaves a token for the oldest waiting
       -- Envoy (a shrinking one frees rate for it); waiting ones take
       -- their turn oldest first, as far as free places and tokens go.
@@ -560,7 +603,9 @@ for _, o in ipairs(ops) do
       else
         mayTake = waiting == 0 and T.nh < cap
       end
-      if u >= 1 and m >= 1 and mayTake then
+      -- (a change to the same share is a renewal: Envoy keeps its bucket)
+      if cur ~= nil and u == cur[1] and m == cur[2] then noBetter = true end
+      if u >= 1 and m >= 1 and mayTake and not noBetter then
         retire(u / fill)
         tokens = tokens - m
         T.srate = T.srate + u / fill

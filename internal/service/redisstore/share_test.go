@@ -232,3 +232,50 @@ func TestShareClockBack(t *testing.T) {
 		t.Fatalf("every share expired: %d entries left, totals %v; want none", st.entries, st.totals)
 	}
 }
+
+// TestShareOneToken: five Envoys of one request a second on a rule of
+// 4/s and burst 6 (fill 60 s: 60 units are 1/s; pool 228, four places),
+// reporting each second in turn. Each one-token share covers its demand
+// (61 units), the fourth takes the rest of the pool on two tokens (45,
+// which a one-token bucket would turn into one request in two), the fifth
+// waits; the shares are renewed unchanged (the fourth is not cut to one
+// token though the free tokens cannot pay two again); the first yields
+// when its turn (7 s) is over, and the fifth takes its place as its grace
+// ends.
+func TestShareOneToken(t *testing.T) {
+	_, store := shareStore(t)
+	key := redisstore.ShareKey("r", "one")
+	type share struct{ units, max uint64 }
+	full, rest, none := share{61, 1}, share{45, 2}, share{0, 0}
+	tests := []struct {
+		at   int
+		want [5]share
+	}{
+		{1000, [5]share{full, full, full, rest, none}},
+		{1001, [5]share{full, full, full, rest, none}},
+		{1006, [5]share{full, full, full, rest, none}},
+		{1007, [5]share{none, full, full, rest, none}},
+		{1008, [5]share{none, full, full, rest, full}},
+	}
+	now := 1000
+	for _, tc := range tests {
+		var got [5]share
+		for ; now <= tc.at; now++ {
+			for h := range 5 {
+				b := redisstore.ShareBatch{Key: key, Rate: 4, Burst: 6, Fill: 60, Pool: 228, BurstPool: 4, Grace: 1, Turn: 7,
+					Now: strconv.Itoa(now) + ".000000", Ops: []redisstore.ShareOp{{Holder: "h" + strconv.Itoa(h), Demand: 1, TTL: 3}}}
+				r := store.Share(context.Background(), []redisstore.ShareBatch{b})[0][0]
+				if r.Err != nil {
+					t.Fatalf("h%d at %d: %v", h, now, r.Err)
+				}
+				if now > 1000 && now < 1007 && h < 4 && r.Changed {
+					t.Errorf("h%d at %d: share changed to %+v; want it renewed", h, now, r)
+				}
+				got[h] = share{r.Units, r.MaxTokens}
+			}
+		}
+		if got != tc.want {
+			t.Errorf("at %d: shares %v; want %v", tc.at, got, tc.want)
+		}
+	}
+}

@@ -159,12 +159,15 @@ func maxOf(xs []int) int {
 
 // TestRLQSRotation: 10 Envoys on a rule of 4/s and burst 6, each offering
 // 1/s: at most 4 can hold a token bucket at once (each needs a token of
-// the burst pool), so shares rotate; over 30 s every Envoy admits, the
-// fleet stays within B + R×W and uses at least 55 % of it (it used 45 %
-// when the rate was split among all ten though only four could hold a
-// share, 1 request in 2 admitted on a one-token bucket refilled at
-// 0.95/s, and turns all ended together; docs/rlqs.md#limits says why the
-// issue's 80 % is out of reach at this burst).
+// the burst pool), so shares rotate. Over 30 s the fleet stays within
+// B + R×W in every window, uses at least 72 % of B + R×T = 126 (90
+// admitted; it admitted 93 here, 72 on the schedule before, 57 %), and
+// every Envoy admits at least 7 (58 % of its fair share of 12; 4 before).
+// Each share covers its Envoy's demand on one token (61 units of 60 per
+// second) or, the last one, takes the rest of the pool on two; turns last
+// 7 reports and change hands when the free tokens can start the next
+// share. docs/rlqs.md#limits says why the 80 % with every Envoy at
+// 75 % of its fair share is out of reach at this burst.
 func TestRLQSRotation(t *testing.T) {
 	const rate, burst, secs, n = 4.0, 6.0, 30.0, 10
 	f := startFleetConfig(t, n, ruleConfig(rate, burst))
@@ -172,14 +175,15 @@ func TestRLQSRotation(t *testing.T) {
 	adm := f.run(secs, func(int, float64) float64 { return 1 })
 	boundOK(t, adm, burst, func(float64) float64 { return rate })
 	per, all := sumAll(adm)
-	t.Logf("fleet admitted %d of the bound %.0f; per Envoy %v", all, burst+rate*secs, per)
+	bound := burst + rate*secs
+	t.Logf("fleet admitted %d of the bound %.0f (%.0f %%); per Envoy %v", all, bound, 100*float64(all)/bound, per)
 	for i, got := range per {
-		if got == 0 {
-			t.Errorf("envoy %d admitted nothing in %.0f s: shares never rotated to it", i, secs)
+		if got < 7 {
+			t.Errorf("envoy %d admitted %d in %.0f s: below 7 (58 %% of its fair share %.0f)", i, got, secs, rate/n*secs)
 		}
 	}
-	if bound := burst + rate*secs; float64(all) < 0.55*bound {
-		t.Errorf("fleet admitted %d, below 55 %% of burst + rate×T = %.0f", all, bound)
+	if float64(all) < 0.72*bound {
+		t.Errorf("fleet admitted %d, below 72 %% of burst + rate×T = %.0f", all, bound)
 	}
 }
 
@@ -422,7 +426,8 @@ func TestRLQSLargeReport(t *testing.T) {
 // holder of the bucket (300 streams got 1 of 69 answered); then, coalesced
 // but with each call still reading every holder, 56-1,374 of 2,000 were
 // answered at 25 ms. A call now costs O(its holders), whatever the fleet
-// (internal/service/redisstore/share.lua's running totals). The wall time is logged, not asserted.
+// (the running totals of internal/service/redisstore/share.lua). The wall
+// time is logged, not asserted.
 func TestRLQSSubscribeStorm(t *testing.T) {
 	cfg, err := rls.ParseConfig([]byte(ruleConfig(1000, 3000)))
 	if err != nil {

@@ -159,7 +159,7 @@ const (
 	// turnReports is how many report intervals (and seconds, at least) a
 	// share is held before it yields to an Envoy waiting for one when the
 	// burst has no room for both.
-	turnReports = 5
+	turnReports = 7
 	// demandReports is how many reports a bucket's demand is the peak of.
 	demandReports = 3
 	// reportSlack is how many times a report interval's tokens a report
