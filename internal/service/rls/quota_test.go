@@ -312,11 +312,14 @@ func TestQuotaAllOrNothing(t *testing.T) {
 
 // TestQuotaSettle: a quota whose cost the response reports is charged
 // after the response whatever its limit, refunded never below zero, and
-// reset.
+// reset. The stream sends its receipt id, as the filter does: a refund
+// gives back at most what the stream took and was charged
+// (TestQuotaReceipts).
 func TestQuotaSettle(t *testing.T) {
 	srv := redistest.Start(t)
 	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
 	e, clk := startQuota(t, store, "10", noon)
+	client := withReceipt(e.client, "5555555555555555")
 	// "monthly" (UTC, billing day 31): 2026-05-04 is in the period from
 	// April 30 (April has 30 days) to May 31.
 	key := "qt:{monthly:s}:" + strconv.FormatInt(time.Date(2026, 4, 30, 0, 0, 0, 0, time.UTC).Unix(), 10)
@@ -325,13 +328,13 @@ func TestQuotaSettle(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		ctx = metadata.AppendToOutgoingContext(ctx, rlscontract.SettleHeader, "1")
-		r, err := e.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
+		r, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
 		if err != nil {
 			t.Fatalf("settlement: %v", err)
 		}
 		return r
 	}
-	if r := ask(t, e.client, "tokengate", ours("monthly", "s", 100)); r.OverallCode != rlsv3.RateLimitResponse_OK {
+	if r := ask(t, client, "tokengate", ours("monthly", "s", 100)); r.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("admission of the pre-charge: %v", r)
 	}
 	// The usage was 1 250 tokens: 1 150 more, above the limit of 1 000.
