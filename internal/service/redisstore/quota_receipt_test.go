@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -131,5 +133,59 @@ func TestQuotaReceiptScripts(t *testing.T) {
 	}
 	if n, _ := srv.Do("EXISTS", k2); n != int64(0) {
 		t.Errorf("after a reset without a receipt key: EXISTS %v, want 0", n)
+	}
+}
+
+// BenchmarkQuotaTakeReceipt: one quota take of a rule that settles,
+// without and with a new receipt (as each stream's admission), sent 64 to
+// a pipeline from one caller; redis-µs/take is Redis's own time per
+// EVALSHA (INFO commandstats), the cost of the receipt's write.
+func BenchmarkQuotaTakeReceipt(b *testing.B) {
+	srv := redistest.Start(b)
+	store, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	ctx := context.Background()
+	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
+		b.Fatal(err)
+	}
+	for _, receipt := range []bool{false, true} {
+		b.Run("receipt="+strconv.FormatBool(receipt), func(b *testing.B) {
+			if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+				b.Fatal(err)
+			}
+			ops := make([]redisstore.Op, 64)
+			n := 0
+			for b.Loop() {
+				for i := range ops {
+					n++
+					k := strconv.Itoa(n % 10000)
+					key := redisstore.QuotaKey("llm", k, 1777507200)
+					ops[i] = redisstore.Op{Key: key, Cost: 1, Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("llm", k), Limit: 1e15, TTL: 3600}}
+					if receipt {
+						ops[i].Receipt = redisstore.ReceiptKey(key, strconv.FormatInt(int64(n)|1<<60, 16))
+					}
+				}
+				for _, o := range store.Run(ctx, ops) {
+					if o.Err != nil || !o.Allowed {
+						b.Fatalf("%+v", o)
+					}
+				}
+			}
+			b.StopTimer()
+			v, err := srv.Do("INFO", "commandstats")
+			if err != nil {
+				b.Fatal(err)
+			}
+			m := regexp.MustCompile(`cmdstat_evalsha:calls=\d+,usec=\d+,usec_per_call=([0-9.]+)`).FindStringSubmatch(v.(string))
+			if m == nil {
+				b.Fatal("no evalsha in INFO commandstats")
+			}
+			us, _ := strconv.ParseFloat(m[1], 64)
+			b.ReportMetric(us, "redis-µs/take")
+			b.ReportMetric(float64(b.N*len(ops))/b.Elapsed().Seconds(), "takes/s")
+		})
 	}
 }
