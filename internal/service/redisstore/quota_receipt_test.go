@@ -189,3 +189,49 @@ func BenchmarkQuotaTakeReceipt(b *testing.B) {
 		})
 	}
 }
+
+// TestQuotaReceiptCluster: on a Redis Cluster of three masters, quota
+// takes and settlements with their receipts (three keys of one hash tag:
+// the consumption, the override, the receipt) run in one pipeline on
+// whichever master holds each key, and the receipt bounds the refund
+// there as on one node.
+func TestQuotaReceiptCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	store, err := redisstore.New(redisstore.Options{Addrs: c.Addrs(), Cluster: true, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx := context.Background()
+	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
+		t.Fatal(err)
+	}
+	var takes []redisstore.Op
+	var refunds []redisstore.SettleOp
+	nodes := map[int]bool{}
+	for i := range 12 {
+		k := "k" + strconv.Itoa(i)
+		key := redisstore.QuotaKey("llm", k, 1777507200)
+		nodes[c.NodeFor(key)] = true
+		rk := redisstore.ReceiptKey(key, "0123456789abcdef")
+		q := &redisstore.QuotaOp{Override: redisstore.OverrideKey("llm", k), Limit: 1000, TTL: 3600}
+		takes = append(takes, redisstore.Op{Key: key, Cost: 40, Quota: q, Receipt: rk})
+		refunds = append(refunds, redisstore.SettleOp{Key: key, Burst: 1000, Kind: rlscontract.SettleRefund, Amount: 100, Quota: q, Receipt: rk})
+	}
+	if len(nodes) < 2 {
+		t.Fatalf("the keys fell on %d master(s)", len(nodes))
+	}
+	for round := range 2 {
+		for i, o := range store.Run(ctx, takes) {
+			if o.Err != nil || !o.Allowed || o.Quota.Used != 40 {
+				t.Fatalf("round %d, take %d: %+v", round, i, o)
+			}
+		}
+		for i, o := range store.Settle(ctx, refunds) {
+			// 40 taken, 100 asked: 40 given back, the consumption 0.
+			if o.Err != nil || o.Quota == nil || o.Quota.Used != 0 || !o.Cut {
+				t.Fatalf("round %d, refund %d: %+v, want 0 used, cut to the receipt", round, i, o)
+			}
+		}
+	}
+}
