@@ -641,3 +641,69 @@ func TestQuotaReceipts(t *testing.T) {
 		t.Errorf("after G's charge across the boundary: May %s, June %s, want 130 and 107", old, now)
 	}
 }
+
+// TestQuotaReceiptsHammer: streams of an authenticated proxy at once on
+// one quota key ("monthly", limit 1,000, no refill within a period).
+// Honest streams take 5 and give 2 back (they keep 3); greedy ones take 5
+// and ask for 50 back three times (they keep 0); forgers ask for 100 back
+// and reset with no receipt id, an id that took nothing, or an id never
+// sent. The period's consumption ends at exactly 3 × the honest
+// admissions: forged refunds gave nothing back, greedy ones only what
+// their stream took, and no receipt was counted twice.
+func TestQuotaReceiptsHammer(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	e, _ := startQuota(t, store, "10", noon)
+	key := "qt:{monthly:h}:" + strconv.FormatInt(time.Date(2026, 4, 30, 0, 0, 0, 0, time.UTC).Unix(), 10)
+
+	var honest, greedy atomic.Int64
+	var ids atomic.Int64
+	nextID := func() string { return strconv.FormatInt(1e15+ids.Add(1), 16) }
+	reset := settleDesc("monthly", "h", rlscontract.SettleKey, "reset")
+	var wg sync.WaitGroup
+	for w := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 30 {
+				switch w % 3 {
+				case 0, 1: // honest (0) and greedy (1) streams
+					c := withReceipt(e.client, nextID())
+					r := askGo(t, c, "tokengate", ours("monthly", "h", 5))
+					if r == nil || r.OverallCode != rlsv3.RateLimitResponse_OK {
+						t.Errorf("an admission: %v", r)
+						continue
+					}
+					if w%3 == 0 {
+						if err := settleCall(c, refundDesc("monthly", "h", "2")); err != nil {
+							t.Errorf("an honest refund: %v", err)
+							continue
+						}
+						honest.Add(1)
+						continue
+					}
+					for range 3 {
+						if err := settleCall(c, refundDesc("monthly", "h", "50")); err != nil {
+							t.Errorf("a greedy refund: %v", err)
+						}
+					}
+					greedy.Add(1)
+				default: // forgers
+					id := [...]string{"", "0000000000000000", nextID()}[i%3]
+					_ = settleCall(withReceipt(e.client, id), refundDesc("monthly", "h", "100"))
+					_ = settleCall(withReceipt(e.client, id), reset)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if honest.Load() != 4*30 || greedy.Load() != 4*30 {
+		t.Fatalf("%d honest and %d greedy streams completed, want 120 each", honest.Load(), greedy.Load())
+	}
+	if got, want := hget(t, srv, key, "u"), strconv.FormatInt(3*honest.Load(), 10); got != want {
+		t.Errorf("consumption %s, want %s (3 per honest stream, 0 per greedy one)", got, want)
+	}
+	if keys, _ := srv.Do("KEYS", key+":r:*"); len(keys.([]any)) != 4*30 {
+		t.Errorf("%d receipts left, want one of 3 per honest stream (120)", len(keys.([]any)))
+	}
+}
