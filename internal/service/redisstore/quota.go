@@ -16,7 +16,9 @@ import (
 // hash "ov:{<rule>:<composite>}" (limit for a quota, rate and burst for a
 // token bucket). The hash tag is the token bucket's, so that a key's
 // bucket, quota and override are in one Redis Cluster slot and one script
-// reads two of them. quota.lua decides.
+// reads two of them (three with a stream's receipt,
+// "qt:{<rule>:<composite>}:<period start>:r:<id>": receipt.go). quota.lua
+// decides.
 
 //go:embed quota.lua
 var quotaLua string
