@@ -19,14 +19,21 @@ func quotaRule(limit int, extra string) string {
 }
 
 // quotaUsed returns the consumption Redis holds for the quota of rule and
-// key in the current period (the one qt:{rule:key}:* hash), or -1 if none.
+// key in the current period (the one qt:{rule:key}:<start> hash; the
+// streams' receipts, qt:{rule:key}:<start>:r:<id>, are not consumption),
+// or -1 if none.
 func quotaUsed(t *testing.T, redis *redistest.Server, rule, key string) float64 {
 	t.Helper()
 	v, err := redis.Do("KEYS", "qt:{"+rule+":"+key+"}:*")
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, _ := v.([]any)
+	var keys []any
+	for _, k := range v.([]any) {
+		if !strings.Contains(k.(string), ":r:") {
+			keys = append(keys, k)
+		}
+	}
 	if len(keys) == 0 {
 		return -1
 	}

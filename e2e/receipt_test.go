@@ -106,3 +106,105 @@ func TestReceiptForgedByProxy(t *testing.T) {
 		}
 	}
 }
+
+// quotaTrustConfig: a monthly quota of 1,000 whose usage the response
+// reports, so that it settles.
+const quotaTrustConfig = `{"rules":[
+  {"name":"monthly","scope":"cluster","limit_keys":["header:x-api-key"],"algorithm":"quota",
+   "algorithm_config":{"limit":1000,"period":"month","cost_source":"response_json:/usage/total_tokens","pre_charge":0}}],
+ "settings":{"rls":{"cluster":"ratelimit","timeout_ms":2000,"on_error":"deny"}}}`
+
+// TestQuotaReceiptForgedByProxy: TestReceiptForgedByProxy for a calendar
+// quota, against the built tokengate-rls on a real Redis. A stream uses
+// the month's 1,000; quota refunds and resets from a caller holding the
+// proxies' credential, without a receipt id, with an id no take was made
+// with, with an invalid id, over gRPC and /json, three times, give nothing
+// back: the consumption stays 1,000 and every later take is over the
+// limit. The stream's own refund gives back its 1,000 once; a replay after
+// another stream used the month again gives nothing. Before quota
+// receipts the first forged refund set the month's consumption to 0.
+func TestQuotaReceiptForgedByProxy(t *testing.T) {
+	redis := redistest.Start(t)
+	rls := startTokengateRLSAuth(t, quotaTrustConfig, redis.Addr, "-credential-file", credentialFile(t, trustCredential))
+	conn, err := grpc.NewClient(rls.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	call := func(md metadata.MD, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := client.ShouldRateLimit(metadata.NewOutgoingContext(ctx, md), &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
+		if err != nil {
+			t.Fatalf("call: %v", err)
+		}
+		return r
+	}
+	const stream = "5eed000000000001"
+	proxy := func(id string, settle bool) metadata.MD {
+		md := metadata.Pairs("authorization", "Bearer "+trustCredential)
+		if id != "" {
+			md.Append(rlscontract.ReceiptHeader, id)
+		}
+		if settle {
+			md.Append(rlscontract.SettleHeader, "1")
+		}
+		return md
+	}
+	take := func(id string, hits uint64) rlsv3.RateLimitResponse_Code {
+		return call(proxy(id, false), trustDesc(hits, rlscontract.RuleKey, "monthly", rlscontract.CompositeKey, "victim")).OverallCode
+	}
+	refund := trustDesc(0, rlscontract.RuleKey, "monthly", rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "1000")
+	reset := trustDesc(0, rlscontract.RuleKey, "monthly", rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "reset")
+
+	start := time.Now().UTC()
+	used := func() float64 {
+		t.Helper()
+		sameMonth(t, start) // else the consumption spans two periods: skipped
+		return quotaUsed(t, redis, "monthly", "victim")
+	}
+	if got := take(stream, 1000); got != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("the stream's admission: %v", got)
+	}
+	for round := range 3 {
+		for _, id := range []string{"", "0000000000000000", "5eed000000000002", "bad id!"} {
+			call(proxy(id, true), refund)
+			call(proxy(id, true), reset)
+			body := `{"domain":"tokengate","descriptors":[{"entries":[{"key":"tokengate_rule","value":"monthly"},{"key":"key","value":"victim"},{"key":"tokengate_settle","value":"refund"},{"key":"tokengate_amount","value":"1000"}]}]}`
+			req, _ := http.NewRequest(http.MethodPost, "http://"+rls.Admin+"/json", bytes.NewReader([]byte(body)))
+			req.Header.Set("authorization", "Bearer "+trustCredential)
+			if id != "" {
+				req.Header.Set(rlscontract.ReceiptHeader, id)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("a proxy's quota refund over /json: %d, want 200", resp.StatusCode)
+			}
+		}
+		if got := take("", 1); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+			sameMonth(t, start)
+			t.Fatalf("round %d: a take after the forged refunds: %v, want OVER_LIMIT", round, got)
+		}
+		if got := used(); got != 1000 {
+			t.Fatalf("round %d: consumption after the forged refunds: %v, want 1000", round, got)
+		}
+	}
+	// The stream's own refund: its 1,000, once.
+	for i, want := range []float64{0, 1000} {
+		if i == 1 {
+			if got := take("5eed000000000003", 1000); got != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("another stream's admission: %v", got)
+			}
+		}
+		call(proxy(stream, true), refund)
+		if got := used(); got != want {
+			t.Errorf("the stream's refund %d: consumption %v, want %v", i+1, got, want)
+		}
+	}
+}

@@ -67,7 +67,10 @@ func scriptNeeds(sc *script, k string) [][]string {
 	case tokenBucketOverrideScript:
 		return [][]string{{"HMGET", secondKey(sc, k), "rate", "burst"}, {"TIME"}, {"GET", k}, {"SET", k, "0", "PX", "1"}}
 	case quotaScript:
-		return [][]string{{"HGET", secondKey(sc, k), "limit"}, {"HMGET", k, "u", "t"}, {"HSET", k, "u", "0"}, {"EXPIRE", k, "1"}, {"DEL", k}}
+		// GET, SET and DEL of k stand for the receipt's
+		// ("<k>:r:<id>", under the same prefix).
+		return [][]string{{"HGET", secondKey(sc, k), "limit"}, {"HMGET", k, "u", "t"}, {"HSET", k, "u", "0"}, {"EXPIRE", k, "1"}, {"DEL", k},
+			{"GET", k}, {"SET", k, "0", "NX", "PX", "1"}}
 	}
 	return nil
 }

@@ -126,6 +126,21 @@ func TestDocumentedACL(t *testing.T) {
 		{"token bucket with its override and a receipt", func() error {
 			return store.Run(ctx, []redisstore.Op{{Key: tb, Rate: 1, Burst: 5, Cost: 1, MaxDebt: 1e12, Override: true, Receipt: redisstore.ReceiptKey(tb, "0123456789abcdef")}})[0].Err
 		}},
+		{"quota, with a receipt", func() error {
+			qk := redisstore.QuotaKey("api", "acme", 0)
+			return store.Run(ctx, []redisstore.Op{{Key: qk, Cost: 1, Receipt: redisstore.ReceiptKey(qk, "0123456789abcdef"),
+				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, TTL: 60}}})[0].Err
+		}},
+		{"quota refund, with a receipt", func() error {
+			qk := redisstore.QuotaKey("api", "acme", 0)
+			return store.Settle(ctx, []redisstore.SettleOp{{Key: qk, Burst: 5, Kind: rlscontract.SettleRefund, Amount: 1, Receipt: redisstore.ReceiptKey(qk, "0123456789abcdef"),
+				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, TTL: 60}}})[0].Err
+		}},
+		{"quota reset, with a receipt", func() error {
+			qk := redisstore.QuotaKey("api", "acme", 0)
+			return store.Settle(ctx, []redisstore.SettleOp{{Key: qk, Burst: 5, Kind: rlscontract.SettleReset, Receipt: redisstore.ReceiptKey(qk, "0123456789abcdef"),
+				Quota: &redisstore.QuotaOp{Override: redisstore.OverrideKey("api", "acme"), Limit: 5, TTL: 60}}})[0].Err
+		}},
 	}
 	for _, c := range calls {
 		if err := eventually(c.call); err != nil {

@@ -16,7 +16,9 @@ import (
 // hash "ov:{<rule>:<composite>}" (limit for a quota, rate and burst for a
 // token bucket). The hash tag is the token bucket's, so that a key's
 // bucket, quota and override are in one Redis Cluster slot and one script
-// reads two of them. quota.lua decides.
+// reads two of them (three with a stream's receipt,
+// "qt:{<rule>:<composite>}:<period start>:r:<id>": receipt.go). quota.lua
+// decides.
 
 //go:embed quota.lua
 var quotaLua string
@@ -67,9 +69,11 @@ const (
 	// QuotaCharge adds the units whatever the limit: a cost the response
 	// reported after admission.
 	QuotaCharge QuotaMode = "charge"
-	// QuotaRefund gives the units back, never below zero consumption.
+	// QuotaRefund gives the units back, never below zero consumption;
+	// with a receipt, at most what the receipt holds.
 	QuotaRefund QuotaMode = "refund"
-	// QuotaReset deletes the period's consumption.
+	// QuotaReset deletes the period's consumption; with a receipt, it
+	// gives back what the receipt holds instead.
 	QuotaReset QuotaMode = "reset"
 	// QuotaRead changes nothing.
 	QuotaRead QuotaMode = "read"
@@ -77,7 +81,9 @@ const (
 
 // QuotaOp makes an Op a quota decision (quota.lua) on the consumption at
 // Op.Key: Op.Cost units (a negative cost with QuotaTake is a refund of
-// -Cost, as the service's all-or-nothing refunds send it).
+// -Cost, as the service's all-or-nothing refunds send it). Op.Receipt,
+// when set (ReceiptKey of Op.Key), is the stream's receipt: a take adds
+// what it took, a refund gives back at most what it holds (receipt.go).
 type QuotaOp struct {
 	// Override is the key's override hash (OverrideKey).
 	Override string
@@ -152,8 +158,8 @@ func quotaOutcome(r rueidis.RedisResult) Outcome {
 	if err != nil {
 		return Outcome{Err: err}
 	}
-	if len(arr) != 2 {
-		return Outcome{Err: fmt.Errorf("redis: quota script returned %d values, want 2", len(arr))}
+	if len(arr) != 2 && len(arr) != 3 {
+		return Outcome{Err: fmt.Errorf("redis: quota script returned %d values, want 3", len(arr))}
 	}
 	allowed, err := arr[0].AsInt64()
 	if err != nil {
@@ -173,5 +179,10 @@ func quotaOutcome(r rueidis.RedisResult) Outcome {
 		}
 	}
 	q := &QuotaResult{Used: n[0], Limit: n[1], Crossed: uint8(n[2]), Override: n[3] == 1}
-	return Outcome{Allowed: allowed == 1, Tokens: max(q.Limit-q.Used, 0), Quota: q}
+	o := Outcome{Allowed: allowed == 1, Tokens: max(q.Limit-q.Used, 0), Quota: q}
+	if len(arr) == 3 { // whether the receipt cut a refund or a reset
+		cut, _ := arr[2].AsInt64()
+		o.Cut = cut == 1
+	}
+	return o
 }

@@ -20,6 +20,21 @@
 --          crossed, when the service gives back a request another rule
 --          refused, so that they are reported when crossed for real
 -- ARGV[6..] the thresholds, ascending shares of the limit in (0, 1)
+-- KEYS[3]  optional: the stream's receipt, "<KEYS[1]>:r:<id>" (receipts,
+--          docs/rls.md#receipts): the units the stream's takes and charges
+--          added to this period's consumption and were not given back.
+--          With it a take or a charge adds what it added (one SET NX
+--          more), a refund gives back at most what the receipt holds and
+--          takes what it gave back off it, a reset gives back what the
+--          receipt holds (not the whole period) and deletes it. The
+--          service passes one to every settlement (an id no take wrote
+--          holds 0, so a refund or reset without a valid id gives nothing
+--          back) and to the takes of rules that settle whose call has an
+--          id; without it (tests of the arithmetic, the admin's own calls)
+--          a refund is bounded by zero consumption only, a reset deletes
+--          the period's consumption. The receipt names the period (its key
+--          is the period's key): a settlement that lands in the next period
+--          finds no receipt there and gives nothing back.
 --
 -- Consumption is what is stored, never what remains, so a limit raised or
 -- lowered (an override, another identity limit, a new configuration)
@@ -27,8 +42,9 @@
 --
 -- Returns {allowed (1/0), "<units used after> <the limit applied> <the
 -- thresholds first crossed by this call, a bitmask> <1 if the override's
--- limit applied, else 0>"}: two values, as tokenbucket.lua returns, which
--- the service reads without a string per number.
+-- limit applied, else 0>", 1 when the receipt cut a refund or a reset
+-- (else 0)}: as tokenbucket.lua's and settle.lua's, which the service
+-- reads without a string per number.
 
 local function fmt(x)
   return string.format('%.17g', x)
@@ -43,9 +59,30 @@ if ov and ov >= 0 then
   limit, source = ov, 1
 end
 
+local rk = KEYS[3]
+
+-- setReceipt stores r as the receipt (deleted at 0): it lives 15 minutes
+-- from its last write, as a token bucket's (tokenbucket.lua).
+local function setReceipt(r)
+  if r > 0 then
+    redis.call('SET', rk, fmt(r), 'PX', '900000')
+  else
+    redis.call('DEL', rk)
+  end
+end
+
+local cut = 0
 if mode == 'reset' then
-  redis.call('DEL', KEYS[1])
-  return {1, '0 ' .. fmt(limit) .. ' 0 ' .. source}
+  if not rk then
+    redis.call('DEL', KEYS[1])
+    return {1, '0 ' .. fmt(limit) .. ' 0 ' .. source, 0}
+  end
+  -- A stream's reset gives back what its receipt holds: what that
+  -- stream consumed in this period, not what the others did.
+  mode, units = 'refund', tonumber(redis.call('GET', rk)) or 0
+  if units <= 0 then
+    cut = 1
+  end
 end
 
 local h = redis.call('HMGET', KEYS[1], 'u', 't')
@@ -68,8 +105,20 @@ if mode == 'take' or mode == 'charge' then
     end
     redis.call('HSET', KEYS[1], 'u', fmt(used), 't', bits)
     redis.call('EXPIRE', KEYS[1], ARGV[4])
+    if rk and not redis.call('SET', rk, ARGV[3], 'NX', 'PX', '900000') then
+      setReceipt((tonumber(redis.call('GET', rk)) or 0) + units)
+    end
   end
 elseif mode == 'refund' then
+  if rk and cut == 0 then
+    local receipt = tonumber(redis.call('GET', rk)) or 0
+    if units > receipt then
+      units, cut = receipt, 1
+    end
+    if units > 0 then
+      setReceipt(receipt - units)
+    end
+  end
   if h[1] and units > 0 then
     used = used - units
     if used < 0 then
@@ -88,4 +137,4 @@ elseif mode == 'refund' then
 elseif mode ~= 'read' then
   return redis.error_reply('quota: unknown mode ' .. tostring(mode))
 end
-return {allowed, fmt(used) .. ' ' .. fmt(limit) .. ' ' .. crossed .. ' ' .. source}
+return {allowed, fmt(used) .. ' ' .. fmt(limit) .. ' ' .. crossed .. ' ' .. source, cut}

@@ -12,6 +12,14 @@ package redisstore
 // gives back more than that stream took and was not given back: a proxy
 // cannot give back tokens other streams took, nor give a stream's tokens
 // back twice.
+//
+// Calendar quotas keep receipts the same way: a take or a charge of a
+// quota rule that settles adds what it added to the period's consumption
+// to the receipt of that period's key, "qt:{<rule>:<composite>}:<start>:r:<id>",
+// and a refund or a reset gives back at most what it holds (quota.lua).
+// The receipt names the period, so a settlement that lands in the next
+// period finds none there and gives nothing back: usage settled after a
+// period boundary is charged, never refunded.
 
 // receiptSep ends a bucket's key in its receipt's key.
 const receiptSep = ":r:"
@@ -21,11 +29,13 @@ const receiptSep = ":r:"
 // percent-encoded, receipt ids are checked).
 const keySep = "\x00"
 
-// ReceiptKey returns the key of the receipt of stream id for the bucket at
-// bucketKey (BucketKey): "tb:{<rule>:<composite>}:r:<id>", in the bucket's
-// hash slot, and never a bucket's key (those end at the brace). The id must
-// be one rlscontract.ValidReceipt accepts.
-func ReceiptKey(bucketKey, id string) string { return bucketKey + receiptSep + id }
+// ReceiptKey returns the key of the receipt of stream id for the bucket or
+// quota period at key: "tb:{<rule>:<composite>}:r:<id>" for a bucket
+// (BucketKey), "qt:{<rule>:<composite>}:<start>:r:<id>" for a quota's
+// consumption (QuotaKey), in that key's hash slot, and never a bucket's
+// or a consumption's key (those end at the brace, or at the period's
+// digits). The id must be one rlscontract.ValidReceipt accepts.
+func ReceiptKey(key, id string) string { return key + receiptSep + id }
 
 // withReceipt is the key a call names for a script on key with the
 // receipt at receipt ("": none).

@@ -27,9 +27,10 @@ type SettleOp struct {
 	// Quota, when not nil, makes the settlement a quota's (quota.lua, its
 	// mode from Kind) on the consumption at Key.
 	Quota *QuotaOp
-	// Receipt, when set, is the key of the stream's receipt (ReceiptKey),
-	// which bounds the settlement (receipt.go); without it a refund is
-	// capped at burst only.
+	// Receipt, when set, is the key of the stream's receipt (ReceiptKey
+	// of Key, a bucket's or a quota period's), which bounds the
+	// settlement (receipt.go); without it a bucket's refund is capped at
+	// burst only, a quota's at zero consumption.
 	Receipt string
 }
 
@@ -52,12 +53,12 @@ func (s *Store) Settle(ctx context.Context, ops []SettleOp) []Outcome {
 		}
 		q := *op.Quota
 		q.Mode = QuotaMode(op.Kind) // charge, refund, reset: quota.lua's modes too
-		run[i] = Op{Key: op.Key, Cost: op.Amount, Quota: &q}
+		run[i] = Op{Key: op.Key, Cost: op.Amount, Quota: &q, Receipt: op.Receipt}
 	}
 	out := make([]Outcome, len(ops))
 	s.runEach(ctx, len(ops), func(i int) (*script, string, []string) {
 		if run[i].Quota != nil {
-			return quotaScript, run[i].Key, run[i].quotaArgs()
+			return quotaScript, withReceipt(run[i].Key, run[i].Receipt), run[i].quotaArgs()
 		}
 		return settleScript, withReceipt(ops[i].Key, ops[i].Receipt), ops[i].args()
 	}, func(i int, r rueidis.RedisResult, err error) error {

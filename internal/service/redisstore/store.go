@@ -113,9 +113,9 @@ type Op struct {
 	// Quota, when not nil, makes the op a calendar quota's decision
 	// (quota.go, quota.lua) on the consumption at Key.
 	Quota *QuotaOp
-	// Receipt, when set, is the key of the stream's receipt (ReceiptKey):
-	// the take adds what it took there, a refund takes it off
-	// (receipt.go). Token buckets only.
+	// Receipt, when set, is the key of the stream's receipt (ReceiptKey
+	// of Key): the take adds what it took there, a refund takes it off
+	// (receipt.go). Token buckets and quotas only.
 	Receipt string
 }
 
@@ -240,7 +240,7 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 	s.runEach(ctx, len(ops), func(i int) (*script, string, []string) {
 		switch op := &ops[i]; {
 		case op.Quota != nil:
-			return quotaScript, op.Key, op.quotaArgs()
+			return quotaScript, withReceipt(op.Key, op.Receipt), op.quotaArgs()
 		case op.Lease:
 			return leaseScript, op.Key, op.leaseArgs()
 		case op.Window > 0:

@@ -312,11 +312,14 @@ func TestQuotaAllOrNothing(t *testing.T) {
 
 // TestQuotaSettle: a quota whose cost the response reports is charged
 // after the response whatever its limit, refunded never below zero, and
-// reset.
+// reset. The stream sends its receipt id, as the filter does: a refund
+// gives back at most what the stream took and was charged
+// (TestQuotaReceipts).
 func TestQuotaSettle(t *testing.T) {
 	srv := redistest.Start(t)
 	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
 	e, clk := startQuota(t, store, "10", noon)
+	client := withReceipt(e.client, "5555555555555555")
 	// "monthly" (UTC, billing day 31): 2026-05-04 is in the period from
 	// April 30 (April has 30 days) to May 31.
 	key := "qt:{monthly:s}:" + strconv.FormatInt(time.Date(2026, 4, 30, 0, 0, 0, 0, time.UTC).Unix(), 10)
@@ -325,13 +328,13 @@ func TestQuotaSettle(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		ctx = metadata.AppendToOutgoingContext(ctx, rlscontract.SettleHeader, "1")
-		r, err := e.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
+		r, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
 		if err != nil {
 			t.Fatalf("settlement: %v", err)
 		}
 		return r
 	}
-	if r := ask(t, e.client, "tokengate", ours("monthly", "s", 100)); r.OverallCode != rlsv3.RateLimitResponse_OK {
+	if r := ask(t, client, "tokengate", ours("monthly", "s", 100)); r.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("admission of the pre-charge: %v", r)
 	}
 	// The usage was 1 250 tokens: 1 150 more, above the limit of 1 000.
@@ -525,5 +528,182 @@ func TestQuotaUnknownZone(t *testing.T) {
 	}
 	if _, err := rls.ParseConfig([]byte(quotaConfig("5"))); err != nil {
 		t.Errorf("Europe/Paris: %v", err)
+	}
+}
+
+// TestQuotaReceipts: through the service, a quota's settlements give
+// back only what the settling stream consumed in the period and was not
+// given back (docs/rls.md#receipts). Streams A and B take 100 each of
+// key s ("monthly", pre_charge 100) and C 100 of key t; refunds and
+// resets with no id, an id that took nothing, an invalid id or C's id
+// (which took from another key) give nothing back; A's refund of 1000
+// gives back its 100, once; B's charge adds to its receipt and B's reset
+// gives back B's 100 + 50 only, not A's or anyone's; a take given back
+// because another rule refused its call leaves no receipt; and a refund
+// that lands in the next period gives nothing back in either period.
+// Before quota receipts each forged refund lowered the consumption, down
+// to 0.
+func TestQuotaReceipts(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	e, clk := startQuota(t, store, "10", noon)
+	start := strconv.FormatInt(time.Date(2026, 4, 30, 0, 0, 0, 0, time.UTC).Unix(), 10)
+	key := "qt:{monthly:s}:" + start
+	a, b, c := withReceipt(e.client, "aaaaaaaaaaaaaaa1"), withReceipt(e.client, "bbbbbbbbbbbbbbb2"), withReceipt(e.client, "ccccccccccccccc3")
+	for _, adm := range []struct {
+		c   rlsv3.RateLimitServiceClient
+		key string
+	}{{a, "s"}, {b, "s"}, {c, "t"}} {
+		if r := ask(t, adm.c, "tokengate", ours("monthly", adm.key, 100)); r.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("admission: %v", r)
+		}
+	}
+	reset := settleDesc("monthly", "s", rlscontract.SettleKey, "reset")
+	steps := []struct {
+		name string
+		c    rlsv3.RateLimitServiceClient
+		d    *ratelimitv3.RateLimitDescriptor
+		used string
+	}{
+		{"a refund without a receipt id", e.client, refundDesc("monthly", "s", "1000"), "200"},
+		{"a refund with an id that took nothing", withReceipt(e.client, "ddddddddddddddd4"), refundDesc("monthly", "s", "1000"), "200"},
+		{"a refund with an invalid id", withReceipt(e.client, "short"), refundDesc("monthly", "s", "1000"), "200"},
+		{"a refund with the id of a stream of another key", c, refundDesc("monthly", "s", "1000"), "200"},
+		{"a reset without a receipt id", e.client, reset, "200"},
+		{"a reset with an id that took nothing", withReceipt(e.client, "ddddddddddddddd4"), reset, "200"},
+		{"a reset with the id of a stream of another key", c, reset, "200"},
+		{"A's refund of 1000 gives its 100", a, refundDesc("monthly", "s", "1000"), "100"},
+		{"A's refund again gives nothing", a, refundDesc("monthly", "s", "1000"), "100"},
+		{"B's charge of 50 adds to its receipt", b, ours("monthly", "s", 50), "150"},
+		{"a charge without an id applies", e.client, ours("monthly", "s", 30), "180"},
+		{"B's reset gives back its 150 only", b, reset, "30"},
+		{"B's reset again gives nothing", b, reset, "30"},
+	}
+	for _, st := range steps {
+		if err := settleCall(st.c, st.d); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := hget(t, srv, key, "u"); got != st.used {
+			t.Fatalf("%s: consumption %s, want %s", st.name, got, st.used)
+		}
+	}
+	if got := hget(t, srv, "qt:{monthly:t}:"+start, "u"); got != "100" {
+		t.Errorf("key t: consumption %s, want C's 100 untouched", got)
+	}
+	if n, _ := srv.Do("EXISTS", key+":r:aaaaaaaaaaaaaaa1", key+":r:bbbbbbbbbbbbbbb2", key+":r:-"); n != int64(0) {
+		t.Errorf("receipts given back in full: %v keys left, want 0", n)
+	}
+
+	// All or nothing: the bucket (burst 2) refuses 3, the quota's take
+	// is given back and leaves no receipt; its refund then gives nothing.
+	f := withReceipt(e.client, "fffffffffffffff6")
+	if r := ask(t, f, "tokengate", ours("monthly", "s", 100), ours("bucket", "s", 3)); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("over the limit on bucket: %v", r)
+	}
+	if got := hget(t, srv, key, "u"); got != "30" {
+		t.Errorf("after the all-or-nothing refund: consumption %s, want 30", got)
+	}
+	if n, _ := srv.Do("EXISTS", key+":r:fffffffffffffff6"); n != int64(0) {
+		t.Errorf("a take given back kept its receipt")
+	}
+	if err := settleCall(f, refundDesc("monthly", "s", "100")); err != nil {
+		t.Fatal(err)
+	}
+	if got := hget(t, srv, key, "u"); got != "30" {
+		t.Errorf("a refund of a take given back: consumption %s, want 30", got)
+	}
+
+	// The period boundary: G takes 100 in May's period; its settlements
+	// land in June's, where its refund and reset find no receipt (they
+	// give back neither May's 100 nor June's other usage) and its charge
+	// applies.
+	g := withReceipt(e.client, "ggggggggggggggg7")
+	if r := ask(t, g, "tokengate", ours("monthly", "s", 100)); r.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("G's admission: %v", r)
+	}
+	clk.t = time.Date(2026, 5, 31, 0, 0, 1, 0, time.UTC)
+	next := "qt:{monthly:s}:" + strconv.FormatInt(time.Date(2026, 5, 31, 0, 0, 0, 0, time.UTC).Unix(), 10)
+	if r := ask(t, e.client, "tokengate", ours("monthly", "s", 100)); r.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("another stream in June: %v", r)
+	}
+	for _, d := range []*ratelimitv3.RateLimitDescriptor{refundDesc("monthly", "s", "1000"), reset} {
+		if err := settleCall(g, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if old, now := hget(t, srv, key, "u"), hget(t, srv, next, "u"); old != "130" || now != "100" {
+		t.Errorf("after G's refund and reset across the boundary: May %s, June %s, want 130 and 100", old, now)
+	}
+	if err := settleCall(g, ours("monthly", "s", 7)); err != nil {
+		t.Fatal(err)
+	}
+	if old, now := hget(t, srv, key, "u"), hget(t, srv, next, "u"); old != "130" || now != "107" {
+		t.Errorf("after G's charge across the boundary: May %s, June %s, want 130 and 107", old, now)
+	}
+}
+
+// TestQuotaReceiptsHammer: streams of an authenticated proxy at once on
+// one quota key ("monthly", limit 1,000, no refill within a period).
+// Honest streams take 5 and give 2 back (they keep 3); greedy ones take 5
+// and ask for 50 back three times (they keep 0); forgers ask for 100 back
+// and reset with no receipt id, an id that took nothing, or an id never
+// sent. The period's consumption ends at exactly 3 × the honest
+// admissions: forged refunds gave nothing back, greedy ones only what
+// their stream took, and no receipt was counted twice.
+func TestQuotaReceiptsHammer(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newStore(t, []string{srv.Addr}, false, 2*time.Second)
+	e, _ := startQuota(t, store, "10", noon)
+	key := "qt:{monthly:h}:" + strconv.FormatInt(time.Date(2026, 4, 30, 0, 0, 0, 0, time.UTC).Unix(), 10)
+
+	var honest, greedy atomic.Int64
+	var ids atomic.Int64
+	nextID := func() string { return strconv.FormatInt(1e15+ids.Add(1), 16) }
+	reset := settleDesc("monthly", "h", rlscontract.SettleKey, "reset")
+	var wg sync.WaitGroup
+	for w := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 30 {
+				switch w % 3 {
+				case 0, 1: // honest (0) and greedy (1) streams
+					c := withReceipt(e.client, nextID())
+					r := askGo(t, c, "tokengate", ours("monthly", "h", 5))
+					if r == nil || r.OverallCode != rlsv3.RateLimitResponse_OK {
+						t.Errorf("an admission: %v", r)
+						continue
+					}
+					if w%3 == 0 {
+						if err := settleCall(c, refundDesc("monthly", "h", "2")); err != nil {
+							t.Errorf("an honest refund: %v", err)
+							continue
+						}
+						honest.Add(1)
+						continue
+					}
+					for range 3 {
+						if err := settleCall(c, refundDesc("monthly", "h", "50")); err != nil {
+							t.Errorf("a greedy refund: %v", err)
+						}
+					}
+					greedy.Add(1)
+				default: // forgers
+					id := [...]string{"", "0000000000000000", nextID()}[i%3]
+					_ = settleCall(withReceipt(e.client, id), refundDesc("monthly", "h", "100"))
+					_ = settleCall(withReceipt(e.client, id), reset)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if honest.Load() != 4*30 || greedy.Load() != 4*30 {
+		t.Fatalf("%d honest and %d greedy streams completed, want 120 each", honest.Load(), greedy.Load())
+	}
+	if got, want := hget(t, srv, key, "u"), strconv.FormatInt(3*honest.Load(), 10); got != want {
+		t.Errorf("consumption %s, want %s (3 per honest stream, 0 per greedy one)", got, want)
+	}
+	if keys, _ := srv.Do("KEYS", key+":r:*"); len(keys.([]any)) != 4*30 {
+		t.Errorf("%d receipts left, want one of 3 per honest stream (120)", len(keys.([]any)))
 	}
 }

@@ -13,9 +13,12 @@ import (
 // stream (rlscontract.ReceiptHeader) with the admission of a request whose
 // cluster rules settle, and again with its settlement. The takes of those
 // rules add what they took to the stream's receipt (redisstore.ReceiptKey,
-// internal/service/redisstore/tokenbucket.lua), and a settlement's refund
-// gives back at most what the receipt holds, a reset needs one
-// (internal/service/redisstore/settle.lua). A settlement without a
+// internal/service/redisstore/tokenbucket.lua; for a quota rule, the
+// receipt of the period's consumption, quota.lua), and a settlement's
+// refund gives back at most what the receipt holds, a reset needs one
+// (internal/service/redisstore/settle.lua; a quota's reset gives back what
+// it holds). A quota's receipt names its period: a settlement that lands
+// in the next period finds none and gives nothing back. A settlement without a
 // valid id is checked against a receipt no take writes: it gives nothing
 // back. So even an authenticated proxy gives back only what its own
 // streams took and were not given back.

@@ -81,7 +81,9 @@ func (c *Config) settleRule(domain string, d *ratelimitv3.RateLimitDescriptor, r
 	if r.Quota != nil {
 		// A quota's settlement goes to the consumption of the period
 		// holding now (a response that ends after the period's end is
-		// charged to the next), never below zero for a refund.
+		// charged to the next), never below zero for a refund, and
+		// bounded by the stream's receipt of that period (settleReceipt:
+		// after a period boundary, none, so nothing is given back).
 		var it item
 		it.rule, it.op.Cost = r, op.Amount
 		c.quotaItem(&it, op.Key, nil, now)
