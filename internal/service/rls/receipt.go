@@ -14,7 +14,8 @@ import (
 // cluster rules settle, and again with its settlement. The takes of those
 // rules add what they took to the stream's receipt (redisstore.ReceiptKey,
 // internal/service/redisstore/tokenbucket.lua; for a quota rule, the
-// receipt of the period's consumption, quota.lua), and a settlement's
+// receipt of the period's consumption, internal/service/redisstore/quota.lua),
+// and a settlement's
 // refund gives back at most what the receipt holds, a reset needs one
 // (internal/service/redisstore/settle.lua; a quota's reset gives back what
 // it holds). A quota's receipt names its period: a settlement that lands
