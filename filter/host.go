@@ -220,6 +220,7 @@ func (p *Plugin) findCapabilities(h Host) {
 	p.rbr, _ = h.(requestBodyReader)
 	p.rhs, _ = h.(requestHeaderSetter)
 	p.hbs, _ = h.(headerBytesSetter)
+	p.rlh = findRateLimitHeaderSetter(h)
 	p.ps, _ = h.(propertyStringer)
 	p.bl, _ = h.(bytesLogger)
 	p.bv, _ = h.(bytesViewer)

@@ -43,12 +43,13 @@ type Plugin struct {
 	// (cluster and lease rules, held requests); br: the response body
 	// (response_json and response_sse costs); rhs: request headers
 	// (strip_accept_encoding); rbr: the request body (request_json
-	// estimates); hbs, ps, bv, bl save copies.
+	// estimates); hbs, rlh, ps, bv, bl save copies.
 	caller Caller
 	br     bodyReader
 	rbr    requestBodyReader
 	rhs    requestHeaderSetter
 	hbs    headerBytesSetter
+	rlh    rateLimitHeaderHost
 	ps     propertyStringer
 	bv     bytesViewer
 	bl     bytesLogger

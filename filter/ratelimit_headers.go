@@ -15,6 +15,9 @@ import "github.com/tokengate/tokengate/ratelimitheader"
 // section 5.3), so the upstream's are neither read nor replaced; the legacy
 // three are replaced.
 func (p *Plugin) setRateLimitHeaders(buf []byte, quotas []ratelimitheader.Quota, best int) []byte {
+	if hostRateLimitHeaders(p, quotas, best) { // the host formats them
+		return buf
+	}
 	b, f := ratelimitheader.AppendFields(buf, quotas, best)
 	p.host.SetResponseHeader("ratelimit-limit", quotas[best].Plan.Limit)
 	if h := p.hbs; h != nil { // no string conversions, no call a header

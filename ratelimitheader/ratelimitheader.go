@@ -98,6 +98,16 @@ type Quota struct {
 	Reset int64
 }
 
+// Stated is the r the headers state for q: its Remaining, at most its
+// fixed window's limit (as AppendFields states it). A function, not a
+// method: the wasm guest, which never calls it, then does not carry it.
+func Stated(q *Quota) int64 {
+	if q.Plan.window {
+		return min(q.Remaining, q.Plan.maxRemaining)
+	}
+	return q.Remaining
+}
+
 // Fields locates the header values AppendFields formatted, as [from, to)
 // offsets in its buffer.
 type Fields struct {

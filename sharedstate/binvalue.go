@@ -44,13 +44,19 @@ type BinaryValues interface {
 }
 
 // BinaryValues reports whether the host's store accepts binary values,
-// while the fallback has not switched to its own store.
+// while the fallback has not switched to its own store. The host's answer
+// is asked once: Host must not change after the first decision.
 func (f *LocalFallback) BinaryValues() bool {
 	if f.local != nil {
 		return false
 	}
-	b, ok := f.Host.(BinaryValues)
-	return ok && b.BinaryValues()
+	if f.hostBinary == 0 {
+		f.hostBinary = 1
+		if b, ok := f.Host.(BinaryValues); ok && b.BinaryValues() {
+			f.hostBinary = 2
+		}
+	}
+	return f.hostBinary == 2
 }
 
 // appendStored appends the stored form of s for p: binary when st accepts

@@ -19,6 +19,10 @@ type LocalFallback struct {
 	OnFallback func()
 
 	local *MemStore
+	// hostBinary caches the Host's BinaryValues answer (binvalue.go): 0
+	// not asked yet, 1 text, 2 binary. An interface type assertion on
+	// every decision costs more than the rest of BinaryValues.
+	hostBinary uint8
 }
 
 // Local reports whether the store has switched to VM-local state.
