@@ -99,8 +99,8 @@ type Quota struct {
 }
 
 // Stated is the r the headers state for q: its Remaining, at most its
-// fixed window's limit (as AppendFields states it). A function, not a
-// method: the wasm guest, which never calls it, then does not carry it.
+// fixed window's limit. AppendFields states it; so does filter/dynmod,
+// which formats the headers straight into its mailbox.
 func Stated(q *Quota) int64 {
 	if q.Plan.window {
 		return min(q.Remaining, q.Plan.maxRemaining)
@@ -145,11 +145,7 @@ func AppendFields(b []byte, quotas []Quota, best int) ([]byte, Fields) {
 			b = append(b, ", "...)
 		}
 		var r, t [2]int
-		rem := quotas[i].Remaining
-		if quotas[i].Plan.window {
-			rem = min(rem, quotas[i].Plan.maxRemaining)
-		}
-		b, r, t = AppendMember(b, quotas[i].Plan.Quoted, rem, quotas[i].Reset)
+		b, r, t = AppendMember(b, quotas[i].Plan.Quoted, Stated(&quotas[i]), quotas[i].Reset)
 		if i == best {
 			f.Remaining, f.Reset = r, t
 		}
