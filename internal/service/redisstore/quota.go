@@ -49,13 +49,24 @@ const (
 	OverrideBurst = "burst"
 )
 
-// overrideOf returns the override key of a token bucket's key
-// "tb:{<rule>:<composite>}": "ov:{<rule>:<composite>}".
-func overrideOf(bucket string) string {
+// OverrideOf returns the override key of a token bucket's key
+// "tb:{<rule>:<composite>}" (BucketKey): "ov:{<rule>:<composite>}", the
+// OverrideKey of the same rule and composite; "" for any other key.
+func OverrideOf(bucket string) string {
 	if !strings.HasPrefix(bucket, "tb:") {
 		return ""
 	}
 	return "ov:" + bucket[3:]
+}
+
+// QuotaKeyOf returns the consumption key, in the period starting at start,
+// of the quota whose token bucket's key is bucket (BucketKey): the QuotaKey
+// of the same rule and composite; "" for any other key.
+func QuotaKeyOf(bucket string, start int64) string {
+	if !strings.HasPrefix(bucket, "tb:") {
+		return ""
+	}
+	return "qt:" + bucket[3:] + ":" + strconv.FormatInt(start, 10)
 }
 
 // QuotaMode is what a quota op does with its units.

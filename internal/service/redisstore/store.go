@@ -245,8 +245,10 @@ func (s *Store) Run(ctx context.Context, ops []Op) []Outcome {
 			return leaseScript, op.Key, op.leaseArgs()
 		case op.Window > 0:
 			return fixedWindowScript, op.Key, []string{Num(op.Cost), strconv.FormatInt(op.Window, 10), strconv.FormatUint(uint64(op.Count), 10)}
-		case op.Override && overrideOf(op.Key) != "":
-			return tokenBucketOverrideScript, withReceipt(op.Key, op.Receipt), append([]string{overrideOf(op.Key)}, op.args()...)
+		case op.Override:
+			if ov := OverrideOf(op.Key); ov != "" {
+				return tokenBucketOverrideScript, withReceipt(op.Key, op.Receipt), append([]string{ov}, op.args()...)
+			}
 		}
 		return tokenBucketScript, withReceipt(ops[i].Key, ops[i].Receipt), ops[i].args()
 	}, func(i int, r rueidis.RedisResult, err error) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -103,11 +102,10 @@ func (c *Config) quotaItem(it *item, key string, entries []Entry, now time.Time)
 	if _, _, v, ok := rlscontract.ParseCluster(entries); ok && v != "" {
 		limit, identity = IdentityLimit(r.Quota, v)
 	}
-	tag := strings.TrimPrefix(key, "tb:")
-	qkey := "qt:" + tag + ":" + strconv.FormatInt(start.Unix(), 10)
+	qkey := redisstore.QuotaKeyOf(key, start.Unix())
 	// The state and the op in one allocation.
 	st := &quotaState{rule: qr, end: end, now: now, identity: identity}
-	st.op = redisstore.QuotaOp{Override: "ov:" + tag, Limit: limit, TTL: redisstore.QuotaTTL(qkey, int64(math.Ceil(end.Sub(now).Seconds()))),
+	st.op = redisstore.QuotaOp{Override: redisstore.OverrideOf(key), Limit: limit, TTL: redisstore.QuotaTTL(qkey, int64(math.Ceil(end.Sub(now).Seconds()))),
 		Thresholds: r.Quota.Thresholds}
 	if !identity {
 		st.op.Args = qr.args
