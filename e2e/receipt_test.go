@@ -17,6 +17,78 @@ import (
 	"github.com/tokengate/tokengate/rlscontract"
 )
 
+// receiptProxy calls a built tokengate-rls as a proxy holding the proxies'
+// credential (trustCredential) would, with a stream's receipt id or none.
+type receiptProxy struct {
+	t      *testing.T
+	rls    *rlsProc
+	client rlsv3.RateLimitServiceClient
+}
+
+func newReceiptProxy(t *testing.T, rls *rlsProc) *receiptProxy {
+	conn, err := grpc.NewClient(rls.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &receiptProxy{t: t, rls: rls, client: rlsv3.NewRateLimitServiceClient(conn)}
+}
+
+// call sends ShouldRateLimit with metadata md.
+func (p *receiptProxy) call(md metadata.MD, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := p.client.ShouldRateLimit(metadata.NewOutgoingContext(ctx, md), &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
+	if err != nil {
+		p.t.Fatalf("call: %v", err)
+	}
+	return r
+}
+
+// md is a proxy's metadata: the credential, the receipt id id (none when
+// ""), and the settlement's mark when settle.
+func (p *receiptProxy) md(id string, settle bool) metadata.MD {
+	md := metadata.Pairs("authorization", "Bearer "+trustCredential)
+	if id != "" {
+		md.Append(rlscontract.ReceiptHeader, id)
+	}
+	if settle {
+		md.Append(rlscontract.SettleHeader, "1")
+	}
+	return md
+}
+
+// forge sends rule's key "victim" the forged settlements: a refund of
+// 1,000 and a reset over gRPC and a refund over /json, each without a
+// receipt id, with an id no take was made with and with an invalid one.
+// Every call must be answered OK (a proxy's settlement is accepted; what
+// it gives back is the test's to check).
+func (p *receiptProxy) forge(rule string) {
+	p.t.Helper()
+	refund := trustDesc(0, rlscontract.RuleKey, rule, rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "1000")
+	reset := trustDesc(0, rlscontract.RuleKey, rule, rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "reset")
+	for _, id := range []string{"", "0000000000000000", "5eed000000000002", "bad id!"} {
+		p.call(p.md(id, true), refund)
+		p.call(p.md(id, true), reset)
+		body := `{"domain":"tokengate","descriptors":[{"entries":[{"key":"tokengate_rule","value":"` + rule +
+			`"},{"key":"key","value":"victim"},{"key":"tokengate_settle","value":"refund"},{"key":"tokengate_amount","value":"1000"}]}]}`
+		req, _ := http.NewRequest(http.MethodPost, "http://"+p.rls.Admin+"/json", bytes.NewReader([]byte(body)))
+		req.Header.Set("authorization", "Bearer "+trustCredential)
+		if id != "" {
+			req.Header.Set(rlscontract.ReceiptHeader, id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			p.t.Fatalf("a proxy's %s refund over /json: %d, want 200", rule, resp.StatusCode)
+		}
+	}
+}
+
 // TestReceiptForgedByProxy: the issue's forged refund and reset, now from
 // a caller holding the proxies' credential (a compromised or buggy proxy),
 // against the built tokengate-rls on a real Redis. A customer's stream
@@ -28,63 +100,20 @@ import (
 // forged refund gave back a burst: 3,000 tokens.
 func TestReceiptForgedByProxy(t *testing.T) {
 	redis := redistest.Start(t)
-	rls := startTokengateRLSAuth(t, trustConfig, redis.Addr, "-credential-file", credentialFile(t, trustCredential))
-	conn, err := grpc.NewClient(rls.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
-	call := func(md metadata.MD, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		r, err := client.ShouldRateLimit(metadata.NewOutgoingContext(ctx, md), &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
-		if err != nil {
-			t.Fatalf("call: %v", err)
-		}
-		return r
-	}
+	p := newReceiptProxy(t, startTokengateRLSAuth(t, trustConfig, redis.Addr, "-credential-file", credentialFile(t, trustCredential)))
+	call, proxy := p.call, p.md
 	const stream = "5eed000000000001"
-	proxy := func(id string, settle bool) metadata.MD {
-		md := metadata.Pairs("authorization", "Bearer "+trustCredential)
-		if id != "" {
-			md.Append(rlscontract.ReceiptHeader, id)
-		}
-		if settle {
-			md.Append(rlscontract.SettleHeader, "1")
-		}
-		return md
-	}
 	take := func(hits uint64) rlsv3.RateLimitResponse_Code {
 		return call(proxy(stream, false), trustDesc(hits, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, "victim")).OverallCode
 	}
 	refund := trustDesc(0, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "1000")
-	reset := trustDesc(0, rlscontract.RuleKey, "llm", rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "reset")
 
 	if got := take(1000); got != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("the stream's admission: %v", got)
 	}
 	before := redisTokens(t, redis, "tb:{llm:victim}")
 	for round := range 3 {
-		for _, id := range []string{"", "0000000000000000", "5eed000000000002", "bad id!"} {
-			call(proxy(id, true), refund)
-			call(proxy(id, true), reset)
-			body := `{"domain":"tokengate","descriptors":[{"entries":[{"key":"tokengate_rule","value":"llm"},{"key":"key","value":"victim"},{"key":"tokengate_settle","value":"refund"},{"key":"tokengate_amount","value":"1000"}]}]}`
-			req, _ := http.NewRequest(http.MethodPost, "http://"+rls.Admin+"/json", bytes.NewReader([]byte(body)))
-			req.Header.Set("authorization", "Bearer "+trustCredential)
-			if id != "" {
-				req.Header.Set(rlscontract.ReceiptHeader, id)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("a proxy's refund over /json: %d, want 200", resp.StatusCode)
-			}
-		}
+		p.forge("llm")
 		if got := take(1); got != rlsv3.RateLimitResponse_OVER_LIMIT {
 			t.Fatalf("round %d: a take after the forged refunds: %v, want OVER_LIMIT", round, got)
 		}
@@ -125,39 +154,13 @@ const quotaTrustConfig = `{"rules":[
 // receipts the first forged refund set the month's consumption to 0.
 func TestQuotaReceiptForgedByProxy(t *testing.T) {
 	redis := redistest.Start(t)
-	rls := startTokengateRLSAuth(t, quotaTrustConfig, redis.Addr, "-credential-file", credentialFile(t, trustCredential))
-	conn, err := grpc.NewClient(rls.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
-	call := func(md metadata.MD, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		r, err := client.ShouldRateLimit(metadata.NewOutgoingContext(ctx, md), &rlsv3.RateLimitRequest{Domain: "tokengate", Descriptors: ds})
-		if err != nil {
-			t.Fatalf("call: %v", err)
-		}
-		return r
-	}
+	p := newReceiptProxy(t, startTokengateRLSAuth(t, quotaTrustConfig, redis.Addr, "-credential-file", credentialFile(t, trustCredential)))
+	call, proxy := p.call, p.md
 	const stream = "5eed000000000001"
-	proxy := func(id string, settle bool) metadata.MD {
-		md := metadata.Pairs("authorization", "Bearer "+trustCredential)
-		if id != "" {
-			md.Append(rlscontract.ReceiptHeader, id)
-		}
-		if settle {
-			md.Append(rlscontract.SettleHeader, "1")
-		}
-		return md
-	}
 	take := func(id string, hits uint64) rlsv3.RateLimitResponse_Code {
 		return call(proxy(id, false), trustDesc(hits, rlscontract.RuleKey, "monthly", rlscontract.CompositeKey, "victim")).OverallCode
 	}
 	refund := trustDesc(0, rlscontract.RuleKey, "monthly", rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "refund", rlscontract.AmountKey, "1000")
-	reset := trustDesc(0, rlscontract.RuleKey, "monthly", rlscontract.CompositeKey, "victim", rlscontract.SettleKey, "reset")
 
 	start := time.Now().UTC()
 	used := func() float64 {
@@ -169,24 +172,7 @@ func TestQuotaReceiptForgedByProxy(t *testing.T) {
 		t.Fatalf("the stream's admission: %v", got)
 	}
 	for round := range 3 {
-		for _, id := range []string{"", "0000000000000000", "5eed000000000002", "bad id!"} {
-			call(proxy(id, true), refund)
-			call(proxy(id, true), reset)
-			body := `{"domain":"tokengate","descriptors":[{"entries":[{"key":"tokengate_rule","value":"monthly"},{"key":"key","value":"victim"},{"key":"tokengate_settle","value":"refund"},{"key":"tokengate_amount","value":"1000"}]}]}`
-			req, _ := http.NewRequest(http.MethodPost, "http://"+rls.Admin+"/json", bytes.NewReader([]byte(body)))
-			req.Header.Set("authorization", "Bearer "+trustCredential)
-			if id != "" {
-				req.Header.Set(rlscontract.ReceiptHeader, id)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("a proxy's quota refund over /json: %d, want 200", resp.StatusCode)
-			}
-		}
+		p.forge("monthly")
 		if got := take("", 1); got != rlsv3.RateLimitResponse_OVER_LIMIT {
 			sameMonth(t, start)
 			t.Fatalf("round %d: a take after the forged refunds: %v, want OVER_LIMIT", round, got)
