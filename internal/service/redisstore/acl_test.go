@@ -63,6 +63,21 @@ func eventually(f func() error) error {
 	}
 }
 
+// readyStore opens a store with opt, closed when tb ends, and waits until
+// it answers Ping.
+func readyStore(tb testing.TB, opt redisstore.Options) *redisstore.Store {
+	tb.Helper()
+	store, err := redisstore.New(opt)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(store.Close)
+	if err := eventually(func() error { return store.Ping(context.Background()) }); err != nil {
+		tb.Fatal(err)
+	}
+	return store
+}
+
 // TestDocumentedACL: with the Redis user docs/rls.md documents, every
 // kind of call the service makes succeeds (a token bucket, a settlement,
 // a lease, an RLQS share, a fixed window under the documented prefix)

@@ -23,15 +23,8 @@ import (
 // before.
 func TestQuotaReceiptScripts(t *testing.T) {
 	srv := redistest.Start(t)
-	store, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := readyStore(t, redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
 	ctx := context.Background()
-	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
-		t.Fatal(err)
-	}
 	const start, next = 1777507200, 1780185600
 	qk := redisstore.QuotaKey("llm", "k", start)
 	ov := redisstore.OverrideKey("llm", "k")
@@ -142,15 +135,8 @@ func TestQuotaReceiptScripts(t *testing.T) {
 // EVALSHA (INFO commandstats), the cost of the receipt's write.
 func BenchmarkQuotaTakeReceipt(b *testing.B) {
 	srv := redistest.Start(b)
-	store, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
+	store := readyStore(b, redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
 	ctx := context.Background()
-	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
-		b.Fatal(err)
-	}
 	for _, receipt := range []bool{false, true} {
 		b.Run("receipt="+strconv.FormatBool(receipt), func(b *testing.B) {
 			if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
@@ -197,15 +183,8 @@ func BenchmarkQuotaTakeReceipt(b *testing.B) {
 // there as on one node.
 func TestQuotaReceiptCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
-	store, err := redisstore.New(redisstore.Options{Addrs: c.Addrs(), Cluster: true, Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := readyStore(t, redisstore.Options{Addrs: c.Addrs(), Cluster: true, Timeout: 2 * time.Second})
 	ctx := context.Background()
-	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
-		t.Fatal(err)
-	}
 	var takes []redisstore.Op
 	var refunds []redisstore.SettleOp
 	nodes := map[int]bool{}

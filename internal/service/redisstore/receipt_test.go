@@ -21,15 +21,8 @@ import (
 // arithmetic tests).
 func TestReceiptScripts(t *testing.T) {
 	srv := redistest.Start(t)
-	store, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := readyStore(t, redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
 	ctx := context.Background()
-	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
-		t.Fatal(err)
-	}
 	tb := redisstore.BucketKey("llm", "k")
 	rk := redisstore.ReceiptKey(tb, "0123456789abcdef")
 	if rk != "tb:{llm:k}:r:0123456789abcdef" {
@@ -102,15 +95,8 @@ func TestReceiptScripts(t *testing.T) {
 // the refund there as on one node.
 func TestReceiptCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
-	store, err := redisstore.New(redisstore.Options{Addrs: c.Addrs(), Cluster: true, Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := readyStore(t, redisstore.Options{Addrs: c.Addrs(), Cluster: true, Timeout: 2 * time.Second})
 	ctx := context.Background()
-	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
-		t.Fatal(err)
-	}
 	var takes []redisstore.Op
 	var refunds []redisstore.SettleOp
 	nodes := map[int]bool{}
@@ -145,15 +131,8 @@ func TestReceiptCluster(t *testing.T) {
 // commandstats), the cost of the receipt's write.
 func BenchmarkTakeReceipt(b *testing.B) {
 	srv := redistest.Start(b)
-	store, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
+	store := readyStore(b, redisstore.Options{Addrs: []string{srv.Addr}, Timeout: 2 * time.Second})
 	ctx := context.Background()
-	if err := eventually(func() error { return store.Ping(ctx) }); err != nil {
-		b.Fatal(err)
-	}
 	for _, receipt := range []bool{false, true} {
 		b.Run("receipt="+strconv.FormatBool(receipt), func(b *testing.B) {
 			if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
