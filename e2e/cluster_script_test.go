@@ -33,6 +33,15 @@ func TestClusterExampleIsOneConfiguration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	oneConfiguration(t, "examples/cluster: cluster.json", js, doc)
+}
+
+// oneConfiguration checks that an example's JSON (what tokengate-rls reads,
+// named name) and the plugin configuration its envoy.yaml (doc) inlines
+// for the proxies say the same, and that the service's cluster is where
+// tools/cluster.sh starts it.
+func oneConfiguration(t *testing.T, name string, js, doc []byte) {
+	t.Helper()
 	p, err := envoyconf.Find(doc, "")
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +56,7 @@ func TestClusterExampleIsOneConfiguration(t *testing.T) {
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	if !bytes.Equal(ja, jb) {
-		t.Errorf("examples/cluster: cluster.json and envoy.yaml's configuration differ:\n%s\n%s", ja, jb)
+		t.Errorf("%s and envoy.yaml's configuration differ:\n%s\n%s", name, ja, jb)
 	}
 	cls, err := envoyconf.Clusters(doc)
 	if err != nil {
