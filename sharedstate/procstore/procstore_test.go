@@ -168,3 +168,108 @@ func TestViewSetAfterGet(t *testing.T) {
 		}
 	}
 }
+
+// TestManyKeys: keys added until every shard's table has grown several
+// times are all found with their own values and CAS tokens, a missing key
+// stays missing, and Len counts each key once, against a map as the model.
+func TestManyKeys(t *testing.T) {
+	const n = 20000
+	s := procstore.New()
+	v := &procstore.View{S: s}
+	want := make(map[string]string, n)
+	for i := range n {
+		k := "tb:k:" + strconv.Itoa(i)
+		want[k] = "v" + strconv.Itoa(i)
+		if err := v.Set(k, []byte(want[k]), 0); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 { // a second write of an existing key adds nothing
+			if err := v.Set(k, []byte(want[k]), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := s.Len(); got != n {
+		t.Fatalf("Len = %d, want %d", got, n)
+	}
+	for k, w := range want {
+		got, cas, err := v.Get(k)
+		if err != nil || string(got) != w {
+			t.Fatalf("%s: got %q, %v; want %q", k, got, err, w)
+		}
+		if err := v.Set(k, []byte(w+"!"), cas+1); !errors.Is(err, sharedstate.ErrCASMismatch) {
+			t.Fatalf("%s: set with a wrong cas: %v, want ErrCASMismatch", k, err)
+		}
+		if err := v.Set(k, []byte(w+"!"), cas); err != nil {
+			t.Fatalf("%s: set with the current cas: %v", k, err)
+		}
+	}
+	for i := range 1000 {
+		k := "tb:missing:" + strconv.Itoa(i)
+		if _, _, err := v.Get(k); !errors.Is(err, sharedstate.ErrNotFound) {
+			t.Fatalf("%s: err %v, want ErrNotFound", k, err)
+		}
+		if _, _, err := s.GetInto(nil, k); !errors.Is(err, sharedstate.ErrNotFound) {
+			t.Fatalf("GetInto %s: err %v, want ErrNotFound", k, err)
+		}
+	}
+	for k, w := range want {
+		if got, _, err := s.GetInto(nil, k); err != nil || string(got) != w+"!" {
+			t.Fatalf("GetInto %s: got %q, %v; want %q", k, got, err, w+"!")
+		}
+	}
+}
+
+// TestConcurrentGrowth: workers creating their own keys while others read
+// and write theirs (every table growing meanwhile) lose no key and no
+// write, under -race.
+func TestConcurrentGrowth(t *testing.T) {
+	const (
+		workers = 4
+		keys    = 3000
+	)
+	s := procstore.New()
+	var wg sync.WaitGroup
+	for g := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := &procstore.View{S: s}
+			for i := range keys {
+				k := "tb:" + strconv.Itoa(g) + ":" + strconv.Itoa(i)
+				if err := v.Set(k, []byte(k), sharedstate.SeedCAS); err != nil {
+					t.Error(err)
+					return
+				}
+				// Re-read and rewrite an earlier key of this worker.
+				e := "tb:" + strconv.Itoa(g) + ":" + strconv.Itoa(i/2)
+				b, cas, err := v.Get(e)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := v.Set(e, append(b[:len(e)], '+'), cas); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := s.Len(); got != workers*keys {
+		t.Fatalf("Len = %d, want %d", got, workers*keys)
+	}
+	v := &procstore.View{S: s}
+	for g := range workers {
+		for i := range keys {
+			k := "tb:" + strconv.Itoa(g) + ":" + strconv.Itoa(i)
+			want := k // the first half were rewritten (twice: i/2)
+			if i < keys/2 {
+				want += "+"
+			}
+			if got, _, err := v.Get(k); err != nil || string(got) != want {
+				t.Fatalf("%s: got %q, %v; want %q", k, got, err, want)
+			}
+		}
+	}
+}
