@@ -220,6 +220,66 @@ func (u *Updater) maxFuture() float64 {
 // allocation (a shorter one is replaced). Keys must be distinct. With no
 // requests the outcome is allowed after 0 attempts.
 func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outcome {
+	if binaryValues && len(reqs) == 1 && len(res) >= 1 {
+		// One request, the common case: the general path below without
+		// its loops over the requests (no duplicate to look for, nothing
+		// to refund when the write fails: it is the first). Each step is
+		// the general path's, with the same helpers, so the outcome, the
+		// store's calls and the values written are the same
+		// (TestTakeOneEquivalence). Native builds only (binaryValues): the
+		// wasm guest has no room for a second copy of the loop.
+		res = res[:1]
+		out := Outcome{Rejected: -1, Results: res}
+		r := &reqs[0]
+		r.TookOver, r.Collided = false, false
+		now = Quantize(now)
+		if !(now > 0) || math.IsInf(now, 1) {
+			out.Err = errBadNow
+			return out
+		}
+		if cap(u.pend) < 1 {
+			u.pend = make([]pending, 1)
+		}
+		pend := u.pend[:1]
+		p := &pend[0]
+		for out.Attempts < u.maxAttempts() {
+			out.Attempts++
+			var err error
+			if r.Slotted {
+				err = u.readSlot(r, now, &out, p)
+			} else {
+				*p = pending{key: r.Key}
+				p.read, p.cas, p.corrupt, err = u.read(r, now, &out)
+			}
+			if err != nil {
+				out.Err = err
+				return out
+			}
+			p.next, res[0] = r.Limit.Take(p.read, now, r.Cost)
+			if !res[0].Allowed {
+				u.reject(reqs, pend, now, &out)
+				out.Rejected = 0
+				countSlots(reqs, pend, &out, false)
+				return out
+			}
+			if _, err = u.commit(reqs, pend); err == nil {
+				r.Stored = p.key
+				out.Allowed = true
+				countSlots(reqs, pend, &out, true)
+				return out
+			}
+			if !errors.Is(err, ErrCASMismatch) {
+				out.Err = err
+				return out
+			}
+			out.CASRetries++
+			if u.Backoff != nil {
+				u.Backoff(out.Attempts)
+			}
+		}
+		out.Err = ErrContention
+		return out
+	}
 	out := Outcome{Rejected: -1}
 	if len(res) < len(reqs) {
 		res = make([]bucket.Result, len(reqs))
@@ -497,16 +557,39 @@ func (s *slotRead) free(r *Request, now float64) bool {
 // a full bucket owned by r.Owner, then both candidates are read again.
 func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) error {
 	for seeds := 0; ; seeds++ {
-		a, err := u.lookSlot(r.Key, now)
-		if err != nil {
-			return err
-		}
-		if a.mine(r) {
-			use(p, &a, r.Owner)
-			return nil
+		var a slotRead
+		if binaryValues {
+			// Native builds read the first candidate as lookSlot does,
+			// inline: when it is r's own (the common case), p is filled
+			// straight from the value read. (The wasm guest has no room.)
+			v, cas, err := u.Store.Get(r.Key)
+			switch {
+			case err == nil:
+				s, owner, hasOwner, perr := parseValue(v)
+				corrupt := perr != nil || s.Last > now+u.maxFuture()
+				if !corrupt && hasOwner && string(owner) == r.Owner { // a.mine(r)
+					*p = pending{read: s, cas: cas, key: r.Key, owner: r.Owner, hasOwner: true}
+					return nil
+				}
+				a = slotRead{key: r.Key, exists: true, corrupt: corrupt, state: s, cas: cas, owner: owner, hasOwner: hasOwner}
+			case errors.Is(err, ErrNotFound):
+				a = slotRead{key: r.Key}
+			default:
+				return err
+			}
+		} else {
+			var err error
+			if a, err = u.lookSlot(r.Key, now); err != nil {
+				return err
+			}
+			if a.mine(r) {
+				use(p, &a, r.Owner)
+				return nil
+			}
 		}
 		b := a
 		if r.Alt != "" {
+			var err error
 			if b, err = u.lookSlot(r.Alt, now); err != nil {
 				return err
 			}
