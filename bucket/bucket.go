@@ -321,7 +321,13 @@ func (l Limit) refillWindows(s State, now float64) State {
 // or infinite cost, or a cost above Burst + Reserve, is never allowed
 // (RetryAfter +Inf). Take does not allocate.
 func (l Limit) Take(s State, now, cost float64) (State, Result) {
+	if fastTake {
+		if next, res, ok := l.takePlain(s, now, cost); ok {
+			return next, res
+		}
+	}
 	s = l.Refill(s, now)
+
 	if cost < 0 {
 		cost = 0
 	}
@@ -338,6 +344,44 @@ func (l Limit) Take(s State, now, cost float64) (State, Result) {
 		retry = l.untilWindows(s, now, cost-s.Tokens)
 	}
 	return s, Result{Tokens: s.Tokens, RetryAfter: retry, FullIn: l.FullAfter(s, now)}
+}
+
+// takePlain is Take for the common case, a continuous bucket (Window 0)
+// without debt (MaxDebt 0) whose rate and burst are finite and > 0,
+// holding 0 to Burst tokens, read at a finite now not before its Last,
+// admitting a cost >= 0: Take's arithmetic without the checks and clamps
+// that cannot apply. It reports false, having decided nothing, for
+// anything else (a rejection included), which the rest of Take decides.
+// Its results are those of the rest of Take, bit for bit
+// (TestTakePlainEquivalence).
+func (l Limit) takePlain(s State, now, cost float64) (State, Result, bool) {
+	rate, burst, tokens := l.Rate, l.Burst, s.Tokens
+	elapsed := now - s.Last // NaN or ±Inf unless both are finite (or overflow)
+	if l.Window != 0 || l.MaxDebt != 0 || !(rate > 0 && rate <= math.MaxFloat64) ||
+		!(burst > 0 && burst <= math.MaxFloat64) || !(tokens >= 0 && tokens <= burst) ||
+		!(now <= math.MaxFloat64 && elapsed >= 0 && elapsed <= math.MaxFloat64) || !(cost >= 0) {
+		return State{}, Result{}, false
+	}
+	// Refill: now >= s.Last, both finite.
+	if elapsed > 0 && tokens < burst {
+		if add := elapsed * rate; add >= burst-tokens {
+			tokens = burst
+		} else if add > 0 {
+			tokens += add
+			if tokens > burst { // rounding
+				tokens = burst
+			}
+		}
+	}
+	if !(tokens >= cost) {
+		return State{}, Result{}, false
+	}
+	tokens -= cost // never below 0: rounding is monotonic
+	full := 0.0
+	if tokens < burst {
+		full = (burst - tokens) / rate
+	}
+	return State{Tokens: tokens, Last: now}, Result{Allowed: true, Tokens: tokens, FullIn: full}, true
 }
 
 // reserved is the result of a Take that admitted a cost into the
