@@ -32,9 +32,14 @@ func (p *Plugin) take(g *group, now float64) (out sharedstate.Outcome, wait floa
 	g.res = g.res[:len(g.reqs)]
 	out = p.upd.TakeAll(g.reqs, now, g.res)
 	wait, by = reservationWait(g)
-	p.metrics.corrupt.inc(p.host, int64(out.Corrupt))
+	// Counters move only when something happened (inc ignores a delta of
+	// 0): an uneventful decision, the common case, calls none.
 	if out.Corrupt > 0 {
+		p.metrics.corrupt.inc(p.host, int64(out.Corrupt))
 		p.warnf(now, "event=corrupt_state rules="+ruleNames(g.rules)+" count="+strconv.Itoa(out.Corrupt)+" action=replaced_with_full_bucket")
+	}
+	if out.CASRetries == 0 && out.Takeovers == 0 && out.Collisions == 0 {
+		return out, wait, by
 	}
 	for i, r := range g.rules {
 		r.metrics.casRetries.inc(p.host, int64(out.CASRetries))
