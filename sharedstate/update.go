@@ -262,7 +262,8 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 				countSlots(reqs, pend, &out, false)
 				return out
 			}
-			if _, err = u.commit(reqs, pend); err == nil {
+			u.buf = appendStored(u.Store, u.buf[:0], p, p.next) // commit
+			if err = u.Store.Set(p.key, u.buf, p.cas); err == nil {
 				r.Stored = p.key
 				out.Allowed = true
 				countSlots(reqs, pend, &out, true)
