@@ -38,10 +38,10 @@ func (p *Plugin) take(g *group, now float64) (out sharedstate.Outcome, wait floa
 		p.metrics.corrupt.inc(p.host, int64(out.Corrupt))
 		p.warnf(now, "event=corrupt_state rules="+ruleNames(g.rules)+" count="+strconv.Itoa(out.Corrupt)+" action=replaced_with_full_bucket")
 	}
-	if out.CASRetries == 0 && out.Takeovers == 0 && out.Collisions == 0 {
-		return out, wait, by
-	}
 	for i, r := range g.rules {
+		if out.CASRetries == 0 && out.Takeovers == 0 && out.Collisions == 0 {
+			break
+		}
 		r.metrics.casRetries.inc(p.host, int64(out.CASRetries))
 		if g.reqs[i].TookOver {
 			r.metrics.slotTakeovers.inc(p.host, 1)
