@@ -51,19 +51,32 @@ func (f *LocalFallback) BinaryValues() bool {
 		return false
 	}
 	if f.hostBinary == 0 {
-		f.hostBinary = 1
-		if b, ok := f.Host.(BinaryValues); ok && b.BinaryValues() {
-			f.hostBinary = 2
-		}
+		f.askHost()
 	}
 	return f.hostBinary == 2
 }
 
+// askHost sets hostBinary from the Host's answer (apart, so that
+// BinaryValues inlines).
+func (f *LocalFallback) askHost() {
+	f.hostBinary = 1
+	if b, ok := f.Host.(BinaryValues); ok && b.BinaryValues() {
+		f.hostBinary = 2
+	}
+}
+
 // appendStored appends the stored form of s for p: binary when st accepts
-// it and s has an exact binary form, text otherwise.
-func appendStored(st Store, dst []byte, p *pending, s bucket.State) []byte {
-	if b, ok := st.(BinaryValues); ok && b.BinaryValues() {
-		if t, last, ok := binaryState(s); ok {
+// it and s has an exact binary form, text otherwise. now is the decision's
+// time, quantized (see binaryState).
+func appendStored(st Store, dst []byte, p *pending, s bucket.State, now float64) []byte {
+	var bin bool
+	if f, ok := st.(*LocalFallback); ok { // the filter's store: no interface assertion
+		bin = f.BinaryValues()
+	} else if b, ok := st.(BinaryValues); ok {
+		bin = b.BinaryValues()
+	}
+	if bin {
+		if t, last, ok := binaryState(s, now); ok {
 			return appendBinary(dst, t, last, p.owner, p.hasOwner)
 		}
 	}
@@ -74,7 +87,7 @@ func appendStored(st Store, dst []byte, p *pending, s bucket.State) []byte {
 // hasOwner) to dst, or its text form (AppendState, AppendSlotValue) when s
 // has no exact binary form.
 func AppendBinaryValue(dst []byte, s bucket.State, owner string, hasOwner bool) []byte {
-	if t, last, ok := binaryState(s); ok {
+	if t, last, ok := binaryState(s, 0); ok {
 		return appendBinary(dst, t, last, owner, hasOwner)
 	}
 	if hasOwner {
@@ -84,8 +97,12 @@ func AppendBinaryValue(dst []byte, s bucket.State, owner string, hasOwner bool) 
 }
 
 // binaryState returns the tokens and last_refill the text of s parses
-// back to, and false when s is outside the binary form's domain.
-func binaryState(s bucket.State) (t, last float64, ok bool) {
+// back to, and false when s is outside the binary form's domain. now, if
+// not 0, is a time Quantize returned: a last_refill equal to it is known to
+// be a whole number of microseconds (floorMicro(now) == now: floorMicro is
+// idempotent below maxFastMicro, TestFloorMicroIdempotent), which spares
+// the common case a floorMicro.
+func binaryState(s bucket.State, now float64) (t, last float64, ok bool) {
 	t, last = s.Tokens, s.Last
 	switch {
 	case t > 0 && t < maxFastMicro:
@@ -95,7 +112,7 @@ func binaryState(s bucket.State) (t, last float64, ok bool) {
 	default: // a debt, NaN, ±Inf, from 2^33 on
 		return 0, 0, false
 	}
-	if !(last > 0 && last < maxFastMicro) || floorMicro(last) != last {
+	if !(last > 0 && last < maxFastMicro) || last != now && floorMicro(last) != last {
 		return 0, 0, false
 	}
 	return t, last, true

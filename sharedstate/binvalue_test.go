@@ -48,7 +48,7 @@ func TestBinaryValueMatchesText(t *testing.T) {
 			}
 			wantS, wantO, wantH, wantErr := parseValue(text)
 			bin := AppendBinaryValue(nil, s, owner, hasOwner)
-			_, _, inDomain := binaryState(s)
+			_, _, inDomain := binaryState(s, 0)
 			if isBin := bin[0] >= binTag; isBin != inDomain {
 				t.Fatalf("%+v: binary %v, want %v (value %q)", s, isBin, inDomain, bin)
 			}
@@ -154,6 +154,43 @@ func TestUpdaterBinaryValues(t *testing.T) {
 		}
 		if keys != 1 {
 			t.Errorf("slotted %v: %d keys in the binary store, want 1", slotted, keys)
+		}
+	}
+}
+
+// TestFloorMicroIdempotent: floorMicro of its own result changes nothing
+// below maxFastMicro, so a last_refill equal to a quantized now needs no
+// second floorMicro (binaryState's now), and binaryState answers the same
+// with the hint as without it.
+func TestFloorMicroIdempotent(t *testing.T) {
+	rng := rand.New(rand.NewPCG(29, 3))
+	for i := range 2000000 {
+		var x float64
+		switch i % 4 {
+		case 0: // times around today
+			x = 1.7e9 + rng.Float64()*1e8
+		case 1: // anywhere in the fast range
+			x = rng.Float64() * maxFastMicro
+		case 2: // near powers of two, where the spacing of floats changes
+			x = math.Ldexp(1, rng.IntN(34)) * (1 + (rng.Float64()-0.5)*1e-9)
+		default: // small values
+			x = rng.Float64() * math.Ldexp(1, -rng.IntN(20))
+		}
+		now := Quantize(x)
+		if !(now > 0 && now < maxFastMicro) {
+			continue
+		}
+		if f := floorMicro(now); f != now {
+			t.Fatalf("floorMicro(%v) = %v, Quantize(%v) = %v", now, f, x, now)
+		}
+		s := bucket.State{Tokens: rng.Float64() * 10, Last: now}
+		if rng.IntN(4) == 0 {
+			s.Last = x // not quantized: the hint does not apply
+		}
+		t1, l1, ok1 := binaryState(s, now)
+		t0, l0, ok0 := binaryState(s, 0)
+		if t1 != t0 || l1 != l0 || ok1 != ok0 {
+			t.Fatalf("binaryState(%+v) with now %v: %v %v %v, without: %v %v %v", s, now, t1, l1, ok1, t0, l0, ok0)
 		}
 	}
 }

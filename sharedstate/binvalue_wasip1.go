@@ -9,7 +9,9 @@ import "github.com/tokengate/tokengate/bucket"
 
 const binaryValues = false
 
-func appendStored(_ Store, dst []byte, p *pending, s bucket.State) []byte { return p.value(dst, s) }
+func appendStored(_ Store, dst []byte, p *pending, s bucket.State, _ float64) []byte {
+	return p.value(dst, s)
+}
 
 func parseBinary([]byte) (s bucket.State, owner []byte, hasOwner bool, err error, isBinary bool) {
 	return s, nil, false, nil, false

@@ -262,7 +262,7 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 				countSlots(reqs, pend, &out, false)
 				return out
 			}
-			u.buf = appendStored(u.Store, u.buf[:0], p, p.next) // commit
+			u.buf = appendStored(u.Store, u.buf[:0], p, p.next, now) // commit
 			if err = u.Store.Set(p.key, u.buf, p.cas); err == nil {
 				r.Stored = p.key
 				out.Allowed = true
@@ -339,7 +339,7 @@ func (u *Updater) TakeAll(reqs []Request, now float64, res []bucket.Result) Outc
 			countSlots(reqs, pend, &out, false)
 			return out
 		}
-		k, err := u.commit(reqs, pend)
+		k, err := u.commit(reqs, pend, now)
 		if err == nil {
 			for i := range reqs {
 				reqs[i].Stored = pend[i].key
@@ -442,10 +442,10 @@ func (u *Updater) reject(reqs []Request, pend []pending, now float64, out *Outco
 
 // commit writes each pending state with its cas, in order, and returns how
 // many were written before the first error.
-func (u *Updater) commit(reqs []Request, pend []pending) (int, error) {
+func (u *Updater) commit(reqs []Request, pend []pending, now float64) (int, error) {
 	for k := range reqs {
 		if binaryValues {
-			u.buf = appendStored(u.Store, u.buf[:0], &pend[k], pend[k].next)
+			u.buf = appendStored(u.Store, u.buf[:0], &pend[k], pend[k].next, now)
 		} else {
 			u.buf = pend[k].value(u.buf[:0], pend[k].next)
 		}
