@@ -566,10 +566,16 @@ func (u *Updater) readSlot(r *Request, now float64, out *Outcome, p *pending) er
 			v, cas, err := u.Store.Get(r.Key)
 			switch {
 			case err == nil:
-				s, owner, hasOwner, perr := parseValue(v)
+				s, owner, hasOwner, perr, isBinary := parseBinary(v) // parseValue's first step
+				if !isBinary {
+					s, owner, hasOwner, perr = parseValue(v)
+				}
 				corrupt := perr != nil || s.Last > now+u.maxFuture()
 				if !corrupt && hasOwner && string(owner) == r.Owner { // a.mine(r)
-					*p = pending{read: s, cas: cas, key: r.Key, owner: r.Owner, hasOwner: true}
+					// use(p, &a, r.Owner), field by field: p.next is
+					// written by Take before any use.
+					p.read, p.cas, p.key, p.owner = s, cas, r.Key, r.Owner
+					p.hasOwner, p.corrupt, p.takeover, p.collide = true, false, false, false
 					return nil
 				}
 				a = slotRead{key: r.Key, exists: true, corrupt: corrupt, state: s, cas: cas, owner: owner, hasOwner: hasOwner}
