@@ -184,9 +184,9 @@ func (s *Store) Len() int {
 //
 // A view remembers the entry its last Get found: the Updater writes the
 // key it has just read, and an entry is never removed from its shard
-// (shared data has no delete), so that Set needs neither a hash nor a
-// look-up, only a comparison with the entry's key (which never changes);
-// it takes the shard's lock as any Set does.
+// (shared data has no delete), so that Set, and a Get of the same key,
+// need neither a hash nor a look-up, only a comparison with the entry's
+// key (which never changes); they take the shard's lock as any Set does.
 type View struct {
 	S   *Store
 	buf []byte
@@ -197,16 +197,22 @@ type View struct {
 
 var _ sharedstate.Store = (*View)(nil)
 
-// Get implements sharedstate.Store.
+// Get implements sharedstate.Store. A Get of the key the last one found
+// (a global rule's one key, or the same client again) goes straight to its
+// entry, without hashing the key or probing the table.
 func (v *View) Get(key string) ([]byte, uint32, error) {
-	h := v.S.hash(key)
-	sh := v.S.shardOf(h)
-	sh.mu.Lock()
-	e := sh.find(h, key)
-	if e == nil {
-		sh.mu.Unlock()
-		v.lastE = nil
-		return nil, 0, sharedstate.ErrNotFound
+	sh, e := v.lastSh, v.lastE
+	if e != nil && e.key == key {
+		sh.mu.Lock()
+	} else {
+		h := v.S.hash(key)
+		sh = v.S.shardOf(h)
+		sh.mu.Lock()
+		if e = sh.find(h, key); e == nil {
+			sh.mu.Unlock()
+			v.lastE = nil
+			return nil, 0, sharedstate.ErrNotFound
+		}
 	}
 	v.buf = append(v.buf[:0], e.value...)
 	cas := e.cas

@@ -273,3 +273,76 @@ func TestConcurrentGrowth(t *testing.T) {
 		}
 	}
 }
+
+// TestViewGetRemembered: a Get of the key the view's last Get found reads
+// that entry as it is now (writes through other views included), and a
+// Get of another key, however alike, or of a missing one, is looked up.
+func TestViewGetRemembered(t *testing.T) {
+	s := procstore.New()
+	v, other := &procstore.View{S: s}, &procstore.View{S: s}
+	_ = other.Set("tb:r:slot:10", []byte("a1"), 0)
+	_ = other.Set("tb:r:slot:11", []byte("b1"), 0)
+	get := func(key, want string) uint32 {
+		t.Helper()
+		got, cas, err := v.Get(key)
+		if err != nil || string(got) != want {
+			t.Fatalf("Get(%s) = %q, %v; want %q", key, got, err, want)
+		}
+		return cas
+	}
+	cas := get("tb:r:slot:10", "a1")
+	if err := other.Set("tb:r:slot:10", []byte("a2"), cas); err != nil {
+		t.Fatal(err)
+	}
+	cas2 := get("tb:r:slot:10", "a2") // remembered: sees the other view's write
+	if cas2 == cas {
+		t.Fatalf("cas unchanged (%d) after another view's write", cas)
+	}
+	get("tb:r:slot:11", "b1") // same length, one byte apart
+	get("tb:r:slot:10", "a2")
+	if _, _, err := v.Get("tb:r:slot:1"); err != sharedstate.ErrNotFound { // a prefix
+		t.Fatalf("Get of a missing prefix: %v, want ErrNotFound", err)
+	}
+	if _, _, err := v.Get("tb:r:slot:100"); err != sharedstate.ErrNotFound { // an extension
+		t.Fatalf("Get of a missing extension: %v, want ErrNotFound", err)
+	}
+	get("tb:r:slot:10", "a2")
+	// Through the remembered entry, a stale cas still fails.
+	if err := v.Set("tb:r:slot:10", []byte("x"), cas); err != sharedstate.ErrCASMismatch {
+		t.Fatalf("stale cas: %v, want ErrCASMismatch", err)
+	}
+	if err := v.Set("tb:r:slot:10", []byte("a3"), cas2); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := other.Get("tb:r:slot:10"); string(got) != "a3" {
+		t.Fatalf("other view reads %q, want a3", got)
+	}
+}
+
+// BenchmarkViewGetSet: a get and a compare-and-swap set of one key again
+// and again (the view's remembered entry), and of 1,000 keys in turn (a
+// look-up each time).
+func BenchmarkViewGetSet(b *testing.B) {
+	for _, n := range []int{1, 1000} {
+		b.Run(strconv.Itoa(n)+"-keys", func(b *testing.B) {
+			v := &procstore.View{S: procstore.New()}
+			keys := make([]string, n)
+			for i := range keys {
+				keys[i] = "tb:per-ip:slot:" + strconv.Itoa(1000000+i*7919)
+				_ = v.Set(keys[i], []byte("\xff0123456789abcdef10.0.0.1"), 0)
+			}
+			i := 0
+			for b.Loop() {
+				k := keys[i%n]
+				i++
+				val, cas, err := v.Get(k)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := v.Set(k, val, cas); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
