@@ -327,7 +327,6 @@ func (l Limit) Take(s State, now, cost float64) (State, Result) {
 		}
 	}
 	s = l.Refill(s, now)
-
 	if cost < 0 {
 		cost = 0
 	}
