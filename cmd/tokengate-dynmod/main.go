@@ -201,10 +201,10 @@ var _ = [1]struct{}{}[unsafe.Sizeof(dynmod.Mailbox{})-unsafe.Sizeof(C.tg_mailbox
 
 //export tgo_request_headers_new
 func tgo_request_headers_new(cfg, f C.uintptr_t, worker C.uint32_t, end C.bool,
-	src *C.char, srcLen C.size_t, srcOK C.bool, box *C.tg_mailbox) (h C.uintptr_t, st C.uint32_t) {
+	src *C.char, srcLen C.size_t, srcOK C.bool, box *C.tg_mailbox, now C.int64_t) (h C.uintptr_t, st C.uint32_t) {
 	defer recovered()
-	gh, gst := dynmod.RequestHeadersNew(uintptr(cfg), uintptr(f), uint32(worker), bool(end),
-		gostr(src, srcLen), bool(srcOK), (*dynmod.Mailbox)(unsafe.Pointer(box)))
+	gh, gst := dynmod.RequestHeadersNewAt(uintptr(cfg), uintptr(f), uint32(worker), bool(end),
+		gostr(src, srcLen), bool(srcOK), (*dynmod.Mailbox)(unsafe.Pointer(box)), int64(now))
 	return C.uintptr_t(gh), C.uint32_t(gst)
 }
 

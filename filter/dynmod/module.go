@@ -223,6 +223,11 @@ type worker struct {
 	src           string
 	srcOK, srcSet bool
 	box           *Mailbox
+	// now is the wall-clock time, in nanoseconds since the Unix epoch,
+	// that the C side read as it crossed into RequestHeadersNewAt: the
+	// plugin's clock (worker.clock) for every callback of that crossing.
+	// 0 outside one, and the clock is read in Go.
+	now int64
 
 	// The timer (filter.Ticker): a goroutine's time.Timer that, every
 	// period, commits a scheduler event to a paused stream of the worker
@@ -243,7 +248,20 @@ func newWorker(c *config, i int) *worker {
 	w.host.w = w
 	w.host.view.S = store
 	w.p = filter.NewPlugin(&w.host)
+	w.p.Clock = w.clock
 	return w
+}
+
+// clock is the worker's plugin's Clock: the time the C side passed with
+// the crossing being run (worker.now), so that the request path reads the
+// clock once, in C, instead of through time.Now (two reads of the vDSO
+// clock); outside such a crossing, the wall clock, as the filter's
+// default.
+func (w *worker) clock() float64 {
+	if w.now != 0 {
+		return float64(w.now) / 1e9
+	}
+	return float64(time.Now().UnixNano()) / 1e9
 }
 
 // enter makes stream slot (filter pointer f) the current one, first running
@@ -372,8 +390,18 @@ type Mailbox struct {
 // stream whose later hooks would do nothing but set its response headers
 // is finished at once (finishEarly): its headers are left in box, and the
 // returned handle is 0, so that no later hook crosses into Go. It returns
-// the stream's handle (0: none) and the hook's answer.
+// the stream's handle (0: none) and the hook's answer. The filter reads
+// the wall clock itself; RequestHeadersNewAt takes the time from C.
 func RequestHeadersNew(cfgHandle, f uintptr, wi uint32, end bool, src string, srcOK bool, box *Mailbox) (h uintptr, status uint32) {
+	return RequestHeadersNewAt(cfgHandle, f, wi, end, src, srcOK, box, 0)
+}
+
+// RequestHeadersNewAt is RequestHeadersNew at time now, in nanoseconds
+// since the Unix epoch, as the C side read the wall clock (CLOCK_REALTIME)
+// before it crossed: every callback the crossing runs takes its time from
+// it, and the request path never reads the clock in Go. now 0 (the C side
+// could not read it) has the filter read it, as RequestHeadersNew.
+func RequestHeadersNewAt(cfgHandle, f uintptr, wi uint32, end bool, src string, srcOK bool, box *Mailbox, now int64) (h uintptr, status uint32) {
 	// One guard for the whole crossing: a panic fails open, keeping the
 	// stream if it was made (its later hooks then cross as usual) and
 	// dropping response headers a failed finishEarly left in box.
@@ -383,7 +411,7 @@ func RequestHeadersNew(cfgHandle, f uintptr, wi uint32, end bool, src string, sr
 		status = HeadersContinue
 		if w != nil {
 			w.src, w.srcOK, w.srcSet, w.box, w.host.box = "", false, false, nil, nil
-			w.cur, w.curSlot = 0, 0
+			w.cur, w.curSlot, w.now = 0, 0, 0
 		}
 		if finishing && box != nil {
 			box.NHeaders, box.BufLen = 0, 0
@@ -393,15 +421,17 @@ func RequestHeadersNew(cfgHandle, f uintptr, wi uint32, end bool, src string, sr
 	if h == 0 {
 		return 0, HeadersContinue
 	}
-	w.src, w.srcOK, w.srcSet, w.box = src, srcOK, true, box
+	w.src, w.srcOK, w.srcSet, w.box, w.now = src, srcOK, true, box, now
 	status = w.requestHeaders(f, slot, st, end)
 	w.src, w.srcOK, w.srcSet, w.box = "", false, false, nil
 	if box != nil && status == HeadersContinue {
 		finishing = true
 		if w.finishEarly(slot, st, box) {
+			w.now = 0
 			return 0, status
 		}
 	}
+	w.now = 0
 	return h, status
 }
 
