@@ -439,9 +439,10 @@ func RequestHeadersNewAt(cfgHandle, f uintptr, wi uint32, end bool, src string, 
 // the filter says its later hooks would have nothing to do but set the
 // response headers (filter.Stream.Idle): the filter computes those headers
 // now, they are left in box for the C side to set when the response
-// headers arrive, and the stream is ended and released. It reports false,
-// changing nothing the response hook would not redo, when the stream is
-// not idle or its headers do not fit in box.
+// headers arrive, and the stream is ended and released (Release ends it:
+// for an idle stream, OnDone would do nothing Release does not). It
+// reports false, changing nothing the response hook would not redo, when
+// the stream is not idle or its headers do not fit in box.
 func (w *worker) finishEarly(slot uint32, st *stream, box *Mailbox) bool {
 	if !st.s.Idle() {
 		return false
@@ -455,7 +456,6 @@ func (w *worker) finishEarly(slot uint32, st *stream, box *Mailbox) bool {
 		w.cur, w.curSlot = 0, 0
 		return false
 	}
-	st.s.OnDone()
 	w.cur, w.curSlot = 0, 0
 	w.destroy(slot, st)
 	return true
