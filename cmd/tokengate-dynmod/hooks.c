@@ -110,11 +110,27 @@ uint32_t envoy_dynamic_module_on_http_filter_request_trailers(void* f, const voi
 	return live(s) ? tgo_request_trailers((uintptr_t)f, s->go) : CONTINUE;
 }
 
+// set_box_headers sets (or adds) the response headers Go left in box, as
+// tg_set_headers does, calling Envoy directly.
+static void set_box_headers(void* f, const tg_mailbox* box) {
+	uint32_t n = box->nheaders < TG_MAILBOX_HEADERS ? box->nheaders : TG_MAILBOX_HEADERS;
+	const char* p = box->buf;
+	for (uint32_t i = 0; i < n; i++) {
+		const uint32_t* op = box->ops + 3 * i;
+		tg_buffer k = {p, op[1]}, v = {p + op[1], op[2]};
+		if (op[0]) {
+			envoy_dynamic_module_callback_http_add_header(f, 2 /* response headers */, k, v);
+		} else {
+			envoy_dynamic_module_callback_http_set_header(f, 2 /* response headers */, k, v);
+		}
+		p += op[1] + op[2];
+	}
+}
+
 uint32_t envoy_dynamic_module_on_http_filter_response_headers(void* f, const void* m, bool end) {
 	tg_stream* s = (tg_stream*)m;
 	if (s->box.nheaders > 0) { // the RateLimit headers of a stream Go finished at once
-		tg_set_headers((uintptr_t)f, 2 /* response headers */, s->box.buf, s->box.ops,
-		               s->box.nheaders < TG_MAILBOX_HEADERS ? s->box.nheaders : TG_MAILBOX_HEADERS);
+		set_box_headers(f, &s->box);
 		s->box.nheaders = 0;
 	}
 	return live(s) ? tgo_response_headers((uintptr_t)f, s->go, end) : CONTINUE;
