@@ -397,3 +397,70 @@ func TestRequestHeadersNewAtTakesTheTimeFromC(t *testing.T) {
 		}
 	}
 }
+
+// countingEnvoy is fakeEnvoy with counters Envoy tells apart, by name.
+type countingEnvoy struct {
+	*fakeEnvoy
+	names  []string
+	counts map[string]uint64
+}
+
+func (e *countingEnvoy) DefineCounter(cfg uintptr, name string) (uint64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.names = append(e.names, name)
+	return uint64(len(e.names)), true
+}
+
+func (e *countingEnvoy) IncrementCounter(f uintptr, id, delta uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.counts[e.names[id-1]] += delta
+}
+
+// TestMailboxPanicInResponseHeaders: a panic while the one crossing sets
+// an idle stream's response headers (here a mailbox whose length is out of
+// range) is what a panic in proxy_on_response_headers is: logged and
+// counted as one in that callback, the headers left out, and the stream
+// finished all the same; the next request goes through.
+func TestMailboxPanicInResponseHeaders(t *testing.T) {
+	e := &countingEnvoy{fakeEnvoy: &fakeEnvoy{workers: 1}, counts: map[string]uint64{}}
+	Bind(e)
+	defer Bind(e.fakeEnvoy)
+	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"r","limit_keys":["ip:address"],"algorithm_config":{"rps":1000,"burst":1000}}]}`))
+	if cfg == 0 {
+		t.Fatalf("config refused: %q", e.logs)
+	}
+	defer ConfigDestroy(cfg)
+	f := e.newStream(0, nil)
+	for i, bufLen := range []uint32{0, MailboxBytes + 1, 0, MailboxBytes + 1, 0} {
+		logs, panics := len(e.logs), e.counts[filter.MetricPanics]
+		box := Mailbox{BufLen: bufLen}
+		h, st := RequestHeadersNewAt(cfg, f, 0, true, "10.2.0.1:1", true, &box, time.Now().UnixNano())
+		if h != 0 || st != HeadersContinue {
+			t.Fatalf("request %d: handle %d status %d, want the stream finished, continue", i, h, st)
+		}
+		for k := range box.NCounts { // the C side's increments
+			e.IncrementCounter(f, box.Counts[2*k], box.Counts[2*k+1])
+		}
+		if bufLen == 0 {
+			if box.NHeaders != 5 || len(e.logs) != logs || e.counts[filter.MetricPanics] != panics {
+				t.Fatalf("request %d: %d headers, logs %q, want 5 and no panic", i, box.NHeaders, e.logs[logs:])
+			}
+			continue
+		}
+		const want = "tokengate: recovered panic in proxy_on_response_headers, failing open: runtime error: slice bounds out of range"
+		if len(e.logs) != logs+1 || !strings.HasPrefix(e.logs[logs], want) {
+			t.Fatalf("request %d: logs %q, want one line %q...", i, e.logs[logs:], want)
+		}
+		if got := e.counts[filter.MetricPanics]; got != panics+1 {
+			t.Fatalf("request %d: %s %d, want %d", i, filter.MetricPanics, got, panics+1)
+		}
+		if box.NHeaders != 0 || box.BufLen != bufLen {
+			t.Fatalf("request %d: mailbox %d headers, %d bytes; want it untouched", i, box.NHeaders, box.BufLen)
+		}
+	}
+	if got := e.counts["tokengate.rule.r.allowed"]; got != 5 {
+		t.Fatalf("allowed %d, want 5 (counts %v)", got, e.counts)
+	}
+}
