@@ -75,3 +75,23 @@ func (s *Stream) RecoverResponseHeaders(v any) {
 	p.metrics.panics.inc(p.host, 1)
 	p.host.Log(LogCritical, "tokengate: recovered panic in proxy_on_response_headers, failing open: "+msg)
 }
+
+// ReleaseIdle is Release for a stream finished through
+// IdleResponseHeaders: while the stream is idle its end (Stream.end: no
+// wait to abandon, no hold, nothing to settle) would change nothing, so
+// only the release itself is left; a stream that is not idle any more is
+// released in full.
+func (s *Stream) ReleaseIdle() {
+	p := s.p
+	if p == nil || !s.Idle() {
+		s.Release()
+		return
+	}
+	p.buf.nowSet = false // as Release
+	if len(p.free) >= maxFreeStreams {
+		return
+	}
+	s.id = 0
+	s.st.clear()
+	p.free = append(p.free, s)
+}

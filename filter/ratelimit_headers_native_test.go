@@ -35,8 +35,11 @@ func (h *headerSetter) SetRateLimitHeaders(quotas []ratelimitheader.Quota, best 
 // what OnResponseHeaders sets, and a panic in it handed to
 // RecoverResponseHeaders is logged and counted as OnResponseHeaders' own
 // recover does; a stream that is not idle is left to OnResponseHeaders.
-// Requests admitted and rejected, rules that apply and do not, one rule
-// and several, RateLimit headers on and off, fixed windows.
+// ReleaseIdle (without OnDone) leaves the plugin as OnDone and Release do:
+// the later requests are decided alike, a concurrency rule's place in
+// flight (a stream not idle) released. Requests admitted and rejected,
+// rules that apply and do not, one rule and several, RateLimit headers on
+// and off, fixed windows, settling and concurrency rules.
 func TestIdleResponseHeaders(t *testing.T) {
 	configs := []string{
 		`{"rules":[{"name":"a","limit_keys":["header:x-a"],"algorithm_config":{"rps":2,"burst":3}}]}`,
@@ -45,6 +48,8 @@ func TestIdleResponseHeaders(t *testing.T) {
 		`{"settings":{"ratelimit_headers":false},"rules":[{"name":"a","limit_keys":["header:x-a"],"algorithm_config":{"rps":2,"burst":3}}]}`,
 		`{"rules":[{"name":"w","algorithm":"fixed_window","limit_keys":["header:x-a"],"algorithm_config":{"limit":4,"window_seconds":2}}]}`,
 		`{"rules":[{"name":"s","limit_keys":["header:x-a"],"algorithm_config":{"rps":2,"burst":3,"count_statuses":[200]}}]}`,
+		`{"rules":[{"name":"cc","algorithm":"concurrency","limit_keys":["header:x-a"],"algorithm_config":{"max_in_flight":1}},` +
+			`{"name":"b","limit_keys":["header:x-b"],"algorithm_config":{"rps":1,"burst":2}}]}`,
 	}
 	reqs := []filtertest.Request{
 		filtertest.Get("/", "10.0.0.1:1", "x-a", "k"),
@@ -97,6 +102,10 @@ func TestIdleResponseHeaders(t *testing.T) {
 						s.OnResponseHeaders(0, false)
 					}
 					h.EndCallback()
+					if i == 1 {
+						s.ReleaseIdle() // idle or not: a stream not idle is released in full
+						continue
+					}
 					s.OnDone()
 					s.Release()
 				}

@@ -512,7 +512,7 @@ func (w *worker) endEarly(slot uint32, st *stream, box *Mailbox) bool {
 		return false
 	}
 	w.cur, w.curSlot = 0, 0
-	w.destroy(slot, st)
+	w.release(slot, st, true)
 	return true
 }
 
@@ -648,7 +648,11 @@ func Destroy(h uintptr) {
 }
 
 // destroy is Destroy of stream st, in slot.
-func (w *worker) destroy(slot uint32, st *stream) {
+func (w *worker) destroy(slot uint32, st *stream) { w.release(slot, st, false) }
+
+// release is destroy; idle says the stream was finished early
+// (filter.Stream.ReleaseIdle).
+func (w *worker) release(slot uint32, st *stream, idle bool) {
 	st.live = false
 	w.host.dropHeaders(st.f)
 	if st.sched != 0 {
@@ -670,7 +674,11 @@ func (w *worker) destroy(slot uint32, st *stream) {
 	s := st.s
 	*st = stream{}
 	w.free = append(w.free, slot)
-	s.Release()
+	if idle {
+		s.ReleaseIdle()
+	} else {
+		s.Release()
+	}
 }
 
 // Scheduled is on_http_filter_scheduled: the worker's tick, delivered on a
