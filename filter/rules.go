@@ -46,6 +46,7 @@ func newRules(cfg *config.Config, h Host) ruleSet {
 	set := ruleSet{rules: make([]*rule, 0, len(cfg.Rules())), policies: make([]policy, len(cfg.Policies))}
 	add := func(cr *config.Rule) *rule {
 		r := &rule{Rule: cr, plan: ratelimitheader.NewPlan(cr.Name, cr.Limit)}
+		r.plan.PrepareHeaders() // for a native host's AppendHeaders; nothing in the guest
 		r.defineMetrics(h)
 		set.rules = append(set.rules, r)
 		return r

@@ -46,6 +46,11 @@ func Seconds(d float64) int64 {
 // request, formatted once per configuration.
 type Plan struct {
 	_ incomparable
+	// wire holds, outside the wasm guest, the bytes of the response
+	// headers that do not depend on the request, for AppendHeaders
+	// (PrepareHeaders, wire_native.go); in the guest it is empty, and
+	// takes no room.
+	wire wire
 	// Limit is the RateLimit-Limit value: the whole tokens of a full
 	// bucket, or a fixed window's limit per window.
 	Limit string

@@ -9,9 +9,13 @@
 // source address in, and Go leaves the hook's counter increments and, for
 // a stream it could finish at once, the response headers in the stream's
 // mailbox (tg_mailbox), which the C side applies without calling back into
-// Go; no later hook of such a stream crosses.
+// Go; no later hook of such a stream crosses. The crossing also carries the
+// time, read here once (CLOCK_REALTIME), which the filter uses for every
+// callback it runs in the crossing: Go's time.Now would read the clock
+// twice (wall and monotonic).
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "_cgo_export.h"
 #include "abi.h"
@@ -73,16 +77,19 @@ const void* envoy_dynamic_module_on_http_filter_new(const void* cfg, void* f) {
 uint32_t envoy_dynamic_module_on_http_filter_request_headers(void* f, const void* m, bool end) {
 	tg_stream* s = (tg_stream*)m;
 	if (s->go == 0) {
-		// One crossing: the worker and the source address go in, the
-		// counts come back in the mailbox, and so do the response headers
-		// of a stream Go finished at once (then r0 is 0).
+		// One crossing: the worker, the source address and the time go
+		// in, the counts come back in the mailbox, and so do the response
+		// headers of a stream Go finished at once (then r0 is 0).
 		uint32_t worker = envoy_dynamic_module_callback_http_filter_get_worker_index(f);
 		tg_buffer src = {0};
 		bool src_ok = envoy_dynamic_module_callback_http_filter_get_attribute_string(f, 24 /* source.address */, &src) &&
 		              src.ptr != NULL;
 		s->box.nheaders = s->box.ncounts = s->box.buflen = 0;
+		struct timespec ts;
+		int64_t now = 0; // 0: Go reads the clock itself
+		if (clock_gettime(CLOCK_REALTIME, &ts) == 0) now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 		struct tgo_request_headers_new_return r =
-		    tgo_request_headers_new(s->cfg, (uintptr_t)f, worker, end, (char*)src.ptr, src.length, src_ok, &s->box);
+		    tgo_request_headers_new(s->cfg, (uintptr_t)f, worker, end, (char*)src.ptr, src.length, src_ok, &s->box, now);
 		s->go = r.r0 ? r.r0 : NONE;
 		for (uint32_t i = 0; i < s->box.ncounts && i < TG_MAILBOX_COUNTS; i++)
 			envoy_dynamic_module_callback_http_filter_increment_counter(f, (size_t)s->box.counts[2 * i], NULL, 0,
@@ -103,11 +110,27 @@ uint32_t envoy_dynamic_module_on_http_filter_request_trailers(void* f, const voi
 	return live(s) ? tgo_request_trailers((uintptr_t)f, s->go) : CONTINUE;
 }
 
+// set_box_headers sets (or adds) the response headers Go left in box, as
+// tg_set_headers does, calling Envoy directly.
+static void set_box_headers(void* f, const tg_mailbox* box) {
+	uint32_t n = box->nheaders < TG_MAILBOX_HEADERS ? box->nheaders : TG_MAILBOX_HEADERS;
+	const char* p = box->buf;
+	for (uint32_t i = 0; i < n; i++) {
+		const uint32_t* op = box->ops + 3 * i;
+		tg_buffer k = {p, op[1]}, v = {p + op[1], op[2]};
+		if (op[0]) {
+			envoy_dynamic_module_callback_http_add_header(f, 2 /* response headers */, k, v);
+		} else {
+			envoy_dynamic_module_callback_http_set_header(f, 2 /* response headers */, k, v);
+		}
+		p += op[1] + op[2];
+	}
+}
+
 uint32_t envoy_dynamic_module_on_http_filter_response_headers(void* f, const void* m, bool end) {
 	tg_stream* s = (tg_stream*)m;
 	if (s->box.nheaders > 0) { // the RateLimit headers of a stream Go finished at once
-		tg_set_headers((uintptr_t)f, 2 /* response headers */, s->box.buf, s->box.ops,
-		               s->box.nheaders < TG_MAILBOX_HEADERS ? s->box.nheaders : TG_MAILBOX_HEADERS);
+		set_box_headers(f, &s->box);
 		s->box.nheaders = 0;
 	}
 	return live(s) ? tgo_response_headers((uintptr_t)f, s->go, end) : CONTINUE;

@@ -199,12 +199,20 @@ func tgo_config_destroy(h C.uintptr_t) {
 // the build.
 var _ = [1]struct{}{}[unsafe.Sizeof(dynmod.Mailbox{})-unsafe.Sizeof(C.tg_mailbox{})]
 
+// tgo_request_headers_new is the crossing of almost every request, and
+// defers no recover of its own: dynmod.RequestHeadersNewAt guards all it
+// runs (one guard per crossing), and nothing before it can panic but a
+// view of a source address longer than any (unsafe.String's length out of
+// range), answered here as the recover did: no Go side, continue.
+//
 //export tgo_request_headers_new
 func tgo_request_headers_new(cfg, f C.uintptr_t, worker C.uint32_t, end C.bool,
-	src *C.char, srcLen C.size_t, srcOK C.bool, box *C.tg_mailbox) (h C.uintptr_t, st C.uint32_t) {
-	defer recovered()
-	gh, gst := dynmod.RequestHeadersNew(uintptr(cfg), uintptr(f), uint32(worker), bool(end),
-		gostr(src, srcLen), bool(srcOK), (*dynmod.Mailbox)(unsafe.Pointer(box)))
+	src *C.char, srcLen C.size_t, srcOK C.bool, box *C.tg_mailbox, now C.int64_t) (h C.uintptr_t, st C.uint32_t) {
+	if srcLen > 1<<30 {
+		return 0, 0
+	}
+	gh, gst := dynmod.RequestHeadersNewAt(uintptr(cfg), uintptr(f), uint32(worker), bool(end),
+		gostr(src, srcLen), bool(srcOK), (*dynmod.Mailbox)(unsafe.Pointer(box)), int64(now))
 	return C.uintptr_t(gh), C.uint32_t(gst)
 }
 

@@ -1,3 +1,5 @@
+//go:build !wasip1
+
 package dynmod
 
 import (
@@ -5,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tokengate/tokengate/filter"
 )
@@ -311,5 +314,155 @@ func TestMailboxFinishesIdleStream(t *testing.T) {
 	}
 	if allocs := testing.AllocsPerRun(1000, run); allocs != 0 {
 		t.Fatalf("%v allocations per request through the mailbox, want 0", allocs)
+	}
+}
+
+// TestRequestHeadersNewAtTakesTheTimeFromC: the time the C side passes
+// with the crossing is the filter's clock for the whole crossing (the
+// bucket refills by it, not by the wall clock), and only for it: after
+// the crossing the worker's clock is the wall clock again; 0 reads the
+// wall clock.
+func TestRequestHeadersNewAtTakesTheTimeFromC(t *testing.T) {
+	e := &fakeEnvoy{workers: 1}
+	Bind(e)
+	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"r","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":1}}]}`))
+	if cfg == 0 {
+		t.Fatalf("config refused: %q", e.logs)
+	}
+	defer ConfigDestroy(cfg)
+	f := e.newStream(0, nil)
+	s := e.stream(f)
+	// A time ten years from now, whole seconds apart: the wall clock
+	// would neither refill the bucket between the requests nor agree
+	// with the RateLimit-Reset the headers state.
+	t0 := time.Now().Add(10 * 365 * 24 * time.Hour).UnixNano()
+	tests := []struct {
+		now       int64
+		admitted  bool
+		remaining string
+	}{
+		{t0, true, "0"},
+		{t0, false, ""},                 // the same instant: empty
+		{t0 + 999_000_000, false, ""},   // 0.999 s later: not a whole token
+		{t0 + 1_000_000_000, true, "0"}, // 1 s later: one token
+		{t0 + 5_000_000_000, true, "0"}, // 4 s later: full (burst 1)
+		{t0 + 5_000_000_000, false, ""}, // and empty again
+		{t0 + 7_500_000_000, true, "0"}, // 2.5 s later
+	}
+	for i, tc := range tests {
+		var box Mailbox
+		s.local = 0
+		h, st := RequestHeadersNewAt(cfg, f, 0, true, "10.1.2.3:5", true, &box, tc.now)
+		admitted := st == HeadersContinue && s.local == 0
+		if admitted != tc.admitted {
+			t.Fatalf("request %d at t0%+d ns: admitted %v (reply %d), want %v", i, tc.now-t0, admitted, s.local, tc.admitted)
+		}
+		if admitted {
+			hs := boxHeaders(&box)
+			if h != 0 || hs["ratelimit-remaining"] != tc.remaining || hs["ratelimit-reset"] != "1" {
+				t.Fatalf("request %d: handle %d, headers %v; want finished, remaining %s, reset 1", i, h, hs, tc.remaining)
+			}
+			continue
+		}
+		StreamComplete(f, h)
+		Destroy(h)
+	}
+	w := configOf(cfg).worker(0)
+	if w.now != 0 {
+		t.Fatalf("after the crossing the worker's time is %d, want 0 (the wall clock)", w.now)
+	}
+	before := float64(time.Now().UnixNano()) / 1e9
+	got := w.clock()
+	after := float64(time.Now().UnixNano()) / 1e9
+	if got < before || got > after {
+		t.Fatalf("outside a crossing the clock read %f, want the wall clock, in [%f, %f]", got, before, after)
+	}
+	// now 0: the filter reads the wall clock, ten years before t0: a fresh
+	// key's one token goes, the next request at once finds none, and one
+	// at t0 finds the bucket refilled.
+	for i, tc := range []struct {
+		now      int64
+		admitted bool
+	}{{0, true}, {0, false}, {t0, true}} {
+		var box Mailbox
+		s.local = 0
+		h, st := RequestHeadersNewAt(cfg, f, 0, true, "10.1.2.4:5", true, &box, tc.now)
+		if admitted := st == HeadersContinue && s.local == 0; admitted != tc.admitted {
+			t.Fatalf("wall clock, request %d: admitted %v, want %v", i, admitted, tc.admitted)
+		}
+		if h != 0 {
+			StreamComplete(f, h)
+			Destroy(h)
+		}
+		if w.now != 0 {
+			t.Fatalf("wall clock, request %d: after the crossing the worker's time is %d, want 0", i, w.now)
+		}
+	}
+}
+
+// countingEnvoy is fakeEnvoy with counters Envoy tells apart, by name.
+type countingEnvoy struct {
+	*fakeEnvoy
+	names  []string
+	counts map[string]uint64
+}
+
+func (e *countingEnvoy) DefineCounter(cfg uintptr, name string) (uint64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.names = append(e.names, name)
+	return uint64(len(e.names)), true
+}
+
+func (e *countingEnvoy) IncrementCounter(f uintptr, id, delta uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.counts[e.names[id-1]] += delta
+}
+
+// TestMailboxPanicInResponseHeaders: a panic while the one crossing sets
+// an idle stream's response headers (here a mailbox whose length is out of
+// range) is what a panic in proxy_on_response_headers is: logged and
+// counted as one in that callback, the headers left out, and the stream
+// finished all the same; the next request goes through.
+func TestMailboxPanicInResponseHeaders(t *testing.T) {
+	e := &countingEnvoy{fakeEnvoy: &fakeEnvoy{workers: 1}, counts: map[string]uint64{}}
+	Bind(e)
+	defer Bind(e.fakeEnvoy)
+	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"r","limit_keys":["ip:address"],"algorithm_config":{"rps":1000,"burst":1000}}]}`))
+	if cfg == 0 {
+		t.Fatalf("config refused: %q", e.logs)
+	}
+	defer ConfigDestroy(cfg)
+	f := e.newStream(0, nil)
+	for i, bufLen := range []uint32{0, MailboxBytes + 1, 0, MailboxBytes + 1, 0} {
+		logs, panics := len(e.logs), e.counts[filter.MetricPanics]
+		box := Mailbox{BufLen: bufLen}
+		h, st := RequestHeadersNewAt(cfg, f, 0, true, "10.2.0.1:1", true, &box, time.Now().UnixNano())
+		if h != 0 || st != HeadersContinue {
+			t.Fatalf("request %d: handle %d status %d, want the stream finished, continue", i, h, st)
+		}
+		for k := range box.NCounts { // the C side's increments
+			e.IncrementCounter(f, box.Counts[2*k], box.Counts[2*k+1])
+		}
+		if bufLen == 0 {
+			if box.NHeaders != 5 || len(e.logs) != logs || e.counts[filter.MetricPanics] != panics {
+				t.Fatalf("request %d: %d headers, logs %q, want 5 and no panic", i, box.NHeaders, e.logs[logs:])
+			}
+			continue
+		}
+		const want = "tokengate: recovered panic in proxy_on_response_headers, failing open: runtime error: slice bounds out of range"
+		if len(e.logs) != logs+1 || !strings.HasPrefix(e.logs[logs], want) {
+			t.Fatalf("request %d: logs %q, want one line %q...", i, e.logs[logs:], want)
+		}
+		if got := e.counts[filter.MetricPanics]; got != panics+1 {
+			t.Fatalf("request %d: %s %d, want %d", i, filter.MetricPanics, got, panics+1)
+		}
+		if box.NHeaders != 0 || box.BufLen != bufLen {
+			t.Fatalf("request %d: mailbox %d headers, %d bytes; want it untouched", i, box.NHeaders, box.BufLen)
+		}
+	}
+	if got := e.counts["tokengate.rule.r.allowed"]; got != 5 {
+		t.Fatalf("allowed %d, want 5 (counts %v)", got, e.counts)
 	}
 }

@@ -1,3 +1,5 @@
+//go:build !wasip1
+
 // Package dynmod binds the filter to Envoy's dynamic-module ABI ("v0.1.0",
 // Envoy 1.38): the module's hooks as Go functions over integer handles, a
 // filter.Host per Envoy worker, and the process's shared data in memory
@@ -12,6 +14,10 @@
 // worker does), so a plugin is used by one thread at a time; the buckets
 // are shared through the store. Timers run on goroutines and reach a worker
 // only through a scheduler commit, delivered as Scheduled on that worker.
+//
+// Native only (not wasip1): the package uses the filter's and
+// ratelimitheader's native-only calls (IdleResponseHeaders,
+// ratelimitheader.AppendHeaders), which the wasm guest does not carry.
 package dynmod
 
 import "github.com/tokengate/tokengate/filter"

@@ -1,3 +1,5 @@
+//go:build !wasip1
+
 package dynmod
 
 import (
@@ -66,22 +68,12 @@ func (h *whost) queueHeader(add bool, name, value string) {
 	h.pendOps = append(h.pendOps, a, uint32(len(name)), uint32(len(value)))
 }
 
-// The RateLimit headers of an admitted request, as the filter sets them:
-// three set, then two added.
-const (
-	rlLimit     = "ratelimit-limit"
-	rlRemaining = "ratelimit-remaining"
-	rlReset     = "ratelimit-reset"
-	rlList      = "ratelimit"
-	rlPolicy    = "ratelimit-policy"
-)
-
 // SetRateLimitHeaders formats the RateLimit headers of the current stream
 // (the filter's rateLimitHeaderSetter) where they are sent from: straight
 // into the mailbox when the stream finishes early, all or none (a mailbox
 // they do not fit sends the stream down the ordinary path, which sets them
 // again), otherwise into the queue of queueHeader. The bytes are
-// ratelimitheader.AppendFields': the same functions format them.
+// ratelimitheader.AppendFields' (ratelimitheader.AppendHeaders).
 func (h *whost) SetRateLimitHeaders(quotas []ratelimitheader.Quota, best int) {
 	if bx := h.box; bx != nil {
 		n, off := int(bx.NHeaders), int(bx.BufLen)
@@ -90,7 +82,7 @@ func (h *whost) SetRateLimitHeaders(quotas []ratelimitheader.Quota, best int) {
 			return
 		}
 		buf := bx.Buf[off:off:MailboxBytes]
-		b, ops := appendRateLimit(buf, bx.Ops[3*n:3*n:3*MailboxHeaders], quotas, best)
+		b, ops := ratelimitheader.AppendHeaders(buf, bx.Ops[3*n:3*n:3*MailboxHeaders], quotas, best)
 		if cap(b) != cap(buf) || len(ops) != 15 { // outgrown: a copy
 			h.boxFull = true
 			return
@@ -106,44 +98,7 @@ func (h *whost) SetRateLimitHeaders(quotas []ratelimitheader.Quota, best int) {
 		h.flushHeaders()
 		h.pendF = w.cur
 	}
-	h.pendBuf, h.pendOps = appendRateLimit(h.pendBuf, h.pendOps, quotas, best)
-}
-
-// appendRateLimit appends the five RateLimit headers to buf, name then
-// value, and their {add, name length, value length} to ops.
-func appendRateLimit(buf []byte, ops []uint32, quotas []ratelimitheader.Quota, best int) ([]byte, []uint32) {
-	q := &quotas[best]
-	buf = append(buf, rlLimit...)
-	v := len(buf)
-	buf = append(buf, q.Plan.Limit...)
-	ops = append(ops, 0, uint32(len(rlLimit)), uint32(len(buf)-v))
-	buf = append(buf, rlRemaining...)
-	v = len(buf)
-	buf = ratelimitheader.AppendCount(buf, ratelimitheader.Stated(q))
-	ops = append(ops, 0, uint32(len(rlRemaining)), uint32(len(buf)-v))
-	buf = append(buf, rlReset...)
-	v = len(buf)
-	buf = ratelimitheader.AppendCount(buf, q.Reset)
-	ops = append(ops, 0, uint32(len(rlReset)), uint32(len(buf)-v))
-	buf = append(buf, rlList...)
-	v = len(buf)
-	for i := range quotas {
-		if i > 0 {
-			buf = append(buf, ", "...)
-		}
-		buf, _, _ = ratelimitheader.AppendMember(buf, quotas[i].Plan.Quoted, ratelimitheader.Stated(&quotas[i]), quotas[i].Reset)
-	}
-	ops = append(ops, 1, uint32(len(rlList)), uint32(len(buf)-v))
-	buf = append(buf, rlPolicy...)
-	v = len(buf)
-	for i := range quotas {
-		if i > 0 {
-			buf = append(buf, ", "...)
-		}
-		buf = append(buf, quotas[i].Plan.Policy...)
-	}
-	ops = append(ops, 1, uint32(len(rlPolicy)), uint32(len(buf)-v))
-	return buf, ops
+	h.pendBuf, h.pendOps = ratelimitheader.AppendHeaders(h.pendBuf, h.pendOps, quotas, best)
 }
 
 // flushHeaders sends the queued response headers.

@@ -1,3 +1,5 @@
+//go:build !wasip1
+
 package dynmod
 
 import (
@@ -223,6 +225,11 @@ type worker struct {
 	src           string
 	srcOK, srcSet bool
 	box           *Mailbox
+	// now is the wall-clock time, in nanoseconds since the Unix epoch,
+	// that the C side read as it crossed into RequestHeadersNewAt: the
+	// plugin's clock (worker.clock) for every callback of that crossing.
+	// 0 outside one, and the clock is read in Go.
+	now int64
 
 	// The timer (filter.Ticker): a goroutine's time.Timer that, every
 	// period, commits a scheduler event to a paused stream of the worker
@@ -243,7 +250,20 @@ func newWorker(c *config, i int) *worker {
 	w.host.w = w
 	w.host.view.S = store
 	w.p = filter.NewPlugin(&w.host)
+	w.p.Clock = w.clock
 	return w
+}
+
+// clock is the worker's plugin's Clock: the time the C side passed with
+// the crossing being run (worker.now), so that the request path reads the
+// clock once, in C, instead of through time.Now (two reads of the vDSO
+// clock); outside such a crossing, the wall clock, as the filter's
+// default.
+func (w *worker) clock() float64 {
+	if w.now != 0 {
+		return float64(w.now) / 1e9
+	}
+	return float64(time.Now().UnixNano()) / 1e9
 }
 
 // enter makes stream slot (filter pointer f) the current one, first running
@@ -372,62 +392,129 @@ type Mailbox struct {
 // stream whose later hooks would do nothing but set its response headers
 // is finished at once (finishEarly): its headers are left in box, and the
 // returned handle is 0, so that no later hook crosses into Go. It returns
-// the stream's handle (0: none) and the hook's answer.
+// the stream's handle (0: none) and the hook's answer. The filter reads
+// the wall clock itself; RequestHeadersNewAt takes the time from C.
 func RequestHeadersNew(cfgHandle, f uintptr, wi uint32, end bool, src string, srcOK bool, box *Mailbox) (h uintptr, status uint32) {
-	// One guard for the whole crossing: a panic fails open, keeping the
-	// stream if it was made (its later hooks then cross as usual) and
-	// dropping response headers a failed finishEarly left in box.
-	var w *worker
-	finishing := false
-	defer guard("on_http_filter_request_headers", func() {
-		status = HeadersContinue
-		if w != nil {
-			w.src, w.srcOK, w.srcSet, w.box, w.host.box = "", false, false, nil, nil
-			w.cur, w.curSlot = 0, 0
-		}
-		if finishing && box != nil {
-			box.NHeaders, box.BufLen = 0, 0
-		}
-	})
-	h, w, slot, st := newStream(cfgHandle, f, wi)
+	return RequestHeadersNewAt(cfgHandle, f, wi, end, src, srcOK, box, 0)
+}
+
+// RequestHeadersNewAt is RequestHeadersNew at time now, in nanoseconds
+// since the Unix epoch, as the C side read the wall clock (CLOCK_REALTIME)
+// before it crossed: every callback the crossing runs takes its time from
+// it, and the request path never reads the clock in Go. now 0 (the C side
+// could not read it) has the filter read it, as RequestHeadersNew.
+func RequestHeadersNewAt(cfgHandle, f uintptr, wi uint32, end bool, src string, srcOK bool, box *Mailbox, now int64) (h uintptr, status uint32) {
+	// One guard for the whole crossing (crossing.guard).
+	c := crossing{box: box}
+	defer c.guard(&h, &status)
+	h, c.w, c.slot, c.st = newStream(cfgHandle, f, wi)
 	if h == 0 {
 		return 0, HeadersContinue
 	}
-	w.src, w.srcOK, w.srcSet, w.box = src, srcOK, true, box
-	status = w.requestHeaders(f, slot, st, end)
+	w := c.w
+	w.src, w.srcOK, w.srcSet, w.box, w.now = src, srcOK, true, box, now
+	status = w.requestHeaders(f, c.slot, c.st, end)
 	w.src, w.srcOK, w.srcSet, w.box = "", false, false, nil
-	if box != nil && status == HeadersContinue {
-		finishing = true
-		if w.finishEarly(slot, st, box) {
-			return 0, status
+	if box != nil && status == HeadersContinue && c.st.s.Idle() {
+		c.phase = finishing
+		if w.finishEarly(&c) {
+			h = 0
 		}
 	}
+	w.now = 0
 	return h, status
 }
 
-// finishEarly ends stream st (in slot), whose request went on, when
-// the filter says its later hooks would have nothing to do but set the
-// response headers (filter.Stream.Idle): the filter computes those headers
-// now, they are left in box for the C side to set when the response
-// headers arrive, and the stream is ended and released. It reports false,
-// changing nothing the response hook would not redo, when the stream is
-// not idle or its headers do not fit in box.
-func (w *worker) finishEarly(slot uint32, st *stream, box *Mailbox) bool {
-	if !st.s.Idle() {
-		return false
+// crossing is what RequestHeadersNewAt's one guard needs to know: the
+// stream it made, and how far it went.
+type crossing struct {
+	w     *worker
+	slot  uint32
+	st    *stream
+	box   *Mailbox
+	phase uint8
+}
+
+// The phases of a crossing that its guard tells apart.
+const (
+	deciding  = iota // the decision (OnRequestHeaders keeps its own recover)
+	finishing        // finishEarly
+	// responding: finishEarly's response headers, which the stream's
+	// filter sets without a recover of its own (IdleResponseHeaders).
+	responding
+)
+
+// guard is the crossing's recover. A panic fails open: the hook answers
+// continue, keeping the stream if it was made (its later hooks then cross
+// as usual), and response headers a failed finishEarly left in the mailbox
+// are dropped. A panic while the filter set the response headers of a
+// stream finishing early is instead what OnResponseHeaders' own recover
+// made of it (RecoverResponseHeaders): counted and logged as a panic in
+// proxy_on_response_headers, after which the stream finishes as it would
+// have (finishEarly's end, under this guard again).
+func (c *crossing) guard(h *uintptr, status *uint32) {
+	v := recover()
+	if v == nil {
+		return
 	}
-	w.cur, w.curSlot = st.f, slot
-	w.host.box, w.host.boxFull = box, false
-	st.s.OnResponseHeaders(0, false)
+	if c.phase == responding {
+		c.phase = finishing
+		c.st.s.RecoverResponseHeaders(v)
+		c.resume(h, status)
+		return
+	}
+	*status = HeadersContinue
+	if w := c.w; w != nil {
+		w.src, w.srcOK, w.srcSet, w.box, w.host.box = "", false, false, nil, nil
+		w.cur, w.curSlot, w.now = 0, 0, 0
+	}
+	if c.phase == finishing && c.box != nil {
+		c.box.NHeaders, c.box.BufLen = 0, 0
+	}
+	guarded("on_http_filter_request_headers", v)
+}
+
+// resume is the rest of finishEarly after a panic in its response
+// headers, and the rest of the crossing.
+func (c *crossing) resume(h *uintptr, status *uint32) {
+	defer c.guard(h, status)
+	if c.w.endEarly(c.slot, c.st, c.box) {
+		*h = 0
+	}
+	c.w.now = 0
+}
+
+// finishEarly ends the crossing's stream, whose request went on, when the
+// filter says its later hooks would have nothing to do but set the
+// response headers (filter.Stream.Idle, which the caller checked): the
+// filter computes those headers now, they are left in the mailbox for the
+// C side to set when the response headers arrive, and the stream is ended
+// and released (Release ends it: for an idle stream, OnDone would do
+// nothing Release does not). It reports false, changing nothing the
+// response hook would not redo, when the headers do not fit in the
+// mailbox.
+func (w *worker) finishEarly(c *crossing) bool {
+	st := c.st
+	w.cur, w.curSlot = st.f, c.slot
+	w.host.box, w.host.boxFull = c.box, false
+	c.phase = responding
+	if !st.s.IdleResponseHeaders() {
+		st.s.OnResponseHeaders(0, false)
+	}
+	c.phase = finishing
+	return w.endEarly(c.slot, st, c.box)
+}
+
+// endEarly is finishEarly once the response headers are set.
+func (w *worker) endEarly(slot uint32, st *stream, box *Mailbox) bool {
 	w.host.box = nil
 	if w.host.boxFull {
 		box.NHeaders, box.BufLen = 0, 0
 		w.cur, w.curSlot = 0, 0
 		return false
 	}
-	st.s.OnDone()
 	w.cur, w.curSlot = 0, 0
-	w.destroy(slot, st)
+	w.release(slot, st, true)
 	return true
 }
 
@@ -563,7 +650,11 @@ func Destroy(h uintptr) {
 }
 
 // destroy is Destroy of stream st, in slot.
-func (w *worker) destroy(slot uint32, st *stream) {
+func (w *worker) destroy(slot uint32, st *stream) { w.release(slot, st, false) }
+
+// release is destroy; idle says the stream was finished early
+// (filter.Stream.ReleaseIdle).
+func (w *worker) release(slot uint32, st *stream, idle bool) {
 	st.live = false
 	w.host.dropHeaders(st.f)
 	if st.sched != 0 {
@@ -585,7 +676,11 @@ func (w *worker) destroy(slot uint32, st *stream) {
 	s := st.s
 	*st = stream{}
 	w.free = append(w.free, slot)
-	s.Release()
+	if idle {
+		s.ReleaseIdle()
+	} else {
+		s.Release()
+	}
 }
 
 // Scheduled is on_http_filter_scheduled: the worker's tick, delivered on a
@@ -731,6 +826,11 @@ func guard(hook string, fail func()) {
 	if fail != nil {
 		fail()
 	}
+	guarded(hook, v)
+}
+
+// guarded logs v, a panic guard recovered in hook.
+func guarded(hook string, v any) {
 	msg := "tokengate: recovered panic in " + hook + ", failing open"
 	if s, ok := v.(string); ok {
 		msg += ": " + s
