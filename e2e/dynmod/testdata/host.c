@@ -223,6 +223,9 @@ static hmap_t* map_of(stream_t* s, uint32_t type) {
 	}
 }
 
+// first_req is the monotonic time of the run's first request headers.
+static _Atomic double first_req;
+
 static double now_s(void) {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -863,6 +866,8 @@ static void stream_cmd(void* arg) {
 		s->w = cur_worker;
 		add_headers(s, &s->req, argv + 2, argc - 2);
 		s->started = now_s();
+		double unset = 0;
+		atomic_compare_exchange_strong(&first_req, &unset, s->started);
 		s->module = H.filter_new(config_module, s);
 		if (!s->module) {
 			printf("req %s nofilter\n", s->id);
@@ -872,8 +877,9 @@ static void stream_cmd(void* arg) {
 		print_req("req", s, st);
 	} else if (!strcmp(cmd, "wait")) {
 		// wait ID MS: run this worker's loop until the stream goes on
-		// (printing the ms since its request headers were sent), gets a
-		// local reply, or MS pass.
+		// (printing the ms since its request headers were sent, then the
+		// ms since the run's first request headers were), gets a local
+		// reply, or MS pass.
 		stream_t* s = find_stream(argv[1]);
 		double t0 = now_s(), limit = atof(argv[2]) / 1000;
 		while (s && !s->continued && !s->local_status && now_s() - t0 < limit) dispatch(s->w, 0.002);
@@ -882,7 +888,7 @@ static void stream_cmd(void* arg) {
 		else if (s->local_status)
 			print_req("wait", s, 1);
 		else if (s->continued)
-			printf("wait %s continued %.1f\n", s->id, (now_s() - s->started) * 1000); // ms since its request
+			printf("wait %s continued %.1f %.1f\n", s->id, (now_s() - s->started) * 1000, (now_s() - first_req) * 1000);
 		else
 			printf("wait %s timeout\n", s->id);
 	} else if (!strcmp(cmd, "resp")) {
