@@ -206,12 +206,28 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		return Continue
 	}
 	st.now = p.time()
+	if directLocal && st.localOnly() {
+		// The common case, without the loop's calls through function
+		// values: every stage but local and hold does nothing for it
+		// (TestLocalOnlySkipsNoWork).
+		if act = s.localStage(st); act != Continue {
+			return act
+		}
+		return s.holdStage(st)
+	}
 	for i := range stages {
 		if act = stages[i].run(s, st); act != Continue {
 			return act
 		}
 	}
 	return Continue
+}
+
+// localOnly reports whether the request's buckets are all local ones
+// (enforce): the shadow, in-flight, lease and cluster stages, which begin
+// with a check that their group is not empty, then have nothing to do.
+func (st *reqState) localOnly() bool {
+	return len(st.shadow.reqs)+len(st.inflight.reqs)+len(st.lease.reqs)+len(st.cluster.reqs)+len(st.exact.reqs) == 0
 }
 
 // shadowStage runs the shadow buckets (observe): counted and logged, never
