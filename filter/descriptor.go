@@ -38,6 +38,20 @@ type request struct {
 	more []headerValue
 }
 
+// forget makes r's lookups start afresh, as in a zero request. It resets
+// what a lookup reads before writing it (the done flags, ip and ipOK,
+// claims, the header cache's count) and leaves the rest: every other
+// cached value is read only once its done flag is set, and the header
+// cache only up to its count (hdrs[:nhdr], more). Zeroing the whole
+// request, its header cache included, costs every request about 580
+// bytes of stores; TestRequestForget checks that nothing else is read.
+func (r *request) forget() {
+	r.pathDone, r.ipDone, r.jwtDone, r.methodDone, r.hostDone = false, false, false, false, false
+	r.ip, r.ipOK = "", false
+	r.claims = ljson.Result{}
+	r.nhdr, r.more = 0, r.more[:0]
+}
+
 type headerValue struct {
 	_           incomparable
 	name, value string

@@ -176,11 +176,17 @@ func (p *Plugin) newRequest() (r request) {
 	return r
 }
 
-// initRequest makes r newRequest's request in place: the request is large,
-// and building it aside to copy it in costs more than the fields.
+// initRequest makes r newRequest's request in place, r a zero request or
+// one a previous request used: the request is large, and building it aside
+// to copy it in costs more than the fields. Natively (fastPaths) it is not
+// zeroed whole either: forget resets what the lookups need.
 func (p *Plugin) initRequest(r *request) {
+	if fastPaths {
+		r.forget()
+	} else {
+		*r = request{}
+	}
 	set := &p.cfg.Settings
-	*r = request{}
 	r.host, r.ps, r.xffHops, r.v6Prefix, r.xffCIDRs = p.host, p.ps, set.XFFTrustedHops, set.IPv6Prefix, set.XFFTrustedCIDRs
 	r.jwtMeta = set.JWTPayloadInMetadata
 }
@@ -206,7 +212,7 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		return Continue
 	}
 	st.now = p.time()
-	if directLocal && st.localOnly() {
+	if fastPaths && st.localOnly() {
 		// The common case, without the loop's calls through function
 		// values: every stage but local and hold does nothing for it
 		// (TestLocalOnlySkipsNoWork).

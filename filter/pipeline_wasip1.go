@@ -2,6 +2,6 @@
 
 package filter
 
-// directLocal: the wasm guest runs the stage loop for every request (see
+// fastPaths: the wasm guest takes none of the native shortcuts (see
 // pipeline_native.go).
-const directLocal = false
+const fastPaths = false
