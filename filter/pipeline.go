@@ -59,9 +59,13 @@ type reqState struct {
 	exact group
 
 	// keyBuf holds every key of the request; vals the limit-key values of
-	// every applying rule, in order (group.vals locate each rule's).
+	// every applying rule, in order (group.vals locate each rule's);
+	// keyed every bucket collect added, in order, and where its keys are
+	// in keyBuf. seeded: collect has brought the slot seed up to date.
 	keyBuf []byte
 	vals   []string
+	keyed  []keyed
+	seeded bool
 
 	// denied: output of collect. The first enforced rule with
 	// "on_missing_key": "deny" whose limit key the request lacks; nil if
@@ -125,8 +129,7 @@ func (st *reqState) begin(p *Plugin) {
 	st.lease.reset()
 	st.cluster.reset()
 	st.exact.reset()
-	st.keyBuf = st.keyBuf[:0]
-	st.vals = st.vals[:0]
+	st.keyBuf, st.vals, st.keyed, st.seeded = st.keyBuf[:0], st.vals[:0], st.keyed[:0], false
 }
 
 // applies reports whether any bucket applies to the request.
