@@ -26,9 +26,21 @@ type keySpans struct {
 	key, alt, owner [2]int
 }
 
-// keyed is where collect put a bucket of the request and its keys: its
-// group and index there, and its keys' spans in keyBuf until collect turns
-// the buffer into one string.
+// setKeys points q's Key, Alt and Owner, which are empty, into keys: a
+// string of keyBuf from offset base on.
+func (sp *keySpans) setKeys(q *sharedstate.Request, keys string, base int) {
+	q.Key = keys[sp.key[0]-base : sp.key[1]-base]
+	if sp.alt[1] != 0 {
+		q.Alt = keys[sp.alt[0]-base : sp.alt[1]-base]
+	}
+	if sp.owner[1] != 0 {
+		q.Owner = keys[sp.owner[0]-base : sp.owner[1]-base]
+	}
+}
+
+// keyed is where collect put a bucket of the request and its keys, for a
+// host without views (bytesViewer): its group and index there, and its
+// keys' spans in keyBuf until collect copies the buffer into one string.
 type keyed struct {
 	g *group
 	i int
@@ -63,8 +75,11 @@ func (p *Plugin) view(b []byte) string {
 // present; the policy's fallback limit when none is. One pass: add builds
 // each bucket's keys as it finds the bucket. The slot seed is refreshed
 // once, before the first slot is chosen, and only for a request that has
-// a rule with max_keys; then one string, a view of keyBuf, holds every key
-// of the request, and keyBuf stays untouched until the next request.
+// a rule with max_keys. The keys are views of keyBuf, which stays
+// untouched until the next request, made as each bucket is added (the
+// bytes of a view stay as they are if keyBuf grows: append leaves the old
+// array alone); a host without views gets them in one copy of keyBuf,
+// made once every bucket is added.
 func (p *Plugin) collect(st *reqState) bool {
 	req := &st.req
 	for i := range p.rules.policies {
@@ -82,18 +97,14 @@ func (p *Plugin) collect(st *reqState) bool {
 			p.add(st, pol.fallback)
 		}
 	}
-	if len(st.keyed) == 0 {
-		return false
+	if len(st.keyed) > 0 {
+		keys := string(st.keyBuf)
+		for i := range st.keyed {
+			k := &st.keyed[i]
+			k.setKeys(&k.g.reqs[k.i], keys, 0)
+		}
 	}
-	keys := p.view(st.keyBuf)
-	for i := range st.keyed {
-		k := &st.keyed[i]
-		r := &k.g.reqs[k.i]
-		r.Key = keys[k.key[0]:k.key[1]]
-		r.Alt = keys[k.alt[0]:k.alt[1]]
-		r.Owner = keys[k.owner[0]:k.owner[1]]
-	}
-	return true
+	return st.applies()
 }
 
 func (r *rule) matches(req *request) bool {
@@ -162,7 +173,13 @@ func (p *Plugin) add(st *reqState, r *rule) bool {
 			p.refreshSeed()
 		}
 	}
-	st.keyed = append(st.keyed, keyed{g: g, i: len(g.reqs) - 1, keySpans: p.appendKeys(st, r, vals)})
+	base := len(st.keyBuf)
+	sp := p.appendKeys(st, r, vals)
+	if p.bv != nil {
+		sp.setKeys(&g.reqs[len(g.reqs)-1], p.bv.ViewString(st.keyBuf[base:]), base)
+	} else {
+		st.keyed = append(st.keyed, keyed{g: g, i: len(g.reqs) - 1, keySpans: sp})
+	}
 	return true
 }
 

@@ -60,8 +60,9 @@ type reqState struct {
 
 	// keyBuf holds every key of the request; vals the limit-key values of
 	// every applying rule, in order (group.vals locate each rule's);
-	// keyed every bucket collect added, in order, and where its keys are
-	// in keyBuf. seeded: collect has brought the slot seed up to date.
+	// keyed, for a host without views, every bucket collect added, in
+	// order, and where its keys are in keyBuf. seeded: collect has brought
+	// the slot seed up to date.
 	keyBuf []byte
 	vals   []string
 	keyed  []keyed
