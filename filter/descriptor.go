@@ -473,6 +473,13 @@ func unhex(c byte) (byte, bool) {
 	return 0, false
 }
 
+// matchesAll reports whether selector s is empty, so that it matches every
+// request without a lookup (the common case: collect then skips the call
+// to selectorMatches). It must name every condition selectorMatches checks.
+func matchesAll(s *config.Selector) bool {
+	return s.PathPrefix == "" && len(s.Methods) == 0 && len(s.Hosts) == 0
+}
+
 // selectorMatches reports whether selector s matches the request.
 func selectorMatches(s *config.Selector, r *request) bool {
 	if s.PathPrefix != "" && !strings.HasPrefix(r.urlPath(), s.PathPrefix) {

@@ -317,3 +317,32 @@ func TestRequestForget(t *testing.T) {
 		}
 	}
 }
+
+// TestMatchesAllNamesEverySelectorField: collect skips selectorMatches for
+// a selector matchesAll calls empty, so matchesAll must see every field of
+// config.Selector: one set alone makes the selector not empty. A field
+// added to Selector fails here until matchesAll checks it.
+func TestMatchesAllNamesEverySelectorField(t *testing.T) {
+	if !matchesAll(&config.Selector{}) {
+		t.Fatal("matchesAll(empty selector): got false")
+	}
+	if !selectorMatches(&config.Selector{}, &request{}) {
+		t.Fatal("selectorMatches(empty selector): got false")
+	}
+	typ := reflect.TypeOf(config.Selector{})
+	for i := range typ.NumField() {
+		var s config.Selector
+		f := reflect.ValueOf(&s).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString("/x")
+		case reflect.Slice:
+			f.Set(reflect.Append(f, reflect.ValueOf("X")))
+		default:
+			t.Fatalf("field %s: kind %s this test cannot set", typ.Field(i).Name, f.Kind())
+		}
+		if matchesAll(&s) {
+			t.Errorf("matchesAll with only %s set: got true", typ.Field(i).Name)
+		}
+	}
+}

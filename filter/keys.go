@@ -84,12 +84,12 @@ func (p *Plugin) collect(st *reqState) bool {
 	req := &st.req
 	for i := range p.rules.policies {
 		pol := &p.rules.policies[i]
-		if !selectorMatches(&pol.Selector, req) {
+		if !matchesAll(&pol.Selector) && !selectorMatches(&pol.Selector, req) {
 			continue
 		}
 		applied := false
 		for _, r := range pol.rules {
-			if r.matches(req) && p.add(st, r) {
+			if (len(r.Match) == 0 || r.matches(req)) && p.add(st, r) {
 				applied = true
 			}
 		}
