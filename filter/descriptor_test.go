@@ -2,6 +2,9 @@ package filter
 
 import (
 	"encoding/base64"
+	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -247,4 +250,99 @@ func (h *propHost) Property(path ...string) ([]byte, bool) {
 		return []byte(h.addr), true
 	}
 	return nil, false
+}
+
+// TestRequestForget: a request reused for another (initRequest, forget)
+// answers every lookup as a fresh one does, whatever the previous request
+// had cached (more than eight headers, a JWT, an address); and forget
+// leaves nothing different from a zero request but values read only once
+// their done flag is set and the header cache's stale entries (a field
+// added to request must be reset there, or named here).
+func TestRequestForget(t *testing.T) {
+	enc := base64.RawURLEncoding.EncodeToString
+	bearer := "Bearer " + enc([]byte(`{"alg":"none"}`)) + "." + enc([]byte(`{"sub":"u1","plan":"pro"}`)) + ".sig"
+	full := map[string]string{
+		":path": "/a/b?tenant=t1&x=%41", ":method": "POST", ":authority": "Example.COM:8443",
+		"authorization": bearer, "x-api-key": "k1",
+	}
+	for i := range 10 {
+		full["h"+strconv.Itoa(i)] = "v" + strconv.Itoa(i)
+	}
+	hosts := map[string]*propHost{
+		"full":        {headerHost: headerHost{headers: full}, addr: "10.0.0.1:5000"},
+		"bare":        {headerHost: headerHost{headers: map[string]string{}}},
+		"other":       {headerHost: headerHost{headers: map[string]string{":path": "/c", ":method": "GET", "host": "b.example", "h3": "w3"}}, addr: "[2001:db8::1]:80"},
+		"no token":    {headerHost: headerHost{headers: map[string]string{"authorization": "Basic x"}}, addr: "192.0.2.7"},
+		"bad address": {headerHost: headerHost{headers: map[string]string{}}, addr: "not-an-ip"},
+	}
+	descs := []config.Descriptor{
+		{Kind: config.DescIP}, {Kind: config.DescPath}, {Kind: config.DescMethod}, {Kind: config.DescHost},
+		{Kind: config.DescQuery, Name: "tenant"}, {Kind: config.DescQuery, Name: "x"},
+		{Kind: config.DescJWT, Name: "sub"}, {Kind: config.DescJWT, Name: "plan"},
+		{Kind: config.DescHeader, Name: "x-api-key"}, {Kind: config.DescHeader, Name: "authorization"},
+	}
+	for i := range 10 {
+		descs = append(descs, config.Descriptor{Kind: config.DescHeader, Name: "h" + strconv.Itoa(i)})
+	}
+	lookAll := func(r *request) []string {
+		var got []string
+		for _, d := range descs {
+			v, ok := r.value(d)
+			got = append(got, d.String()+"="+v+" "+strconv.FormatBool(ok))
+		}
+		p, v := r.identityParts()
+		return append(got, "identity="+p+v)
+	}
+	for prevName, prev := range hosts {
+		for nextName, next := range hosts {
+			t.Run(prevName+" then "+nextName, func(t *testing.T) {
+				r := request{host: prev, v6Prefix: 64}
+				lookAll(&r)
+				r.host = next
+				r.forget()
+				fresh := request{host: next, v6Prefix: 64}
+				if got, want := lookAll(&r), lookAll(&request{host: next, v6Prefix: 64}); !slices.Equal(got, want) {
+					t.Errorf("reused request:\ngot  %q\nwant %q", got, want)
+				}
+				r.host = next
+				r.forget()
+				// What forget leaves: values behind a done flag, the
+				// header cache past its count.
+				r.path, r.query, r.method, r.authority = "", "", "", ""
+				r.hdrs, r.more = [len(r.hdrs)]headerValue{}, nil
+				if !reflect.DeepEqual(r, fresh) {
+					t.Errorf("forget left state a zero request lacks:\ngot  %+v\nwant %+v", r, fresh)
+				}
+			})
+		}
+	}
+}
+
+// TestMatchesAllNamesEverySelectorField: collect skips selectorMatches for
+// a selector matchesAll calls empty, so matchesAll must see every field of
+// config.Selector: one set alone makes the selector not empty. A field
+// added to Selector fails here until matchesAll checks it.
+func TestMatchesAllNamesEverySelectorField(t *testing.T) {
+	if !matchesAll(&config.Selector{}) {
+		t.Fatal("matchesAll(empty selector): got false")
+	}
+	if !selectorMatches(&config.Selector{}, &request{}) {
+		t.Fatal("selectorMatches(empty selector): got false")
+	}
+	typ := reflect.TypeOf(config.Selector{})
+	for i := range typ.NumField() {
+		var s config.Selector
+		f := reflect.ValueOf(&s).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString("/x")
+		case reflect.Slice:
+			f.Set(reflect.Append(f, reflect.ValueOf("X")))
+		default:
+			t.Fatalf("field %s: kind %s this test cannot set", typ.Field(i).Name, f.Kind())
+		}
+		if matchesAll(&s) {
+			t.Errorf("matchesAll with only %s set: got true", typ.Field(i).Name)
+		}
+	}
 }

@@ -59,9 +59,14 @@ type reqState struct {
 	exact group
 
 	// keyBuf holds every key of the request; vals the limit-key values of
-	// every applying rule, in order (group.vals locate each rule's).
+	// every applying rule, in order (group.vals locate each rule's);
+	// keyed, for a host without views, every bucket collect added, in
+	// order, and where its keys are in keyBuf. seeded: collect has brought
+	// the slot seed up to date.
 	keyBuf []byte
 	vals   []string
+	keyed  []keyed
+	seeded bool
 
 	// denied: output of collect. The first enforced rule with
 	// "on_missing_key": "deny" whose limit key the request lacks; nil if
@@ -125,8 +130,7 @@ func (st *reqState) begin(p *Plugin) {
 	st.lease.reset()
 	st.cluster.reset()
 	st.exact.reset()
-	st.keyBuf = st.keyBuf[:0]
-	st.vals = st.vals[:0]
+	st.keyBuf, st.vals, st.keyed, st.seeded = st.keyBuf[:0], st.vals[:0], st.keyed[:0], false
 }
 
 // applies reports whether any bucket applies to the request.
@@ -176,11 +180,17 @@ func (p *Plugin) newRequest() (r request) {
 	return r
 }
 
-// initRequest makes r newRequest's request in place: the request is large,
-// and building it aside to copy it in costs more than the fields.
+// initRequest makes r newRequest's request in place, r a zero request or
+// one a previous request used: the request is large, and building it aside
+// to copy it in costs more than the fields. Natively (fastPaths) it is not
+// zeroed whole either: forget resets what the lookups need.
 func (p *Plugin) initRequest(r *request) {
+	if fastPaths {
+		r.forget()
+	} else {
+		*r = request{}
+	}
 	set := &p.cfg.Settings
-	*r = request{}
 	r.host, r.ps, r.xffHops, r.v6Prefix, r.xffCIDRs = p.host, p.ps, set.XFFTrustedHops, set.IPv6Prefix, set.XFFTrustedCIDRs
 	r.jwtMeta = set.JWTPayloadInMetadata
 }
@@ -206,12 +216,28 @@ func (s *Stream) OnRequestHeaders(numHeaders int, endOfStream bool) (act Action)
 		return Continue
 	}
 	st.now = p.time()
+	if fastPaths && st.localOnly() {
+		// The common case, without the loop's calls through function
+		// values: every stage but local and hold does nothing for it
+		// (TestLocalOnlySkipsNoWork).
+		if act = s.localStage(st); act != Continue {
+			return act
+		}
+		return s.holdStage(st)
+	}
 	for i := range stages {
 		if act = stages[i].run(s, st); act != Continue {
 			return act
 		}
 	}
 	return Continue
+}
+
+// localOnly reports whether the request's buckets are all local ones
+// (enforce): the shadow, in-flight, lease and cluster stages, which begin
+// with a check that their group is not empty, then have nothing to do.
+func (st *reqState) localOnly() bool {
+	return len(st.shadow.reqs)+len(st.inflight.reqs)+len(st.lease.reqs)+len(st.cluster.reqs)+len(st.exact.reqs) == 0
 }
 
 // shadowStage runs the shadow buckets (observe): counted and logged, never

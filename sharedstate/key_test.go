@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -146,9 +147,17 @@ func FuzzAppendKey(f *testing.F) {
 }
 
 func TestAppendUint32MatchesStrconv(t *testing.T) {
-	for _, u := range []uint32{0, 1, 9, 10, 99, 100, 65535, 1e9 - 1, 1e9, math.MaxUint32 - 1, math.MaxUint32} {
+	us := []uint32{0, 1, 9, 10, 99, 100, 65535, 1e9 - 1, 1e9, math.MaxUint32 - 1, math.MaxUint32}
+	for u := range uint32(1 << 18) { // every slot of max_keys up to 262,144
+		us = append(us, u)
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 100000 {
+		us = append(us, r.Uint32(), r.Uint32()>>r.IntN(32))
+	}
+	for _, u := range us {
 		if got, want := string(appendUint32([]byte("x"), u)), "x"+strconv.FormatUint(uint64(u), 10); got != want {
-			t.Errorf("appendUint32(%d): got %q, want %q", u, got, want)
+			t.Fatalf("appendUint32(%d): got %q, want %q", u, got, want)
 		}
 	}
 }

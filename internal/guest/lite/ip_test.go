@@ -50,7 +50,8 @@ func TestCanonicalIPMatchesNetip(t *testing.T) {
 // net/netip prints as themselves, with or without a numeric port.
 func TestIPv4HostMatchesNetip(t *testing.T) {
 	inputs := []string{"1.2.3.4", "1.2.3.4:80", "1.2.3.4:", "1.2.3.4:x", "01.2.3.4", "256.1.1.1", "1.2.3", "1.2.3.4.5",
-		"::1", "[::1]:80", "", ":80", "1.2.3.4:80:90", "0.0.0.0:0", "255.255.255.255:65535"}
+		"::1", "[::1]:80", "", ":80", "1.2.3.4:80:90", "0.0.0.0:0", "255.255.255.255:65535",
+		"1.2.3.04", "1.2.3.0:1", "1.2.3.4567", "1.2.3.4.", ".1.2.3.4", "1..2.3", "1.2.3.4:8a", "1.2.3.256:80", "10.0.0.1:4000"}
 	r := rand.New(rand.NewPCG(3, 4))
 	for range 100000 {
 		n := r.IntN(24)
@@ -59,6 +60,22 @@ func TestIPv4HostMatchesNetip(t *testing.T) {
 			b[i] = "0123456789.:a"[r.IntN(13)]
 		}
 		inputs = append(inputs, string(b))
+	}
+	// Near misses of a dotted quad with a port, which random bytes
+	// seldom make.
+	fields := []string{"0", "1", "9", "10", "25", "99", "100", "199", "249", "250", "255", "256", "260", "300", "999",
+		"01", "00", "001", "010", "1000", "2550", "", "a", "1a"}
+	ports := []string{"", ":", ":0", ":80", ":65535", ":x", ":8x", "::", ":1:2", "."}
+	for range 200000 {
+		var b strings.Builder
+		for f := range 3 + r.IntN(3) {
+			if f > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(fields[r.IntN(len(fields))])
+		}
+		b.WriteString(ports[r.IntN(len(ports))])
+		inputs = append(inputs, b.String())
 	}
 	for _, in := range inputs {
 		got, ok := IPv4Host(in)
