@@ -148,7 +148,8 @@ func TestQuotaThroughTheModule(t *testing.T) {
 // TestQuotaEstimateParallelBound is TestClusterEstimateParallelBound on a
 // quota rule: P clients in parallel spend a monthly quota of Q tokens,
 // each request estimating e and the upstream reporting u; what the upstream
-// reports in all is at most Q + P*max(0, u-e), at least Q - e, and the
+// reports in all is at most Q + P*max(0, u-e), at least
+// Q - e - (P-1)*max(0, e-u), and the
 // period's consumption in Redis ends at exactly that.
 func TestQuotaEstimateParallelBound(t *testing.T) {
 	for _, tc := range []struct {
