@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/tokengate/tokengate/bucket"
@@ -138,5 +139,35 @@ func TestPrepareHeaders(t *testing.T) {
 	w := wire{head: "ratelimit-limit20ratelimit-remaining", member: `ratelimit"per-ip";r=`, policy: `ratelimit-policy"per-ip";q=20;w=2`}
 	if p.wire != w {
 		t.Fatalf("PrepareHeaders: got %+v, want %+v", p.wire, w)
+	}
+}
+
+// TestPutCount: appendOne's digits (countDigits, putCount) are
+// AppendCount's, written to both places, for every power of ten and its
+// neighbours, the 32-bit ends and random values; the bytes around each
+// place are left alone.
+func TestPutCount(t *testing.T) {
+	vals := []uint32{0, 1, 9, math.MaxUint32, math.MaxUint32 - 1}
+	for p := uint32(1); ; p *= 10 {
+		vals = append(vals, p-1, p, p+1, 2*p-1, 2*p)
+		if p > math.MaxUint32/10 {
+			break
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 100000 {
+		vals = append(vals, rng.Uint32()>>uint(rng.IntN(32)))
+	}
+	for _, u := range vals {
+		want := string(AppendCount(nil, int64(u)))
+		n := countDigits(u)
+		if n != len(want) {
+			t.Fatalf("countDigits(%d) = %d, want %d", u, n, len(want))
+		}
+		buf := []byte("<" + strings.Repeat("?", n) + "|" + strings.Repeat("?", n) + ">")
+		putCount(buf[1:1+n], buf[2+n:2+2*n], u)
+		if got := string(buf); got != "<"+want+"|"+want+">" {
+			t.Fatalf("putCount(%d) wrote %q, want %q twice", u, got, want)
+		}
 	}
 }
