@@ -94,8 +94,8 @@ func AppendHeaders(buf []byte, ops []uint32, quotas []Quota, best int) ([]byte, 
 // bytes are copied, and r and t, each formatted once, are copied where
 // they appear again, in the RateLimit member. When buf has room for the
 // headers and r and t are below 2^32 (the common case), the digits are
-// written straight into both of their places, two at a time
-// (putCount); otherwise appendOneGrow formats and copies them.
+// written straight into both of their places, two at a time; otherwise
+// appendOneGrow formats and copies them.
 func appendOne(buf []byte, ops []uint32, q *Quota) ([]byte, []uint32) {
 	w := &q.Plan.wire
 	rv, tv := Stated(q), q.Reset
@@ -115,8 +115,29 @@ func appendOne(buf []byte, ops []uint32, q *Quota) ([]byte, []uint32) {
 	buf = append(buf[:r1+r], ";t="...)
 	t1 := len(buf)
 	buf = append(buf[:t1+t], w.policy...)
-	putCount(buf[r0:r0+r], buf[r1:r1+r], uint32(rv))
-	putCount(buf[t0:t0+t], buf[t1:t1+t], uint32(tv))
+	// The digits of r, ending at r0+r and r1+r, then those of t, ending
+	// at t0+t and t1+t, two at a time from the last (inline: a call per
+	// count costs more than its digits).
+	u, a, b := uint32(rv), r0+r, r1+r
+	for k := 0; ; k++ {
+		for u >= 100 {
+			q := u / 100
+			j := (u - q*100) * 2
+			a, b = a-2, b-2
+			buf[a], buf[a+1], buf[b], buf[b+1] = pairs[j], pairs[j+1], pairs[j], pairs[j+1]
+			u = q
+		}
+		if u >= 10 {
+			j := u * 2
+			buf[a-2], buf[a-1], buf[b-2], buf[b-1] = pairs[j], pairs[j+1], pairs[j], pairs[j+1]
+		} else {
+			buf[a-1], buf[b-1] = byte('0'+u), byte('0'+u)
+		}
+		if k == 1 {
+			break
+		}
+		u, a, b = uint32(tv), t0+t, t1+t
+	}
 	return buf, appendOneOps(ops, w, uint32(r), uint32(t))
 }
 
@@ -176,25 +197,3 @@ const pairs = "00010203040506070809" +
 	"70717273747576777879" +
 	"80818283848586878889" +
 	"90919293949596979899"
-
-// putCount writes u in decimal, as AppendCount does, to both a and b,
-// each exactly countDigits(u) bytes long, two digits at a time.
-func putCount(a, b []byte, u uint32) {
-	i := len(a)
-	b = b[:i]
-	for u >= 100 {
-		q := u / 100
-		j := (u - q*100) * 2
-		i -= 2
-		a[i], a[i+1] = pairs[j], pairs[j+1]
-		b[i], b[i+1] = pairs[j], pairs[j+1]
-		u = q
-	}
-	if u >= 10 {
-		j := u * 2
-		a[i-2], a[i-1] = pairs[j], pairs[j+1]
-		b[i-2], b[i-1] = pairs[j], pairs[j+1]
-		return
-	}
-	a[i-1], b[i-1] = byte('0'+u), byte('0'+u)
-}
