@@ -140,3 +140,40 @@ func TestPrepareHeaders(t *testing.T) {
 		t.Fatalf("PrepareHeaders: got %+v, want %+v", p.wire, w)
 	}
 }
+
+// TestAppendOneDigits: the digits appendOne writes into both places of r
+// and of t are AppendFields' (AppendCount's), and countDigits counts them,
+// for every power of ten and its neighbours, the 32-bit ends and random
+// values, as r and as t, into a buffer with room (appendOne's own path).
+func TestAppendOneDigits(t *testing.T) {
+	vals := []int64{0, 1, 9, math.MaxUint32, math.MaxUint32 - 1}
+	for p := int64(1); p <= math.MaxUint32; p *= 10 {
+		vals = append(vals, p-1, p, p+1, 2*p-1, 2*p)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 20000 {
+		vals = append(vals, int64(rng.Uint32()>>uint(rng.IntN(32))))
+	}
+	plan := NewPlan("per-ip", bucket.Limit{Rate: 1e9, Burst: 1e10})
+	plan.PrepareHeaders()
+	buf, ops := make([]byte, 0, 1024), make([]uint32, 0, 16)
+	for i, v := range vals {
+		if n := countDigits(uint32(v)); n != len(strconv.FormatInt(v, 10)) {
+			t.Fatalf("countDigits(%d) = %d", v, n)
+		}
+		other := vals[(i*7919)%len(vals)]
+		for _, q := range []Quota{{Plan: &plan, Remaining: v, Reset: other}, {Plan: &plan, Remaining: other, Reset: v}} {
+			quotas := []Quota{q}
+			b, o := AppendHeaders(buf[:0], ops[:0], quotas, 0)
+			if &b[0] != &buf[:1][0] {
+				t.Fatalf("r %d t %d: the buffer with room was replaced", q.Remaining, q.Reset)
+			}
+			got, w := decode(t, b, o), want(quotas, 0)
+			for k := range w {
+				if got[k] != w[k] {
+					t.Fatalf("r %d t %d: header %d got %q, want %q", q.Remaining, q.Reset, k, got[k], w[k])
+				}
+			}
+		}
+	}
+}
