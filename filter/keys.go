@@ -200,9 +200,14 @@ func (p *Plugin) appendKeys(st *reqState, r *rule, vals []string) (sp keySpans) 
 		sp.owner[1] = len(st.keyBuf)
 	} else if r.MaxKeys > 0 {
 		sp.owner[0] = len(st.keyBuf)
-		st.keyBuf = sharedstate.AppendComposite(st.keyBuf, vals)
+		var a, b uint32
+		if fastPaths { // natively: one call and one pass; the guest stays smaller
+			st.keyBuf, a, b = sharedstate.AppendOwnerSlots(st.keyBuf, p.seed, vals, uint32(r.MaxKeys))
+		} else {
+			st.keyBuf = sharedstate.AppendComposite(st.keyBuf, vals)
+			a, b = sharedstate.SlotPairBytes(p.seed, st.keyBuf[sp.owner[0]:], uint32(r.MaxKeys))
+		}
 		sp.owner[1] = len(st.keyBuf)
-		a, b := sharedstate.SlotPairBytes(p.seed, st.keyBuf[sp.owner[0]:], uint32(r.MaxKeys))
 		sp.key[0] = len(st.keyBuf)
 		st.keyBuf = sharedstate.AppendSlotKey(st.keyBuf, r.Shadow, r.Name, a)
 		sp.key[1] = len(st.keyBuf)

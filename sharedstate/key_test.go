@@ -162,6 +162,38 @@ func TestAppendUint32MatchesStrconv(t *testing.T) {
 	}
 }
 
+// TestAppendOwnerSlotsMatches: AppendOwnerSlots writes what AppendComposite
+// writes and chooses the slots SlotPairBytes chooses for it, for one value
+// or several, safe, percent-encoded or hashed, after whatever dst holds.
+func TestAppendOwnerSlotsMatches(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	one := []string{"", "10.0.0.1", "2001:db8::/64", "key-0123456789", "a|b", "a b", "%", "#x", "é",
+		strings.Repeat("a", 64), strings.Repeat("a", 65), strings.Repeat("a", 63) + " ", strings.Repeat("|", 30)}
+	const alphabet = "aZ09.-:_ |%#\x00\xff/"
+	for range 3000 {
+		b := make([]byte, r.IntN(80))
+		for i := range b {
+			b[i] = alphabet[r.IntN(len(alphabet))]
+		}
+		one = append(one, string(b))
+	}
+	var lists [][]string
+	for _, v := range one {
+		lists = append(lists, []string{v}, []string{v, one[r.IntN(len(one))]})
+	}
+	for i, vals := range lists {
+		n := []uint32{1, 2, 3, 1000, 65536, 1 << 24}[i%6]
+		seed := r.Uint64()
+		head := []byte("head|")[:r.IntN(6)]
+		got, a, b := AppendOwnerSlots(append([]byte(nil), head...), seed, vals, n)
+		want := AppendComposite(append([]byte(nil), head...), vals)
+		wa, wb := SlotPairBytes(seed, want[len(head):], n)
+		if string(got) != string(want) || a != wa || b != wb {
+			t.Fatalf("AppendOwnerSlots(%q, %#x, %q, %d) = %q, %d, %d; want %q, %d, %d", head, seed, vals, n, got, a, b, want, wa, wb)
+		}
+	}
+}
+
 // BenchmarkSlotKeys is what the filter builds for a slotted per-IP rule:
 // the owner, its two slots and their keys.
 func BenchmarkSlotKeys(b *testing.B) {
@@ -169,8 +201,8 @@ func BenchmarkSlotKeys(b *testing.B) {
 	buf := make([]byte, 0, 128)
 	b.ReportAllocs()
 	for b.Loop() {
-		buf = AppendComposite(buf[:0], vals)
-		x, y := SlotPairBytes(42, buf, 100000)
+		var x, y uint32
+		buf, x, y = AppendOwnerSlots(buf[:0], 42, vals, 100000)
 		buf = AppendSlotKey(buf, false, "per-ip", x)
 		buf = AppendSlotKey(buf, false, "per-ip", y)
 	}
