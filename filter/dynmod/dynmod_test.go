@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tokengate/tokengate/filter"
+	"github.com/tokengate/tokengate/sharedstate/procstore"
 )
 
 // fakeEnvoy is a minimal Envoy for the binding's own tests: streams are
@@ -116,7 +117,7 @@ const oneRule = `{"rules":[{"name":"r","limit_keys":["header:x-key"],"algorithm_
 // allocates nothing in the binding and the filter together.
 func TestNoAllocsPerRequest(t *testing.T) {
 	e := &fakeEnvoy{workers: 1}
-	Bind(e)
+	bind(e)
 	cfg := ConfigNew(1, []byte(oneRule))
 	if cfg == 0 {
 		t.Fatalf("config refused: %q", e.logs)
@@ -147,7 +148,7 @@ func TestNoAllocsPerRequest(t *testing.T) {
 func TestWorkersShareBuckets(t *testing.T) {
 	const workers, each = 8, 300
 	e := &fakeEnvoy{workers: workers}
-	Bind(e)
+	bind(e)
 	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"shared","limit_keys":["header:x-key"],"algorithm_config":{"rps":0.001,"burst":1000}}]}`))
 	if cfg == 0 {
 		t.Fatalf("config refused: %q", e.logs)
@@ -181,7 +182,7 @@ func TestWorkersShareBuckets(t *testing.T) {
 
 func BenchmarkRequest(b *testing.B) {
 	e := &fakeEnvoy{workers: 1}
-	Bind(e)
+	bind(e)
 	cfg := ConfigNew(1, []byte(oneRule))
 	defer ConfigDestroy(cfg)
 	f := e.newStream(0, [][2]string{{"x-key", "k"}})
@@ -199,8 +200,10 @@ func BenchmarkRequest(b *testing.B) {
 // profile (cmd/tokengate-dynmod/dynmod.pgo; see docs/deploy/dynamic-module.md).
 func BenchmarkRequestMailbox(b *testing.B) {
 	e := &fakeEnvoy{workers: 1}
-	Bind(e)
-	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":1000000,"burst":1000000}}]}`))
+	bind(e)
+	// The rule admits ten million a second: a long -benchtime (the profile
+	// takes 15 s) outruns a million.
+	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"per-ip","limit_keys":["ip:address"],"algorithm_config":{"rps":10000000,"burst":10000000}}]}`))
 	defer ConfigDestroy(cfg)
 	f := e.newStream(0, nil)
 	var box Mailbox
@@ -233,7 +236,7 @@ func boxHeaders(b *Mailbox) map[string]string {
 // response keep their Go side and leave no headers.
 func TestMailboxFinishesIdleStream(t *testing.T) {
 	e := &fakeEnvoy{workers: 1}
-	Bind(e)
+	bind(e)
 	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"r","limit_keys":["ip:address"],"algorithm_config":{"rps":0.001,"burst":3}},`+
 		`{"name":"s","limit_keys":["header:x-settle"],"algorithm_config":{"rps":1000,"burst":1000,"count_statuses":[200]}}]}`))
 	if cfg == 0 {
@@ -324,7 +327,7 @@ func TestMailboxFinishesIdleStream(t *testing.T) {
 // wall clock.
 func TestRequestHeadersNewAtTakesTheTimeFromC(t *testing.T) {
 	e := &fakeEnvoy{workers: 1}
-	Bind(e)
+	bind(e)
 	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"r","limit_keys":["ip:address"],"algorithm_config":{"rps":1,"burst":1}}]}`))
 	if cfg == 0 {
 		t.Fatalf("config refused: %q", e.logs)
@@ -427,7 +430,7 @@ func (e *countingEnvoy) IncrementCounter(f uintptr, id, delta uint64) {
 // finished all the same; the next request goes through.
 func TestMailboxPanicInResponseHeaders(t *testing.T) {
 	e := &countingEnvoy{fakeEnvoy: &fakeEnvoy{workers: 1}, counts: map[string]uint64{}}
-	Bind(e)
+	bind(e)
 	defer Bind(e.fakeEnvoy)
 	cfg := ConfigNew(1, []byte(`{"rules":[{"name":"r","limit_keys":["ip:address"],"algorithm_config":{"rps":1000,"burst":1000}}]}`))
 	if cfg == 0 {
@@ -465,4 +468,12 @@ func TestMailboxPanicInResponseHeaders(t *testing.T) {
 	if got := e.counts["tokengate.rule.r.allowed"]; got != 5 {
 		t.Fatalf("allowed %d, want 5 (counts %v)", got, e.counts)
 	}
+}
+
+// bind binds e for a test and gives it an empty store: the store is the
+// process's, and a test run again (go test -count N) must not find the
+// buckets its previous run drained.
+func bind(e Envoy) {
+	Bind(e)
+	store = procstore.New()
 }
