@@ -272,19 +272,27 @@ func (l Limit) Refill(s State, now float64) State {
 		return State{Tokens: tokens, Last: s.Last}
 	}
 	// now >= s.Last; elapsed may be +Inf if both are huge and of opposite
-	// signs, and elapsed*rate may overflow to +Inf: the comparison below
+	// signs, and elapsed*rate may overflow to +Inf: refilled's comparison
 	// caps either at burst without producing NaN.
 	if elapsed := now - s.Last; elapsed > 0 && tokens < burst {
-		if add := elapsed * rate; add >= burst-tokens {
-			tokens = burst
-		} else if add > 0 {
-			tokens += add
-			if tokens > burst { // rounding
-				tokens = burst
-			}
-		}
+		tokens = refilled(tokens, burst, elapsed*rate)
 	}
 	return State{Tokens: tokens, Last: now}
+}
+
+// refilled is tokens with add more, capped at burst (add may be +Inf;
+// tokens < burst).
+func refilled(tokens, burst, add float64) float64 {
+	if add >= burst-tokens {
+		return burst
+	}
+	if add > 0 {
+		tokens += add
+		if tokens > burst { // rounding
+			return burst
+		}
+	}
+	return tokens
 }
 
 // refillWindows is Refill for a fixed window: Rate tokens for each window
@@ -363,14 +371,7 @@ func (l Limit) takePlain(s State, now, cost float64) (State, Result, bool) {
 	}
 	// Refill: now >= s.Last, both finite.
 	if elapsed > 0 && tokens < burst {
-		if add := elapsed * rate; add >= burst-tokens {
-			tokens = burst
-		} else if add > 0 {
-			tokens += add
-			if tokens > burst { // rounding
-				tokens = burst
-			}
-		}
+		tokens = refilled(tokens, burst, elapsed*rate)
 	}
 	if !(tokens >= cost) {
 		return State{}, Result{}, false
