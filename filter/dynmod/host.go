@@ -56,13 +56,8 @@ func (h *whost) queueHeader(add bool, name, value string) {
 		b.NHeaders, b.BufLen = n+1, uint32(end)
 		return
 	}
-	w := h.w
-	if w.cur == 0 {
+	if !h.pend() {
 		return
-	}
-	if h.pendF != w.cur {
-		h.flushHeaders()
-		h.pendF = w.cur
 	}
 	h.pendBuf = append(append(h.pendBuf, name...), value...)
 	h.pendOps = append(h.pendOps, a, uint32(len(name)), uint32(len(value)))
@@ -90,15 +85,24 @@ func (h *whost) SetRateLimitHeaders(quotas []ratelimitheader.Quota, best int) {
 		bx.NHeaders, bx.BufLen = uint32(n+5), uint32(off+len(b))
 		return
 	}
+	if !h.pend() {
+		return
+	}
+	h.pendBuf, h.pendOps = ratelimitheader.AppendHeaders(h.pendBuf, h.pendOps, quotas, best)
+}
+
+// pend readies the queue for headers of the current stream, sending those
+// queued for another; false when no stream is current.
+func (h *whost) pend() bool {
 	w := h.w
 	if w.cur == 0 {
-		return
+		return false
 	}
 	if h.pendF != w.cur {
 		h.flushHeaders()
 		h.pendF = w.cur
 	}
-	h.pendBuf, h.pendOps = ratelimitheader.AppendHeaders(h.pendBuf, h.pendOps, quotas, best)
+	return true
 }
 
 // flushHeaders sends the queued response headers.
